@@ -1,0 +1,313 @@
+"""Fused ops: each a forward and a hand-written backward over plain NumPy arrays, side by side.
+
+A transformer built from elementwise `Tensor` ops would create dozens of graph nodes and
+temporaries per layer; here each op below is one node. The pattern (from llm.c's
+`*_forward` / `*_backward` pairs) is:
+
+    y, saved = op_forward(x, ...)       # plain arrays in, plain arrays out
+    dx, ... = op_backward(dy, saved)    # gradients of the inputs
+    op(x: Tensor, ...) -> Tensor        # the autograd wrapper the model calls
+
+Every op's backward is checked against central finite differences in float64 and against
+torch autograd in `tests/test_functional.py`. Shapes use B batch, T time, C channels
+(d_model), H heads, D head_dim, V vocabulary, N = B*T rows.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import amp
+from .tensor import Tensor
+
+_mm = amp.matmul  # every matrix product goes through the autocast hook
+
+
+# --------------------------------------------------------------------------- linear
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y = x @ weight + bias.
+
+    Shapes: x (..., C_in), weight (C_in, C_out) -- input-major, as GPT-2's Conv1D and the
+    004 design; bias (C_out,) or None -> y (..., C_out). Leading axes are flattened into one
+    matrix so each direction is a single GEMM.
+    """
+    lead, c_in = x.shape[:-1], x.shape[-1]
+    x2 = x.data.reshape(-1, c_in)
+    y = _mm(x2, weight.data)
+    if bias is not None:
+        y += bias.data
+    y = y.reshape(*lead, weight.shape[1])
+
+    def backward(dy):
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dx = _mm(dy2, weight.data.T).reshape(x.shape) if x.requires_grad else None
+        dw = _mm(x2.T, dy2) if weight.requires_grad else None
+        db = dy2.sum(axis=0) if bias is not None and bias.requires_grad else None
+        return dx, dw, db
+
+    parents = (x, weight) if bias is None else (x, weight, bias)
+    return Tensor.from_op(y, parents, backward)
+
+
+def unembed(x: Tensor, weight: Tensor) -> Tensor:
+    """Logits against a tied embedding: y = x @ weight.T.
+
+    Shapes: x (..., C), weight (V, C) -- the token embedding itself -> y (..., V).
+    """
+    lead, c = x.shape[:-1], x.shape[-1]
+    x2 = x.data.reshape(-1, c)
+    y = _mm(x2, weight.data.T).reshape(*lead, weight.shape[0])
+
+    def backward(dy):
+        dy2 = dy.reshape(-1, weight.shape[0])
+        dx = _mm(dy2, weight.data).reshape(x.shape) if x.requires_grad else None
+        dw = _mm(dy2.T, x2) if weight.requires_grad else None
+        return dx, dw
+
+    return Tensor.from_op(y, (x, weight), backward)
+
+
+# --------------------------------------------------------------------------- embedding
+def embedding(ids: np.ndarray, weight: Tensor) -> Tensor:
+    """Rows of `weight` picked by integer `ids`: (...,) ints, weight (V, C) -> (..., C).
+
+    Backward scatters-adds the output gradient into the picked rows (a token that appears
+    twice gets both contributions). Ids are not range-checked here: the model does that.
+    """
+    ids = np.asarray(ids)
+
+    def backward(dy):
+        dw = np.zeros_like(weight.data)
+        np.add.at(dw, ids.reshape(-1), dy.reshape(-1, weight.shape[1]))
+        return (dw,)
+
+    return Tensor.from_op(weight.data[ids], (weight,), backward)
+
+
+# --------------------------------------------------------------------------- norms
+def rms_norm_forward(x, weight, eps):
+    """y = x / sqrt(mean(x^2) + eps) * weight over the last axis (Zhang & Sennrich 2019)."""
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    xhat = x * rstd
+    return xhat * weight, (xhat, rstd, weight)
+
+
+def rms_norm_backward(dy, saved):
+    xhat, rstd, weight = saved
+    dw = (dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
+    dxhat = dy * weight
+    # d/dx of x*rstd: rstd * (dxhat - xhat * mean(dxhat * xhat))
+    dx = rstd * (dxhat - xhat * np.mean(dxhat * xhat, axis=-1, keepdims=True))
+    return dx, dw
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
+    """RMSNorm (Llama): x (..., C), weight (C,) -> (..., C). Statistics in x's dtype."""
+    y, saved = rms_norm_forward(x.data, weight.data, eps)
+    return Tensor.from_op(y, (x, weight), lambda dy: rms_norm_backward(dy, saved))
+
+
+def layer_norm_forward(x, weight, bias, eps):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias (Ba et al. 2016; GPT-2 uses eps 1e-5)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    xc = x - mean
+    rstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)
+    xhat = xc * rstd
+    return xhat * weight + bias, (xhat, rstd, weight)
+
+
+def layer_norm_backward(dy, saved):
+    xhat, rstd, weight = saved
+    c = xhat.shape[-1]
+    dw = (dy * xhat).reshape(-1, c).sum(axis=0)
+    db = dy.reshape(-1, c).sum(axis=0)
+    dxhat = dy * weight
+    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
+                 - xhat * np.mean(dxhat * xhat, axis=-1, keepdims=True))
+    return dx, dw, db
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """LayerNorm: x (..., C), weight (C,), bias (C,) -> (..., C)."""
+    y, saved = layer_norm_forward(x.data, weight.data, bias.data, eps)
+    return Tensor.from_op(y, (x, weight, bias), lambda dy: layer_norm_backward(dy, saved))
+
+
+# --------------------------------------------------------------------------- activations
+def _sigmoid(x):
+    # exp of a large positive number overflows; 0.5*(1+tanh(x/2)) is the same function and
+    # never does.
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def silu(x: Tensor) -> Tensor:
+    """SiLU / swish: x * sigmoid(x) (Elfwing et al. 2017). Any shape."""
+    s = _sigmoid(x.data)
+    return Tensor.from_op(x.data * s, (x,), lambda dy: (dy * s * (1 + x.data * (1 - s)),))
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """SwiGLU's gating: silu(gate) * up (Shazeer 2020, as in Llama's MLP). Same shapes in/out."""
+    g = gate.data
+    s = _sigmoid(g)
+    act = g * s
+
+    def backward(dy):
+        dgate = dy * up.data * (s * (1 + g * (1 - s)))
+        dup = dy * act
+        return dgate, dup
+
+    return Tensor.from_op(act * up.data, (gate, up), backward)
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu(x: Tensor) -> Tensor:
+    """GELU, tanh approximation, as GPT-2's `gelu_new` (Hendrycks & Gimpel 2016). Any shape."""
+    xd = x.data
+    inner = _GELU_C * (xd + 0.044715 * xd ** 3)
+    t = np.tanh(inner)
+
+    def backward(dy):
+        dinner = _GELU_C * (1 + 3 * 0.044715 * xd * xd)
+        return (dy * (0.5 * (1 + t) + 0.5 * xd * (1 - t * t) * dinner),)
+
+    return Tensor.from_op(0.5 * xd * (1 + t), (x,), backward)
+
+
+# --------------------------------------------------------------------------- rotary embedding
+def rope_tables(max_len: int, head_dim: int, theta: float = 10000.0, dtype=np.float32):
+    """cos, sin tables of shape (max_len, head_dim) for rotary embedding (Su et al. 2021).
+
+    Frequencies theta^(-2i/D) for i < D/2, each duplicated across the two halves: the
+    rotate-half convention of Hugging Face's Llama (not the interleaved pairs of Meta's code).
+    Angles are computed in float64 and rounded once.
+    """
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.outer(np.arange(max_len, dtype=np.float64), inv_freq)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _rotate_half_transposed(x):  # the adjoint of _rotate_half: (a, b) -> (b, -a)
+    half = x.shape[-1] // 2
+    return np.concatenate([x[..., half:], -x[..., :half]], axis=-1)
+
+
+def rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
+    """Rotary position embedding: x * cos + rotate_half(x) * sin.
+
+    Shapes: x (B, T, H, D); cos, sin (T, D) -- rows for the positions of x's T steps.
+    """
+    c, s = cos[:, None, :], sin[:, None, :]  # broadcast over heads
+    y = x.data * c + _rotate_half(x.data) * s
+    return Tensor.from_op(y, (x,), lambda dy: (dy * c + _rotate_half_transposed(dy * s),))
+
+
+# --------------------------------------------------------------------------- attention
+def causal_attention_forward(q, k, v, q_start: int = 0):
+    """softmax(q k^T / sqrt(D) + causal mask) v, with grouped-query heads.
+
+    q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq a multiple of Hkv -> (B, Tq, Hq, D).
+    Query i sits at absolute position q_start + i and sees keys 0..q_start+i (q_start > 0 is
+    decoding against a KV cache). Query head h reads KV head h // (Hq/Hkv), as Hugging Face's
+    `repeat_kv`; instead of copying K/V per query head, the G = Hq/Hkv query heads of a group
+    are stacked into one (G*Tq)-row matrix, so each KV head is one batched GEMM.
+    """
+    B, Tq, Hq, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    # (B, Tq, Hq, D) -> (B, Hkv, G*Tq, D): the G query heads of a KV head, stacked
+    qg = np.ascontiguousarray(q.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 3, 1, 4))
+    qg = qg.reshape(B, Hkv, G * Tq, D)
+    kt = np.ascontiguousarray(k.transpose(0, 2, 3, 1))  # (B, Hkv, D, Tk)
+    vh = np.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, Tk, D)
+    scale = 1.0 / math.sqrt(D)
+    scores = _mm(qg, kt)
+    scores *= scale
+    scores = scores.reshape(B, Hkv, G, Tq, Tk)
+    future = np.arange(Tk)[None, :] > (q_start + np.arange(Tq))[:, None]  # (Tq, Tk)
+    scores[..., future] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores, out=scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    probs = probs.reshape(B, Hkv, G * Tq, Tk)
+    out = _mm(probs, vh)  # (B, Hkv, G*Tq, D)
+    y = out.reshape(B, Hkv, G, Tq, D).transpose(0, 3, 1, 2, 4).reshape(B, Tq, Hq, D)
+    return y, (qg, kt, vh, probs, scale)
+
+
+def causal_attention_backward(dy, saved):
+    qg, kt, vh, probs, scale = saved
+    B, Hkv, GT, D = qg.shape
+    Tq = dy.shape[1]
+    G = GT // Tq
+    dout = np.ascontiguousarray(dy.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 3, 1, 4))
+    dout = dout.reshape(B, Hkv, GT, D)
+    dv = _mm(probs.swapaxes(-1, -2), dout)  # sums over the G heads sharing a KV head
+    dprobs = _mm(dout, vh.swapaxes(-1, -2))
+    # softmax backward: dS = P * (dP - rowsum(dP * P)); masked entries have P = 0
+    dscores = dprobs
+    dscores -= np.sum(dprobs * probs, axis=-1, keepdims=True)
+    dscores *= probs
+    dscores *= scale
+    dq = _mm(dscores, kt.swapaxes(-1, -2))  # (B, Hkv, G*Tq, D)
+    dk = _mm(dscores.swapaxes(-1, -2), qg)  # (B, Hkv, Tk, D)
+    dq = dq.reshape(B, Hkv, G, Tq, D).transpose(0, 3, 1, 2, 4).reshape(B, Tq, Hkv * G, D)
+    return dq, dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0) -> Tensor:
+    """Causal scaled dot-product attention with GQA; see `causal_attention_forward`.
+
+    Shapes: q (B, Tq, Hq, D), k and v (B, Tk, Hkv, D) -> (B, Tq, Hq, D).
+    Source: Vaswani et al. 2017 (attention), Ainslie et al. 2023 (grouped-query attention).
+    """
+    y, saved = causal_attention_forward(q.data, k.data, v.data, q_start)
+    return Tensor.from_op(y, (q, k, v), lambda dy: causal_attention_backward(dy, saved))
+
+
+# --------------------------------------------------------------------------- loss
+def cross_entropy(logits: Tensor, targets: np.ndarray) -> Tensor:
+    """Mean cross-entropy in nats: -mean(log softmax(logits)[target]).
+
+    Shapes: logits (..., V) float, targets (...) ints in [0, V) -> scalar Tensor.
+    log-softmax uses the log-sum-exp shift (subtract the row max) so no exp overflows.
+    Backward: (softmax - onehot) / N, computed from the saved probabilities.
+
+    Raises:
+        ValueError: if the shapes disagree or a target is outside [0, V).
+    """
+    targets = np.asarray(targets)
+    V = logits.shape[-1]
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"cross_entropy: logits {logits.shape} and targets {targets.shape} "
+                         "disagree (want logits = targets.shape + (V,))")
+    flat_t = targets.reshape(-1)
+    if flat_t.size and (flat_t.min() < 0 or flat_t.max() >= V):
+        raise ValueError(f"cross_entropy: target ids must be in [0, {V}), "
+                         f"got range [{flat_t.min()}, {flat_t.max()}]")
+    z = logits.data.reshape(-1, V)
+    N = z.shape[0]
+    rows = np.arange(N)
+    shifted = z - z.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    sumexp = exp.sum(axis=-1, keepdims=True)
+    logprob_target = shifted[rows, flat_t] - np.log(sumexp[:, 0])
+    loss = -logprob_target.mean()
+
+    def backward(dloss):
+        dz = exp  # reuse the buffer: softmax = exp / sumexp
+        dz /= sumexp
+        dz[rows, flat_t] -= 1.0
+        dz *= dloss / N
+        return (dz.reshape(logits.shape),)
+
+    return Tensor.from_op(np.asarray(loss, dtype=z.dtype), (logits,), backward)

@@ -1,0 +1,289 @@
+"""GlassLM: a decoder-only transformer in two families.
+
+- ``family="llama"`` (default), after Llama (Touvron et al. 2023) as in Hugging Face's
+  `LlamaForCausalLM`: pre-RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP,
+  no biases, input/output embeddings tied unless `tie_embeddings=False`.
+- ``family="gpt2"``, after GPT-2 (Radford et al. 2019) as in nanoGPT / `GPT2LMHeadModel`:
+  pre-LayerNorm, learned positions, GELU (tanh) MLP, biases everywhere, tied head.
+
+The model is weights only (like llama2.c's `TransformerWeights`); decoding state lives in
+a separate `KVCache` (llama2.c's `RunState`). There is no dropout and no train/eval mode.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from . import functional as F
+from .nn import Embedding, LayerNorm, Linear, Module, RMSNorm
+from .tensor import Tensor
+
+FAMILIES = ("llama", "gpt2")
+
+
+@dataclasses.dataclass
+class Config:
+    """Model hyper-parameters, the single switchboard (nanoGPT's GPTConfig).
+
+    Fields:
+        vocab_size: V, number of token ids.
+        d_model: C, width of the residual stream.
+        n_layers: number of transformer blocks.
+        n_heads: query heads; head_dim = d_model // n_heads.
+        n_kv_heads: key/value heads (grouped-query attention); None means n_heads.
+        max_len: longest sequence (context length) in tokens.
+        family: "llama" or "gpt2" (see the module doc).
+        d_ff: MLP hidden width. None -> 4*d_model for gpt2; for llama 8/3*d_model rounded up
+            to a multiple of 32 (Llama's `multiple_of` rule), so the SwiGLU MLP has about the
+            parameters of a 4x GELU MLP.
+        rope_theta: RoPE base (llama family).
+        norm_eps: epsilon of RMSNorm / LayerNorm.
+        tie_embeddings: output projection shares the token embedding (gpt2 always ties).
+
+    Raises:
+        ValueError: non-positive sizes, d_model not divisible by n_heads, n_heads not divisible
+            by n_kv_heads, odd head_dim with RoPE, unknown family, untied gpt2.
+    """
+
+    vocab_size: int = 257
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    max_len: int = 256
+    family: str = "llama"
+    d_ff: int | None = None
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"Config.{name} must be a positive integer, got {value!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"Config.family must be one of {FAMILIES}, got {self.family!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"Config: d_model={self.d_model} is not divisible by "
+                             f"n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"Config: n_heads={self.n_heads} is not divisible by "
+                             f"n_kv_heads={self.n_kv_heads}")
+        if self.family == "llama" and self.head_dim % 2:
+            raise ValueError(f"Config: RoPE needs an even head_dim, got {self.head_dim} "
+                             f"(d_model={self.d_model} / n_heads={self.n_heads})")
+        if self.family == "gpt2" and not self.tie_embeddings:
+            raise ValueError("Config: the gpt2 family always ties its embeddings")
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model if self.family == "gpt2" else \
+                32 * math.ceil(8 * self.d_model / 3 / 32)
+        if isinstance(self.d_ff, bool) or not isinstance(self.d_ff, (int, np.integer)) \
+                or self.d_ff <= 0:
+            raise ValueError(f"Config.d_ff must be a positive integer, got {self.d_ff!r}")
+        if not self.rope_theta > 0 or not self.norm_eps > 0:
+            raise ValueError("Config: rope_theta and norm_eps must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        """Build from `to_dict()` output. Raises ValueError on unknown or invalid fields."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"Config: unknown field(s) {unknown}")
+        return cls(**d)
+
+    def n_params(self) -> int:
+        """Parameter count of a model with this config."""
+        return sum(p.size for p in GlassLM(self).parameters())
+
+
+class KVCache:
+    """Keys and values of the positions already seen, for decoding one token at a time.
+
+    Buffers are preallocated: k, v of shape (n_layers, B, max_len, n_kv_heads, head_dim),
+    float32. `length` is how many positions are filled.
+    """
+
+    def __init__(self, cfg: Config, batch_size: int = 1):
+        shape = (cfg.n_layers, batch_size, cfg.max_len, cfg.n_kv_heads, cfg.head_dim)
+        self.k = np.zeros(shape, dtype=np.float32)
+        self.v = np.zeros(shape, dtype=np.float32)
+        self.length = 0
+
+
+class Attention(Module):
+    """Multi-head causal self-attention with grouped-query heads (and RoPE for llama)."""
+
+    def __init__(self, cfg: Config, rng: np.random.Generator):
+        bias = cfg.family == "gpt2"
+        kv_width = cfg.n_kv_heads * cfg.head_dim
+        self.query = Linear(cfg.d_model, cfg.d_model, rng, bias)
+        self.key = Linear(cfg.d_model, kv_width, rng, bias)
+        self.value = Linear(cfg.d_model, kv_width, rng, bias)
+        # GPT-2's residual-projection init: std shrinks with depth so the residual stream's
+        # variance does not grow with the number of blocks.
+        self.output = Linear(cfg.d_model, cfg.d_model, rng, bias,
+                             std=0.02 / math.sqrt(2 * cfg.n_layers))
+        self.cfg = cfg
+
+    def __call__(self, x: Tensor, rope_cos, rope_sin, cache: KVCache | None, layer: int):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q = self.query(x).reshape(B, T, cfg.n_heads, cfg.head_dim)
+        k = self.key(x).reshape(B, T, cfg.n_kv_heads, cfg.head_dim)
+        v = self.value(x).reshape(B, T, cfg.n_kv_heads, cfg.head_dim)
+        if rope_cos is not None:
+            q = F.rope(q, rope_cos, rope_sin)
+            k = F.rope(k, rope_cos, rope_sin)
+        start = 0
+        if cache is not None:  # decoding: append this step's keys/values, attend to all
+            start = cache.length
+            cache.k[layer, :, start:start + T] = k.data
+            cache.v[layer, :, start:start + T] = v.data
+            k = Tensor(cache.k[layer, :, :start + T])
+            v = Tensor(cache.v[layer, :, :start + T])
+        y = F.causal_attention(q, k, v, q_start=start)
+        return self.output(y.reshape(B, T, cfg.d_model))
+
+
+class MLP(Module):
+    """SwiGLU (llama): down(silu(gate(x)) * up(x)); GELU (gpt2): down(gelu(up(x)))."""
+
+    def __init__(self, cfg: Config, rng: np.random.Generator):
+        self.swiglu = cfg.family == "llama"
+        bias = not self.swiglu
+        if self.swiglu:
+            self.gate = Linear(cfg.d_model, cfg.d_ff, rng, bias)
+        self.up = Linear(cfg.d_model, cfg.d_ff, rng, bias)
+        self.down = Linear(cfg.d_ff, cfg.d_model, rng, bias,
+                           std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            return self.down(F.swiglu(self.gate(x), self.up(x)))
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(Module):
+    """Pre-norm transformer block: x + attention(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, cfg: Config, rng: np.random.Generator):
+        Norm = RMSNorm if cfg.family == "llama" else LayerNorm
+        self.attention_norm = Norm(cfg.d_model, cfg.norm_eps)
+        self.attention = Attention(cfg, rng)
+        self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg, rng)
+
+    def __call__(self, x, rope_cos, rope_sin, cache, layer):
+        x = x + self.attention(self.attention_norm(x), rope_cos, rope_sin, cache, layer)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GlassLM(Module):
+    """The language model: token ids in, next-token logits out.
+
+    `GlassLM(cfg, seed=0)` initialises deterministically from `np.random.default_rng(seed)`:
+    N(0, 0.02) weights (residual projections 0.02/sqrt(2*n_layers)), unit norm gains, zero
+    biases, as nanoGPT.
+    """
+
+    def __init__(self, cfg: Config, seed: int = 0):
+        self.cfg = cfg
+        rng = np.random.default_rng(seed)
+        self.token_embedding = Embedding(cfg.vocab_size, cfg.d_model, rng)
+        if cfg.family == "gpt2":
+            self.position_embedding = Embedding(cfg.max_len, cfg.d_model, rng)
+            self.rope_cos = self.rope_sin = None
+        else:
+            self.rope_cos, self.rope_sin = F.rope_tables(cfg.max_len, cfg.head_dim,
+                                                         cfg.rope_theta)
+        self.blocks = [Block(cfg, rng) for _ in range(cfg.n_layers)]
+        Norm = RMSNorm if cfg.family == "llama" else LayerNorm
+        self.final_norm = Norm(cfg.d_model, cfg.norm_eps)
+        if not cfg.tie_embeddings:
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng)
+
+    def check_ids(self, idx, what: str = "idx", start: int = 0) -> np.ndarray:
+        """Validate token ids; return them as a (B, T) integer array.
+
+        Raises:
+            ValueError: not integers, not 1-D/2-D, empty, start+T > max_len, or an id outside
+                [0, vocab_size) (the message gives the first bad id and where it is).
+        """
+        idx = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
+        if idx.ndim == 1:
+            idx = idx[None, :]
+        if idx.ndim != 2:
+            raise ValueError(f"{what} must have shape (B, T) or (T,), got {idx.shape}")
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError(f"{what} must be integer token ids, got dtype {idx.dtype}")
+        if idx.shape[1] == 0:
+            raise ValueError(f"{what} is empty (T = 0)")
+        if start + idx.shape[1] > self.cfg.max_len:
+            raise ValueError(f"{what}: sequence length {start + idx.shape[1]} exceeds "
+                             f"max_len={self.cfg.max_len}")
+        bad = (idx < 0) | (idx >= self.cfg.vocab_size)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{what}: token id {int(idx[where])} at position {where} is "
+                             f"outside [0, {self.cfg.vocab_size})")
+        return idx
+
+    def __call__(self, idx, cache: KVCache | None = None) -> Tensor:
+        return self.forward(idx, cache)
+
+    def forward(self, idx, cache: KVCache | None = None) -> Tensor:
+        """Logits for every position.
+
+        Args:
+            idx: int array (B, T), or (T,) treated as a batch of one.
+            cache: optional KVCache; positions continue from `cache.length`, which advances by T.
+
+        Returns:
+            Tensor (B, T, vocab_size) float32 logits (natural-log scale scores).
+
+        Raises:
+            ValueError: see `check_ids`.
+        """
+        cfg = self.cfg
+        start = cache.length if cache is not None else 0
+        idx = self.check_ids(idx, start=start)
+        T = idx.shape[1]
+        x = self.token_embedding(idx)
+        cos = sin = None
+        if cfg.family == "gpt2":
+            x = x + self.position_embedding(np.arange(start, start + T))
+        else:
+            cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cache, layer)
+        if cache is not None:
+            cache.length = start + T
+        x = self.final_norm(x)
+        if cfg.tie_embeddings:
+            return F.unembed(x, self.token_embedding.weight)
+        return self.lm_head(x)
+
+    def loss(self, idx, targets) -> Tensor:
+        """Mean next-token cross-entropy in nats (scalar Tensor).
+
+        idx, targets: int arrays of the same shape (B, T) or (T,).
+        Raises ValueError on bad ids (either argument) or mismatched shapes.
+        """
+        idx = self.check_ids(idx)
+        targets = self.check_ids(targets, what="targets")
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets shape {targets.shape} differs from idx shape {idx.shape}")
+        return F.cross_entropy(self.forward(idx), targets)

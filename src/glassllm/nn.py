@@ -1,0 +1,123 @@
+"""Layers: small classes that own parameters and call one fused op each.
+
+`Module` finds parameters by walking attributes in definition order (PyTorch's rule), so
+`named_parameters()` gives dotted names such as `blocks.0.attention.query.weight` with no
+registration boilerplate. Lists of modules are walked with their index as the name.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from . import functional as F
+from .tensor import Tensor
+
+
+class Module:
+    """Base class: parameter discovery, `state_dict()` and `load_state_dict()`."""
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        """Yield (dotted name, parameter) in definition order. Shared tensors appear once."""
+        seen: set[int] = set()
+        for name, value in self._walk(prefix):
+            if id(value) not in seen:
+                seen.add(id(value))
+                yield name, value
+
+    def _walk(self, prefix):
+        for attr, value in vars(self).items():
+            name = f"{prefix}{attr}"
+            if isinstance(value, Tensor) and value.requires_grad:
+                yield name, value
+            elif isinstance(value, Module):
+                yield from value._walk(name + ".")
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    if isinstance(item, Module):
+                        yield from item._walk(f"{name}.{i}.")
+
+    def parameters(self) -> list[Tensor]:
+        return [p for _, p in self.named_parameters()]
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of every parameter array, by dotted name."""
+        return {name: p.data.copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Copy arrays into the parameters, strictly.
+
+        Raises:
+            KeyError: a parameter is missing from `state`, or `state` has a name the model lacks.
+            ValueError: an array's shape differs from the parameter's.
+        """
+        params = dict(self.named_parameters())
+        missing = [n for n in params if n not in state]
+        unexpected = [n for n in state if n not in params]
+        if missing:
+            raise KeyError(f"load_state_dict: missing tensor(s) {missing}")
+        if unexpected:
+            raise KeyError(f"load_state_dict: unexpected tensor(s) {unexpected}")
+        for name, p in params.items():
+            value = np.asarray(state[name])
+            if value.shape != p.shape:
+                raise ValueError(f"load_state_dict: tensor {name!r} has shape {value.shape}, "
+                                 f"the model expects {p.shape}")
+        for name, p in params.items():
+            p.data = np.array(state[name], dtype=p.dtype)  # a copy, in the model's dtype
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+
+def _param(array: np.ndarray) -> Tensor:
+    return Tensor(array.astype(np.float32), requires_grad=True)
+
+
+class Linear(Module):
+    """y = x @ weight + bias; weight (d_in, d_out), input-major (see `functional.linear`).
+
+    Initialised N(0, std) as GPT-2 (std 0.02), bias zero.
+    """
+
+    def __init__(self, d_in: int, d_out: int, rng: np.random.Generator, bias: bool = False,
+                 std: float = 0.02):
+        self.weight = _param(rng.normal(0.0, std, size=(d_in, d_out)))
+        self.bias = _param(np.zeros(d_out)) if bias else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(Module):
+    """Lookup table: ids (...) -> rows of weight (V, C)."""
+
+    def __init__(self, n: int, d: int, rng: np.random.Generator, std: float = 0.02):
+        self.weight = _param(rng.normal(0.0, std, size=(n, d)))
+
+    def __call__(self, ids: np.ndarray) -> Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(Module):
+    """RMSNorm with a learned gain initialised to 1 (no bias)."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        self.weight = _param(np.ones(d))
+        self.eps = eps
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.weight, self.eps)
+
+
+class LayerNorm(Module):
+    """LayerNorm with learned gain (1) and bias (0)."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        self.weight = _param(np.ones(d))
+        self.bias = _param(np.zeros(d))
+        self.eps = eps
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight, self.bias, self.eps)

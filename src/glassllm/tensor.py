@@ -1,0 +1,359 @@
+"""Tensor: a NumPy array that remembers how it was made, and reverse-mode autograd.
+
+The shape of this file follows micrograd (Karpathy, `micrograd/engine.py`): every op computes
+its result and records a closure that maps the gradient of the result to the gradients of its
+inputs; `backward()` sorts the graph topologically and runs those closures in reverse.
+
+Differences from micrograd, all for speed or memory:
+- values are whole NumPy arrays, not scalars; broadcasting is undone in the backward pass
+  (`unbroadcast`);
+- only leaf tensors (created by the user, `requires_grad=True`) keep `.grad`, as in PyTorch;
+  gradients of intermediate results live in a dictionary during `backward()` and are dropped;
+- the graph is freed while `backward()` walks it, so saved activations are released as early as
+  possible (PyTorch's default `retain_graph=False`);
+- the sort is iterative, so a graph of any depth works without hitting Python's recursion limit.
+
+The heavy lifting in a transformer is not done here but in the fused ops of
+`glassllm.functional`, which build one graph node per op with a hand-written backward.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Sequence
+
+import numpy as np
+
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Context manager: ops inside record no graph (for evaluation and generation).
+
+    Results are plain tensors with ``requires_grad=False``; nothing is kept for a backward pass.
+    """
+    global _grad_enabled
+    previous = _grad_enabled
+    _grad_enabled = False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def is_grad_enabled() -> bool:
+    """True unless inside `no_grad()`."""
+    return _grad_enabled
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum `grad` down to `shape`: the adjoint of NumPy broadcasting.
+
+    Broadcasting prepends axes and stretches axes of length 1; the gradient of a stretched
+    value is the sum over the copies it was stretched into.
+    """
+    if grad.shape == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    if extra:
+        grad = grad.sum(axis=tuple(range(extra)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    if stretched:
+        grad = grad.sum(axis=stretched, keepdims=True)
+    return grad.reshape(shape)
+
+
+def _as_array(value) -> np.ndarray:
+    """Python numbers and lists become float32 (the library's working dtype); arrays keep theirs."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    return np.asarray(value, dtype=np.float32)
+
+
+BackwardFn = Callable[[np.ndarray], Sequence["np.ndarray | None"]]
+
+
+class Tensor:
+    """An n-dimensional array with reverse-mode automatic differentiation.
+
+    Args:
+        data: array-like. Python floats, ints and (nested) lists become float32; a NumPy array
+            keeps its dtype (float64 arrays give float64 tensors, used by gradient checks).
+        requires_grad: if True this is a leaf whose gradient `backward()` accumulates in `.grad`.
+
+    Attributes:
+        data (np.ndarray): the value.
+        grad (np.ndarray | None): d(output)/d(self), same shape and dtype as `data`; only for
+            leaves with `requires_grad=True`. Accumulates (`+=`) across `backward()` calls until
+            reset to None (`AdamW.zero_grad()` does that).
+    """
+
+    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "__weakref__")
+    __array_priority__ = 1000  # make `ndarray + Tensor` call Tensor.__radd__
+
+    def __init__(self, data, requires_grad: bool = False):
+        self.data = _as_array(data)
+        self.grad: np.ndarray | None = None
+        self.requires_grad = bool(requires_grad)
+        self._parents: tuple[Tensor, ...] = ()
+        self._backward: BackwardFn | None = None
+
+    # ----------------------------------------------------------------- graph construction
+    @staticmethod
+    def from_op(data: np.ndarray, parents: Sequence["Tensor"], backward: BackwardFn) -> "Tensor":
+        """Wrap the result of an op: a graph node if any parent needs a gradient.
+
+        `backward(grad_out)` must return one gradient (or None) per parent, each with that
+        parent's shape. Ops in `glassllm.functional` use this to add fused nodes.
+        """
+        out = Tensor(data)
+        if _grad_enabled and any(p.requires_grad for p in parents):
+            out.requires_grad = True
+            out._parents = tuple(parents)
+            out._backward = backward
+        return out
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._backward is None
+
+    def backward(self, grad=None) -> None:
+        """Accumulate d(self)/d(leaf) into `.grad` of every leaf that requires grad.
+
+        Args:
+            grad: d(loss)/d(self); defaults to 1 for a single-element tensor.
+
+        Raises:
+            RuntimeError: if self does not require grad, if `grad` is omitted for a tensor with
+                more than one element, or if this graph was already consumed by a backward call.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad")
+        if grad is None:
+            if self.data.size != 1:
+                raise RuntimeError(f"backward() needs an explicit grad for shape {self.shape}")
+            grad = np.ones_like(self.data)
+        grad = np.asarray(grad, dtype=self.data.dtype)
+        if grad.shape != self.shape:
+            grad = np.broadcast_to(grad, self.shape)
+        if self.is_leaf:
+            self._accumulate(grad)
+            return
+        order = self._topological_order()
+        grads: dict[int, np.ndarray] = {id(self): grad}
+        for node in reversed(order):
+            g = grads.pop(id(node), None)
+            if node._backward is None:  # a leaf reached through the graph
+                if g is not None:
+                    node._accumulate(g)
+                continue
+            parent_grads = node._backward(g) if g is not None else ()
+            for parent, pg in zip(node._parents, parent_grads):
+                if pg is None or not parent.requires_grad:
+                    continue
+                key = id(parent)
+                # Never `+=` here: the first gradient may be a view of another buffer.
+                grads[key] = pg if key not in grads else grads[key] + pg
+            # Free the graph as we go: saved activations are released right away.
+            node._parents = ()
+            node._backward = _consumed
+
+    def _topological_order(self) -> list["Tensor"]:
+        order, visited = [], set()
+        stack = [(self, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if id(node) in visited:
+                continue
+            if node._backward is _consumed:
+                raise RuntimeError("backward() through a graph that was already consumed; "
+                                   "recompute the forward pass")
+            visited.add(id(node))
+            stack.append((node, True))
+            for parent in node._parents:
+                if parent.requires_grad and id(parent) not in visited:
+                    stack.append((parent, False))
+        return order
+
+    def _accumulate(self, g: np.ndarray) -> None:
+        if self.grad is None:
+            self.grad = np.array(g, dtype=self.data.dtype)  # own copy: g may alias
+        else:
+            self.grad += g
+
+    # ----------------------------------------------------------------- conveniences
+    @property
+    def shape(self) -> tuple:
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def item(self) -> float:
+        return self.data.item()
+
+    def numpy(self) -> np.ndarray:
+        """The underlying array (not a copy)."""
+        return self.data
+
+    def detach(self) -> "Tensor":
+        return Tensor(self.data)
+
+    def __repr__(self) -> str:
+        flag = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor({np.array2string(self.data, precision=4, threshold=8)}{flag})"
+
+    # ----------------------------------------------------------------- elementwise arithmetic
+    def __add__(self, other):
+        if not isinstance(other, Tensor):
+            return Tensor.from_op(self.data + other, (self,), lambda g: (g,))
+        a, b = self, other
+        return Tensor.from_op(a.data + b.data, (a, b),
+                              lambda g: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)))
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        return Tensor.from_op(-self.data, (self,), lambda g: (-g,))
+
+    def __sub__(self, other):
+        return self + (-other)
+
+    def __rsub__(self, other):
+        return (-self) + other
+
+    def __mul__(self, other):
+        a = self
+        if not isinstance(other, Tensor):
+            return Tensor.from_op(a.data * other, (a,), lambda g: (g * other,))
+        b = other
+        return Tensor.from_op(a.data * b.data, (a, b),
+                              lambda g: (unbroadcast(g * b.data, a.shape),
+                                         unbroadcast(g * a.data, b.shape)))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        a = self
+        if not isinstance(other, Tensor):
+            return Tensor.from_op(a.data / other, (a,), lambda g: (g / other,))
+        b = other
+        out = a.data / b.data
+        return Tensor.from_op(out, (a, b),
+                              lambda g: (unbroadcast(g / b.data, a.shape),
+                                         unbroadcast(-g * out / b.data, b.shape)))
+
+    def __rtruediv__(self, other):
+        b = self
+        out = other / b.data
+        return Tensor.from_op(out, (b,), lambda g: (-g * out / b.data,))
+
+    def __pow__(self, exponent):
+        if isinstance(exponent, Tensor):  # x ** y = exp(y log x), for x > 0
+            return (exponent * self.log()).exp()
+        a = self
+        out = a.data ** exponent
+        return Tensor.from_op(out, (a,), lambda g: (g * exponent * a.data ** (exponent - 1),))
+
+    def __rpow__(self, base):
+        out = np.power(base, self.data)
+        return Tensor.from_op(out, (self,), lambda g: (g * out * np.log(base),))
+
+    def exp(self):
+        out = np.exp(self.data)
+        return Tensor.from_op(out, (self,), lambda g: (g * out,))
+
+    def log(self):
+        a = self
+        return Tensor.from_op(np.log(a.data), (a,), lambda g: (g / a.data,))
+
+    # ----------------------------------------------------------------- linear algebra
+    def __matmul__(self, other):
+        other = other if isinstance(other, Tensor) else Tensor(other)
+        a, b = self, other
+
+        def backward(g):
+            ad, bd = a.data, b.data
+            # Treat 1-D operands as matrices, as np.matmul does, then undo it.
+            if ad.ndim == 1:
+                ad, g = ad[None, :], np.expand_dims(g, -2)
+            if bd.ndim == 1:
+                bd, g = bd[:, None], np.expand_dims(g, -1)
+            ga = unbroadcast(g @ np.swapaxes(bd, -1, -2), ad.shape).reshape(a.shape)
+            gb = unbroadcast(np.swapaxes(ad, -1, -2) @ g, bd.shape).reshape(b.shape)
+            return ga, gb
+
+        return Tensor.from_op(a.data @ b.data, (a, b), backward)
+
+    def __rmatmul__(self, other):
+        return Tensor(other) @ self
+
+    # ----------------------------------------------------------------- reductions
+    def sum(self, axis=None, keepdims: bool = False):
+        a = self
+
+        def backward(g):
+            if axis is not None and not keepdims:
+                g = np.expand_dims(g, axis)
+            return (np.broadcast_to(g, a.shape),)
+
+        return Tensor.from_op(a.data.sum(axis=axis, keepdims=keepdims), (a,), backward)
+
+    def mean(self, axis=None, keepdims: bool = False):
+        axes = range(self.ndim) if axis is None else np.atleast_1d(axis)
+        count = int(np.prod([self.shape[i] for i in axes]))
+        return self.sum(axis=axis, keepdims=keepdims) * (1.0 / count)
+
+    # ----------------------------------------------------------------- shape
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        a = self
+        return Tensor.from_op(a.data.reshape(shape), (a,), lambda g: (g.reshape(a.shape),))
+
+    def transpose(self, *axes):
+        """Permute axes (NumPy semantics): no argument reverses them, as `.T` does."""
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        axes = axes or tuple(reversed(range(self.ndim)))
+        inverse = tuple(np.argsort(axes))
+        return Tensor.from_op(self.data.transpose(axes), (self,),
+                              lambda g: (g.transpose(inverse),))
+
+    @property
+    def T(self):
+        return self.transpose()
+
+    def __getitem__(self, index):
+        if isinstance(index, Tensor):
+            index = index.data
+        a = self
+
+        def backward(g):
+            full = np.zeros_like(a.data)
+            np.add.at(full, index, g)  # add.at: repeated indices must add up, not overwrite
+            return (full,)
+
+        return Tensor.from_op(a.data[index], (a,), backward)
+
+
+def _consumed(_g):  # marker placed on nodes whose backward already ran
+    raise RuntimeError("graph already consumed")
+
