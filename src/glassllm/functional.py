@@ -283,13 +283,16 @@ def cross_entropy(logits: Tensor, targets: np.ndarray) -> Tensor:
     Backward: (softmax - onehot) / N, computed from the saved probabilities.
 
     Raises:
-        ValueError: if the shapes disagree or a target is outside [0, V).
+        ValueError: if the shapes disagree, targets are not integers or a target is outside
+            [0, V).
     """
     targets = np.asarray(targets)
     V = logits.shape[-1]
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"cross_entropy: logits {logits.shape} and targets {targets.shape} "
                          "disagree (want logits = targets.shape + (V,))")
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ValueError(f"cross_entropy: targets must be integer ids, got dtype {targets.dtype}")
     flat_t = targets.reshape(-1)
     if flat_t.size and (flat_t.min() < 0 or flat_t.max() >= V):
         raise ValueError(f"cross_entropy: target ids must be in [0, {V}), "

@@ -223,7 +223,8 @@ class Tensor:
     # ----------------------------------------------------------------- elementwise arithmetic
     def __add__(self, other):
         if not isinstance(other, Tensor):
-            return Tensor.from_op(self.data + other, (self,), lambda g: (g,))
+            a = self  # `other` may be a broadcasting ndarray: undo it in the gradient too
+            return Tensor.from_op(a.data + other, (a,), lambda g: (unbroadcast(g, a.shape),))
         a, b = self, other
         return Tensor.from_op(a.data + b.data, (a, b),
                               lambda g: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)))
@@ -242,7 +243,8 @@ class Tensor:
     def __mul__(self, other):
         a = self
         if not isinstance(other, Tensor):
-            return Tensor.from_op(a.data * other, (a,), lambda g: (g * other,))
+            return Tensor.from_op(a.data * other, (a,),
+                                  lambda g: (unbroadcast(g * other, a.shape),))
         b = other
         return Tensor.from_op(a.data * b.data, (a, b),
                               lambda g: (unbroadcast(g * b.data, a.shape),
@@ -253,7 +255,8 @@ class Tensor:
     def __truediv__(self, other):
         a = self
         if not isinstance(other, Tensor):
-            return Tensor.from_op(a.data / other, (a,), lambda g: (g / other,))
+            return Tensor.from_op(a.data / other, (a,),
+                                  lambda g: (unbroadcast(g / other, a.shape),))
         b = other
         out = a.data / b.data
         return Tensor.from_op(out, (a, b),
@@ -263,18 +266,21 @@ class Tensor:
     def __rtruediv__(self, other):
         b = self
         out = other / b.data
-        return Tensor.from_op(out, (b,), lambda g: (-g * out / b.data,))
+        return Tensor.from_op(out, (b,), lambda g: (unbroadcast(-g * out / b.data, b.shape),))
 
     def __pow__(self, exponent):
         if isinstance(exponent, Tensor):  # x ** y = exp(y log x), for x > 0
             return (exponent * self.log()).exp()
         a = self
         out = a.data ** exponent
-        return Tensor.from_op(out, (a,), lambda g: (g * exponent * a.data ** (exponent - 1),))
+        return Tensor.from_op(out, (a,), lambda g: (
+            unbroadcast(g * exponent * a.data ** (exponent - 1), a.shape),))
 
     def __rpow__(self, base):
         out = np.power(base, self.data)
-        return Tensor.from_op(out, (self,), lambda g: (g * out * np.log(base),))
+        a = self
+        return Tensor.from_op(out, (a,),
+                              lambda g: (unbroadcast(g * out * np.log(base), a.shape),))
 
     def exp(self):
         out = np.exp(self.data)
@@ -291,11 +297,12 @@ class Tensor:
 
         def backward(g):
             ad, bd = a.data, b.data
-            # Treat 1-D operands as matrices, as np.matmul does, then undo it.
-            if ad.ndim == 1:
-                ad, g = ad[None, :], np.expand_dims(g, -2)
+            # Treat 1-D operands as matrices, as np.matmul does, then undo it. b first: for
+            # vector @ vector, g is 0-d and gets its trailing axis before the -2 one.
             if bd.ndim == 1:
                 bd, g = bd[:, None], np.expand_dims(g, -1)
+            if ad.ndim == 1:
+                ad, g = ad[None, :], np.expand_dims(g, -2)
             ga = unbroadcast(g @ np.swapaxes(bd, -1, -2), ad.shape).reshape(a.shape)
             gb = unbroadcast(np.swapaxes(ad, -1, -2) @ g, bd.shape).reshape(b.shape)
             return ga, gb
