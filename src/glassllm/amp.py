@@ -1,15 +1,77 @@
-"""Mixed precision (autocast) state.
+"""Mixed precision on the CPU: `autocast` (tensor-core rounding emulated) and `GradScaler`.
 
-Only the hook that `glassllm.functional` consults lives here for now: `matmul_dtype()` is the
-low-precision dtype matrix products are rounded to inside `autocast`, or None in float32.
+NumPy has no fast float16/bfloat16 GEMM, so glassllm *emulates* what a GPU tensor core does
+inside `torch.autocast`: the two inputs of a matrix product are rounded to the low-precision
+dtype, the products are accumulated in float32, and the result is rounded to the low-precision
+dtype again (stored back in a float32 array). The values therefore carry exactly the rounding
+and the range of the low dtype -- in float16 anything above 65504 becomes inf, as on a GPU --
+while the arithmetic stays NumPy float32. `matmul()` below is the single place where this
+rounding happens; every matrix product of `glassllm.functional` goes through it.
+
+Precision table (inside `autocast(dtype)`; outside it everything is float32):
+
+    op (glassllm.functional)              forward                    backward
+    ------------------------------------  -------------------------  --------------------------
+    linear, unembed (x @ W, x @ E^T)      low in, f32 acc, low out   low in, f32 acc, low out
+    attention scores q k^T, probs @ v     low in, f32 acc, low out   low in, f32 acc, low out
+    attention softmax, causal mask        float32                    float32
+    rms_norm, layer_norm                  float32                    float32
+    silu, swiglu, gelu, rope, residual +  float32                    float32
+    embedding lookup                      float32 (weight's dtype)   float32
+    cross_entropy (log-sum-exp, mean)     float32                    float32
+    master weights, gradients, AdamW      float32                    float32
+    GradScaler scale/unscale, grad norm   float32 (norm in float64)  --
+
+"low" is float16 (IEEE binary16: 5 exponent bits, max 65504, 11-bit significand) or
+bfloat16 (8 exponent bits like float32, max ~3.4e38, 8-bit significand; from `ml_dtypes`).
+Rounding is round-to-nearest-even (NumPy's and ml_dtypes' casts).
+
+Backward follows the forward: as in PyTorch, the backward of an op that ran under autocast
+runs in the precision the forward used, even though `loss.backward()` is called after the
+`with autocast(...)` block has closed. The fused ops record the autocast dtype when they run
+(`keep_autocast`) and their backward closures restore it. So in float16 the backward matrix
+products can overflow too; that is what `GradScaler` is for.
+
+Sources: Micikevicius et al. 2018, "Mixed Precision Training" (arXiv 1710.03740), for loss
+scaling; PyTorch's `torch.autocast` / `torch.amp.GradScaler` (torch/amp/grad_scaler.py), whose
+semantics and defaults `GradScaler` reproduces.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 
+import ml_dtypes
 import numpy as np
 
-_autocast_dtype = None
+_autocast_dtype = None  # np.dtype of float16/bfloat16 inside autocast, None in float32
+
+_DTYPES = {
+    "float16": np.dtype(np.float16), "fp16": np.dtype(np.float16), "half": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16), "bf16": np.dtype(ml_dtypes.bfloat16),
+}
+
+
+def resolve_dtype(dtype) -> np.dtype:
+    """The low-precision NumPy dtype named by `dtype`.
+
+    Accepts "float16"/"fp16"/"half", "bfloat16"/"bf16", np.float16 or ml_dtypes.bfloat16.
+
+    Raises:
+        ValueError: any other dtype (float32 is not a low precision: just leave autocast off).
+    """
+    if isinstance(dtype, str):
+        key = dtype.lower()
+        if key in _DTYPES:
+            return _DTYPES[key]
+        raise ValueError(f"autocast: unknown dtype {dtype!r}; use 'float16' or 'bfloat16'")
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"autocast: unknown dtype {dtype!r}; use 'float16' or 'bfloat16'")
+    if resolved not in (_DTYPES["float16"], _DTYPES["bfloat16"]):
+        raise ValueError(f"autocast: dtype must be float16 or bfloat16, got {resolved}")
+    return resolved
 
 
 def matmul_dtype():
@@ -17,21 +79,258 @@ def matmul_dtype():
     return _autocast_dtype
 
 
+def round_to(x: np.ndarray, low) -> np.ndarray:
+    """x rounded to the dtype `low` (round-to-nearest-even) and returned as float32.
+
+    Values beyond the low dtype's range become +-inf (float16: |x| > 65504 after rounding);
+    NaN stays NaN. Shape is unchanged.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is the point here
+        return x.astype(low).astype(np.float32)
+
+
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b in float32, or with tensor-core rounding inside `autocast` (see the module doc)."""
+    """a @ b (np.matmul shapes and broadcasting), float32 in and out.
+
+    Outside autocast: the plain float32 product, no overhead. Inside `autocast(low)`: the
+    tensor-core emulation of the module doc -- round(a) @ round(b) accumulated in float32,
+    then the result rounded to `low` (so float16 outputs above 65504 are inf).
+    """
     low = _autocast_dtype
     if low is None:
         return a @ b
-    out = a.astype(low).astype(np.float32) @ b.astype(low).astype(np.float32)
-    return out.astype(low).astype(np.float32)
+    return round_to(round_to(a, low) @ round_to(b, low), low)
 
 
 @contextlib.contextmanager
 def autocast(dtype):
+    """Context manager: matrix products inside run in `dtype` ("float16" or "bfloat16").
+
+    Everything else stays float32 (see the precision table in the module doc); parameters
+    are not cast (they remain float32 master weights). Nesting restores the outer state on
+    exit. `autocast(None)` is a no-op context (float32), handy for `precision="fp32"`.
+
+    Raises:
+        ValueError: an unknown dtype (see `resolve_dtype`).
+    """
     global _autocast_dtype
+    low = None if dtype is None else resolve_dtype(dtype)
     previous = _autocast_dtype
-    _autocast_dtype = np.dtype(dtype)
+    _autocast_dtype = low
     try:
         yield
     finally:
         _autocast_dtype = previous
+
+
+def keep_autocast(backward):
+    """Wrap an op's backward closure so it runs in the autocast dtype active *now*.
+
+    Called by the fused ops at forward time. Outside autocast it returns `backward` itself
+    (zero cost in float32); inside, a closure that sets the recorded dtype while `backward`
+    runs and restores the caller's state afterwards, as PyTorch runs an autocast op's
+    backward in the forward's dtype.
+    """
+    low = _autocast_dtype
+    if low is None:
+        return backward
+
+    def backward_in_forward_precision(grad):
+        global _autocast_dtype
+        previous = _autocast_dtype
+        _autocast_dtype = low
+        try:
+            return backward(grad)
+        finally:
+            _autocast_dtype = previous
+
+    return backward_in_forward_precision
+
+
+# --------------------------------------------------------------------------- GradScaler
+_READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+
+
+class GradScaler:
+    """Dynamic loss scaling with the semantics and defaults of `torch.amp.GradScaler`.
+
+    Usage, one iteration (the order matters, spec 003):
+
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)          # grads are now true gradients; found_inf recorded
+        clip_grad_norm(params, 1.0)         # clip the *unscaled* gradients
+        scaler.step(optimizer, lr)          # optimizer.step(lr) unless a grad was inf/NaN
+        scaler.update()                     # every iteration, skipped ones too
+
+    update(): if any unscaled gradient of this iteration was inf/NaN, scale *= backoff_factor
+    and the count of clean steps resets to 0; otherwise the count grows, and when it reaches
+    growth_interval, scale *= growth_factor (only if the result is finite) and the count
+    resets. The scale is kept as a float32 value, as PyTorch keeps it in a float32 tensor.
+
+    Args:
+        init_scale: starting scale (2**16). growth_factor (2.0), backoff_factor (0.5),
+            growth_interval (2000 clean steps): as above. enabled: if False every method is a
+            pass-through (scale returns the loss, step calls optimizer.step, get_scale is 1.0).
+
+    The optimizer only needs `.params` (a list of Tensors with `.grad`) and `.step(...)`, as
+    `glassllm.optim.AdamW`. Source: torch/amp/grad_scaler.py; Micikevicius et al. 2018.
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000,
+                 enabled: bool = True):
+        if growth_factor <= 1.0:
+            raise ValueError(f"GradScaler: growth_factor must be > 1, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError(f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
+        if int(growth_interval) <= 0:
+            raise ValueError(f"GradScaler: growth_interval must be positive, got {growth_interval}")
+        self._enabled = bool(enabled)
+        self._scale = float(np.float32(init_scale))
+        self._growth_factor = float(growth_factor)
+        self._backoff_factor = float(backoff_factor)
+        self._growth_interval = int(growth_interval)
+        self._growth_tracker = 0
+        self._states: dict[int, dict] = {}  # id(optimizer) -> {"stage", "found_inf"}
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def _state(self, optimizer) -> dict:
+        return self._states.setdefault(id(optimizer), {"stage": _READY, "found_inf": None})
+
+    def scale(self, loss):
+        """loss * scale: a Tensor (still differentiable), or the loss itself when disabled."""
+        if not self._enabled:
+            return loss
+        return loss * self._scale
+
+    def unscale_(self, optimizer) -> None:
+        """Divide every gradient of `optimizer.params` by the scale, in place, and record
+        whether any of them is inf/NaN. At most once per optimizer between update() calls.
+
+        The reciprocal is computed in float64 and rounded to float32, as PyTorch does.
+
+        Raises:
+            RuntimeError: called twice for the same optimizer before update(), or after step().
+        """
+        if not self._enabled:
+            return
+        state = self._state(optimizer)
+        if state["stage"] == _UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer "
+                               "since the last update().")
+        if state["stage"] == _STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        inv_scale = np.float32(1.0 / self._scale)
+        found_inf = False
+        for p in optimizer.params:
+            if p.grad is None:
+                continue
+            with np.errstate(invalid="ignore", over="ignore"):
+                p.grad *= inv_scale.astype(p.grad.dtype)
+            # a sum is inf/NaN iff an element is inf/NaN (finite float32 sums stay finite in
+            # float64), and is faster than np.isfinite(...).all()
+            if not found_inf and not math.isfinite(float(p.grad.sum(dtype=np.float64))):
+                found_inf = True
+        state["found_inf"] = found_inf
+        state["stage"] = _UNSCALED
+
+    def found_inf(self, optimizer) -> bool:
+        """Whether unscale_ found an inf/NaN gradient for `optimizer` in this iteration."""
+        return bool(self._states.get(id(optimizer), {}).get("found_inf"))
+
+    def skip(self, optimizer) -> None:
+        """Record a skipped iteration without a backward pass (e.g. the loss itself was inf/NaN):
+        the next update() backs off as for an overflow. glassllm's addition; PyTorch users get the
+        same effect by running backward on the NaN loss."""
+        if not self._enabled:
+            return
+        state = self._state(optimizer)
+        state["found_inf"] = True
+        state["stage"] = _STEPPED
+
+    def step(self, optimizer, *args, **kwargs):
+        """optimizer.step(*args, **kwargs) unless an unscaled gradient is inf/NaN (then the step
+        is skipped and None returned). Calls unscale_ first if it was not called.
+
+        Raises:
+            RuntimeError: step() called twice for the same optimizer before update().
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        state = self._state(optimizer)
+        if state["stage"] == _STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if state["stage"] == _READY:
+            self.unscale_(optimizer)
+        result = None if state["found_inf"] else optimizer.step(*args, **kwargs)
+        state["stage"] = _STEPPED
+        return result
+
+    def update(self, new_scale: float | None = None) -> None:
+        """Adjust the scale from this iteration's inf checks (see the class doc), or set it to
+        `new_scale`; then forget the per-optimizer state for the next iteration.
+
+        Raises:
+            RuntimeError: no inf check was recorded (neither unscale_/step nor skip was called).
+        """
+        if not self._enabled:
+            return
+        if new_scale is not None:
+            self._scale = float(np.float32(new_scale))
+        else:
+            checks = [s["found_inf"] for s in self._states.values() if s["found_inf"] is not None]
+            if not checks:
+                raise RuntimeError("GradScaler.update(): no inf checks were recorded prior to "
+                                   "update(); call unscale_(), step() or skip() first.")
+            if any(checks):
+                self._scale = float(np.float32(self._scale * self._backoff_factor))
+                self._growth_tracker = 0
+            else:
+                self._growth_tracker += 1
+                if self._growth_tracker == self._growth_interval:
+                    grown = float(np.float32(self._scale * self._growth_factor))
+                    if math.isfinite(grown):
+                        self._scale = grown
+                    self._growth_tracker = 0
+        self._states = {}
+
+    def get_scale(self) -> float:
+        """The current scale (1.0 when disabled)."""
+        return self._scale if self._enabled else 1.0
+
+    def get_growth_tracker(self) -> int:
+        """Consecutive clean steps since the last growth or backoff."""
+        return self._growth_tracker
+
+    def state_dict(self) -> dict:
+        """{"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}:
+        PyTorch's keys; {} when disabled. Take it after update()."""
+        if not self._enabled:
+            return {}
+        return {"scale": self._scale, "growth_factor": self._growth_factor,
+                "backoff_factor": self._backoff_factor,
+                "growth_interval": self._growth_interval,
+                "_growth_tracker": self._growth_tracker}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a state_dict() (also one saved by torch.amp.GradScaler).
+
+        Raises:
+            RuntimeError: the dict is empty (saved from a disabled scaler) while this one is
+                enabled, or lacks a key.
+        """
+        if not self._enabled:
+            return
+        if not state:
+            raise RuntimeError("GradScaler.load_state_dict: the state is empty; it was saved "
+                               "from a disabled GradScaler")
+        try:
+            self._scale = float(np.float32(state["scale"]))
+            self._growth_factor = float(state["growth_factor"])
+            self._backoff_factor = float(state["backoff_factor"])
+            self._growth_interval = int(state["growth_interval"])
+            self._growth_tracker = int(state["_growth_tracker"])
+        except KeyError as err:
+            raise RuntimeError(f"GradScaler.load_state_dict: missing key {err}") from None

@@ -47,7 +47,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         return dx, dw, db
 
     parents = (x, weight) if bias is None else (x, weight, bias)
-    return Tensor.from_op(y, parents, backward)
+    # keep_autocast: the backward runs in the precision this forward ran in (as torch.autocast)
+    return Tensor.from_op(y, parents, amp.keep_autocast(backward))
 
 
 def unembed(x: Tensor, weight: Tensor) -> Tensor:
@@ -65,7 +66,7 @@ def unembed(x: Tensor, weight: Tensor) -> Tensor:
         dw = _mm(dy2.T, x2) if weight.requires_grad else None
         return dx, dw
 
-    return Tensor.from_op(y, (x, weight), backward)
+    return Tensor.from_op(y, (x, weight), amp.keep_autocast(backward))
 
 
 # --------------------------------------------------------------------------- embedding
@@ -271,7 +272,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0) -> Tenso
     Source: Vaswani et al. 2017 (attention), Ainslie et al. 2023 (grouped-query attention).
     """
     y, saved = causal_attention_forward(q.data, k.data, v.data, q_start)
-    return Tensor.from_op(y, (q, k, v), lambda dy: causal_attention_backward(dy, saved))
+    return Tensor.from_op(y, (q, k, v),
+                          amp.keep_autocast(lambda dy: causal_attention_backward(dy, saved)))
 
 
 # --------------------------------------------------------------------------- loss

@@ -1,0 +1,260 @@
+"""Training safety belts (spec 003): a guarded training step, a per-step CSV log, a skip alert.
+
+`TrainStep` runs one optimizer update in the order that keeps mixed precision and clipping
+correct (spec 003; PyTorch's AMP recipe):
+
+    autocast forward -> loss (float32) -> loss finite?          no: skip "nonfinite_loss"
+    -> scaler.scale(loss).backward() -> scaler.unscale_(opt)
+    -> unscaled gradients finite? (global L2 norm)               no: skip "nonfinite_grad"
+    -> clip the global L2 norm to `clip` -> scaler.step(opt, lr) -> scaler.update()
+
+`scaler.update()` runs on every step, skipped ones too: that is how a skip halves the scale.
+A skipped step never calls `optimizer.step`, so weights, AdamW moments and per-parameter step
+counts stay bit-for-bit what they were. In precision "fp32" with the scaler disabled, a clean
+step is exactly spec 001's `train()` update (same clip, same AdamW call), so the two give
+identical weights.
+
+`StepCSVLog` writes one flushed CSV row per attempted step; `SkipRateMonitor` raises
+`SkipRateExceeded` when skips stop being rare. Nothing here prints.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+from collections import deque
+
+import numpy as np
+
+from . import amp
+from .optim import clip_grad_norm
+
+CSV_COLUMNS = ("step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped",
+               "skip_reason", "scaler_scale")
+PRECISIONS = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
+SKIP_REASONS = ("", "nonfinite_loss", "nonfinite_grad")
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What happened in one attempted training step (one CSV row).
+
+    step: index of the step (as passed by the caller). lr: the learning rate given for it.
+    grad_l2_pre_clip / grad_l2_post_clip: global L2 norm of the unscaled gradients before and
+        after clipping (NaN when not measured: no backward ran, or the step was skipped).
+        On a "nonfinite_grad" skip pre_clip holds the measured inf/NaN.
+    loss: the batch's loss in nats/token (float32 value, unscaled; may be inf/NaN).
+    skipped: True if the optimizer did not step. skip_reason: "" | "nonfinite_loss" |
+        "nonfinite_grad". scaler_scale: the loss scale *after* this step's update() (so a
+        skipped step shows the halved scale; 1.0 when the scaler is disabled).
+    """
+    step: int
+    lr: float
+    grad_l2_pre_clip: float
+    grad_l2_post_clip: float
+    loss: float
+    skipped: bool
+    skip_reason: str
+    scaler_scale: float
+
+    def as_row(self) -> list[str]:
+        """The CSV cells, in CSV_COLUMNS order. Floats use repr (round-trips; 'inf', 'nan')."""
+        return [str(int(self.step)), repr(float(self.lr)), repr(float(self.grad_l2_pre_clip)),
+                repr(float(self.grad_l2_post_clip)), repr(float(self.loss)),
+                "1" if self.skipped else "0", self.skip_reason, repr(float(self.scaler_scale))]
+
+
+def global_grad_norm(params) -> float:
+    """Global L2 norm of all present gradients (float64 accumulation); 0.0 if none; inf/NaN
+    if any gradient element is inf/NaN."""
+    total = 0.0
+    for p in params:
+        if p.grad is not None:
+            flat = p.grad.ravel().astype(np.float64)
+            total += float(np.dot(flat, flat))
+    return math.sqrt(total) if total == total else float("nan")
+
+
+class TrainStep:
+    """One guarded training update; call it once per step.
+
+    Args:
+        model: anything with `.loss(x, y) -> scalar Tensor` (e.g. GlassLM).
+        optimizer: a `glassllm.optim.AdamW` over the model's parameters (`.params`,
+            `.zero_grad()`, `.step(lr)`).
+        precision: "fp32" (no autocast), "fp16" or "bf16" (matmuls under `amp.autocast`).
+        clip: max global L2 norm of the unscaled gradients (spec 001 uses 1.0); None: no clip.
+        scaler: an `amp.GradScaler`; default: enabled for fp16, disabled for bf16 and fp32
+            (bfloat16 has float32's exponent range and does not need loss scaling).
+
+    Raises:
+        ValueError: unknown precision, or clip <= 0.
+    """
+
+    def __init__(self, model, optimizer, precision: str = "fp32", clip: float | None = 1.0,
+                 scaler: amp.GradScaler | None = None):
+        if precision not in PRECISIONS:
+            raise ValueError(f"TrainStep: precision must be one of {sorted(PRECISIONS)}, "
+                             f"got {precision!r}")
+        if clip is not None and not clip > 0:
+            raise ValueError(f"TrainStep: clip must be > 0 (or None), got {clip}")
+        self.model = model
+        self.optimizer = optimizer
+        self.precision = precision
+        self.clip = clip
+        self.scaler = scaler if scaler is not None else amp.GradScaler(
+            enabled=(precision == "fp16"))
+        self._low = PRECISIONS[precision]
+
+    def __call__(self, x, y, lr: float, step: int) -> StepRecord:
+        """Forward on batch (x, y) (B, T) ids, backward, checks, clip, AdamW step at `lr`.
+
+        Returns the StepRecord. Exceptions of the model (bad ids, shapes) propagate before
+        any state changes.
+        """
+        opt, scaler = self.optimizer, self.scaler
+        opt.zero_grad()
+        with amp.autocast(self._low):
+            loss = self.model.loss(x, y)
+        loss_value = float(loss.item())
+        nan = float("nan")
+        if not math.isfinite(loss_value):
+            scaler.skip(opt)
+            scaler.update()
+            return StepRecord(step, lr, nan, nan, loss_value, True, "nonfinite_loss",
+                              scaler.get_scale())
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        pre = global_grad_norm(opt.params)
+        if scaler.found_inf(opt) or not math.isfinite(pre):
+            opt.zero_grad()  # drop the inf/NaN gradients; weights and moments are untouched
+            scaler.skip(opt)  # (already recorded by unscale_ when enabled; needed if disabled)
+            scaler.update()
+            return StepRecord(step, lr, pre, nan, loss_value, True, "nonfinite_grad",
+                              scaler.get_scale())
+        if self.clip is not None:
+            clip_grad_norm(opt.params, self.clip)  # spec 001's clip: same formula as train()
+            post = global_grad_norm(opt.params) if pre > self.clip else pre
+        else:
+            post = pre
+        scaler.step(opt, lr)
+        scaler.update()
+        return StepRecord(step, lr, pre, post, loss_value, False, "", scaler.get_scale())
+
+    def state_dict(self) -> dict:
+        """{"precision": str, "scaler": scaler.state_dict()} for checkpoints."""
+        return {"precision": self.precision, "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the scaler state saved by state_dict() (precision is not changed).
+
+        Raises:
+            RuntimeError: see GradScaler.load_state_dict.
+        """
+        scaler_state = state.get("scaler", {})
+        if scaler_state or self.scaler.is_enabled():
+            self.scaler.load_state_dict(scaler_state)
+
+
+class StepCSVLog:
+    """Per-step CSV log with the header `step,lr,grad_l2_pre_clip,grad_l2_post_clip,loss,
+    skipped,skip_reason,scaler_scale`; one row per `write(record)`, flushed at once so the file
+    is complete up to the last finished step after Ctrl-C or a crash. (No fsync: the rows
+    survive the process, not a power cut.) A context manager; close() is idempotent.
+
+    Args:
+        path: the file. append: if True and the file exists and is non-empty, keep its rows
+            and add after them (a resumed run); its header must match.
+
+    Raises:
+        ValueError: append=True and the existing file's header is not CSV_COLUMNS.
+        OSError: the file cannot be opened.
+    """
+
+    def __init__(self, path, append: bool = False):
+        self.path = os.fspath(path)
+        existing = append and os.path.exists(self.path) and os.path.getsize(self.path) > 0
+        if existing:
+            with open(self.path, newline="") as f:
+                header = next(csv.reader(f), [])
+            if tuple(header) != CSV_COLUMNS:
+                raise ValueError(f"StepCSVLog: {self.path} has header {header}, expected "
+                                 f"{list(CSV_COLUMNS)}; cannot append")
+        self._file = open(self.path, "a" if existing else "w", newline="")
+        self._writer = csv.writer(self._file)
+        if not existing:
+            self._writer.writerow(CSV_COLUMNS)
+            self._file.flush()
+
+    def write(self, record: StepRecord) -> None:
+        """Append one row and flush it to the operating system."""
+        self._writer.writerow(record.as_row())
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> "StepCSVLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SkipRateExceeded(RuntimeError):
+    """Raised by SkipRateMonitor: the rolling skip rate stayed above the limit too long.
+
+    Attributes: rate (float, the rolling skip rate at `step`), step (int), max_rate, window.
+    """
+
+    def __init__(self, rate: float, step: int, max_rate: float | None = None,
+                 window: int | None = None):
+        limit = "" if max_rate is None else f" {max_rate:g}"
+        span = "" if window is None else f" for {window} consecutive steps"
+        super().__init__(f"skip rate {rate:.3f} stayed above the limit{limit}{span}, at step "
+                         f"{step}: too many non-finite steps, training is failing")
+        self.rate, self.step, self.max_rate, self.window = rate, step, max_rate, window
+
+    def __reduce__(self):
+        return (SkipRateExceeded, (self.rate, self.step, self.max_rate, self.window))
+
+
+class SkipRateMonitor:
+    """Rolling skip-rate alert (spec 003: "a skip counter is an alert, not a log line").
+
+    The rate at a step is skips / steps over the last `window` updates (fewer at the start).
+    When that rate is > max_rate on `window` consecutive updates, update() raises
+    SkipRateExceeded(rate, step). With window=100 and every step skipped from the start, it
+    fires on the 100th step.
+
+    Args:
+        max_rate: the threshold in [0, 1). window: steps in the rolling window (100).
+
+    Raises:
+        ValueError: max_rate outside [0, 1) or window < 1.
+    """
+
+    def __init__(self, max_rate: float, window: int = 100):
+        if not 0.0 <= max_rate < 1.0:
+            raise ValueError(f"SkipRateMonitor: max_rate must be in [0, 1), got {max_rate}")
+        if int(window) < 1:
+            raise ValueError(f"SkipRateMonitor: window must be >= 1, got {window}")
+        self.max_rate = float(max_rate)
+        self.window = int(window)
+        self._recent: deque[bool] = deque(maxlen=self.window)
+        self._skips = 0
+        self.above_for = 0  # consecutive updates with rate > max_rate
+        self.rate = 0.0
+
+    def update(self, skipped: bool, step: int) -> None:
+        """Record one step's outcome; raise SkipRateExceeded when the alert condition holds."""
+        if len(self._recent) == self.window:
+            self._skips -= self._recent[0]
+        self._recent.append(bool(skipped))
+        self._skips += bool(skipped)
+        self.rate = self._skips / len(self._recent)
+        self.above_for = self.above_for + 1 if self.rate > self.max_rate else 0
+        if self.above_for >= self.window:
+            raise SkipRateExceeded(self.rate, step, self.max_rate, self.window)
