@@ -18,6 +18,7 @@ import time  # read as `time.monotonic()` here so tests can patch the clock
 
 import numpy as np
 
+from .data import get_batch  # the one batch sampler; re-exported here for spec 001
 from .model import GlassLM
 from .optim import AdamW, clip_grad_norm, lr_schedule
 from .tensor import no_grad
@@ -26,36 +27,6 @@ TRAIN_DEADLINE_S = 7200.0  # fixed wall-clock limit of one train() call, validat
 CLIP_NORM = 1.0
 EVAL_BATCHES = 10
 EVAL_SEED = 1234
-
-
-def get_batch(data: np.ndarray, batch_size: int, seq_len: int,
-              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Sample `batch_size` random windows of `seq_len` tokens and their next-token targets.
-
-    Args:
-        data: 1-D token ids (any integer dtype; a np.memmap works and is read lazily).
-        rng: the generator the window starts are drawn from (with replacement).
-
-    Returns:
-        x, y: (batch_size, seq_len) arrays of data's dtype, y[:, t] == data[start + t + 1],
-        so y[:, :-1] == x[:, 1:]. Every start in [0, len(data) - seq_len - 1] can be drawn,
-        the last window with complete targets included. Ids are not validated.
-
-    Raises:
-        ValueError: batch_size or seq_len not positive, data not 1-D, len(data) <= seq_len.
-    """
-    if batch_size <= 0 or seq_len <= 0:
-        raise ValueError(f"get_batch: batch_size ({batch_size}) and seq_len ({seq_len}) "
-                         "must be positive")
-    if np.ndim(data) != 1:
-        raise ValueError(f"get_batch: data must be 1-D token ids, got shape {np.shape(data)}")
-    if len(data) <= seq_len:
-        raise ValueError(f"get_batch: need len(data) > seq_len, got {len(data)} tokens for "
-                         f"seq_len={seq_len}")
-    starts = rng.integers(0, len(data) - seq_len, size=batch_size)
-    window = starts[:, None] + np.arange(seq_len + 1)
-    chunk = np.asarray(data[window])  # (B, T+1), one gather
-    return chunk[:, :-1].copy(), chunk[:, 1:].copy()
 
 
 def evaluate(model: GlassLM, data: np.ndarray, batch_size: int, seq_len: int,

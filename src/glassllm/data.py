@@ -1,0 +1,521 @@
+"""Training data: where batches come from, and token files on disk.
+
+A training loop only needs to draw batches, so data is a small protocol, `Batches`
+(spec 004: "Un corpus de plusieurs gigaoctets sur disque le remplit, et un tableau de 600
+tokens en mémoire aussi"):
+
+    token_count() -> int
+    batch(rng, batch_size, seq_len) -> (x, y)   int64 (batch_size, seq_len), y the next tokens
+
+`ArrayBatches` holds ids in memory; `TokenFile` maps a `.bin` file of ids with `np.memmap`,
+so a batch reads only the pages its windows touch, never the whole file. `prepare` turns text
+files into such files, streaming: memory stays bounded by the chunk size, not the corpus.
+
+Token file format: raw little-endian uint16 ids (uint32 when vocab_size > 65536), no header,
+plus a JSON sidecar `<file>.json`:
+
+    {"format": "glassllm-tokens", "version": 1, "dtype": "uint16", "vocab_size": 257,
+     "token_count": N, "text_bytes": B, "tokenizer": {...its to_json()...},
+     "sources": ["a.txt", ...]}
+
+`text_bytes` is the number of UTF-8 bytes of text the ids encode, so a loss in nats per token
+converts to bits per byte: loss * token_count / text_bytes / ln 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
+
+import numpy as np
+
+from .tokenizer import ByteTokenizer, tokenizer_from_json
+
+TOKEN_FILE_FORMAT = "glassllm-tokens"
+TOKEN_FILE_VERSION = 1
+CHUNK_BYTES = 1 << 20  # text read per step of `prepare`: the bound on its working memory
+
+
+def get_batch(data: np.ndarray, batch_size: int, seq_len: int,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Sample `batch_size` random windows of `seq_len` tokens and their next-token targets.
+
+    The one batch sampler of the library: `glassllm.train.get_batch` (spec 001) is this
+    function, and both `Batches` implementations call it, so every source draws the same
+    windows from the same rng state.
+
+    Args:
+        data: 1-D token ids (any integer dtype; a np.memmap works and is read lazily:
+            only the (batch_size, seq_len + 1) gathered ids are read).
+        rng: the generator the window starts are drawn from (with replacement).
+
+    Returns:
+        x, y: (batch_size, seq_len) arrays of data's dtype, y[:, t] == data[start + t + 1],
+        so y[:, :-1] == x[:, 1:]. Every start in [0, len(data) - seq_len - 1] can be drawn,
+        the last window with complete targets included. Ids are not validated.
+
+    Raises:
+        ValueError: batch_size or seq_len not positive, data not 1-D, len(data) <= seq_len.
+    """
+    if batch_size <= 0 or seq_len <= 0:
+        raise ValueError(f"get_batch: batch_size ({batch_size}) and seq_len ({seq_len}) "
+                         "must be positive")
+    if np.ndim(data) != 1:
+        raise ValueError(f"get_batch: data must be 1-D token ids, got shape {np.shape(data)}")
+    if len(data) <= seq_len:
+        raise ValueError(f"get_batch: need len(data) > seq_len, got {len(data)} tokens for "
+                         f"seq_len={seq_len}")
+    starts = rng.integers(0, len(data) - seq_len, size=batch_size)
+    window = starts[:, None] + np.arange(seq_len + 1)
+    chunk = np.asarray(data[window])  # (B, T+1), one gather
+    return chunk[:, :-1].copy(), chunk[:, 1:].copy()
+
+
+@runtime_checkable
+class Batches(Protocol):
+    """A source of training batches (spec 004's `Batches` trait)."""
+
+    def token_count(self) -> int:
+        """Number of tokens in the source."""
+        ...
+
+    def batch(self, rng: np.random.Generator, batch_size: int,
+              seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """x, y: int64 (batch_size, seq_len), y[:, t] the token after x[:, t]."""
+        ...
+
+
+class ArrayBatches:
+    """Batches from a 1-D array of ids in memory (e.g. a 600-token test corpus).
+
+    `batch` draws exactly the windows `glassllm.train.train` draws from the same array and
+    rng, because both go through `get_batch`.
+
+    Raises:
+        ValueError: ids not 1-D or not integers.
+    """
+
+    def __init__(self, ids):
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"ArrayBatches: ids must be a 1-D integer array, got "
+                             f"{ids.dtype} of shape {ids.shape}")
+        self.ids = ids
+
+    def token_count(self) -> int:
+        return len(self.ids)
+
+    def batch(self, rng: np.random.Generator, batch_size: int,
+              seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """int64 (batch_size, seq_len) x, y; errors as `get_batch`."""
+        x, y = get_batch(self.ids, batch_size, seq_len, rng)
+        return x.astype(np.int64, copy=False), y.astype(np.int64, copy=False)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab_size <= 65536), else uint32.
+
+    Raises:
+        ValueError: vocab_size < 1 or > 2**32.
+    """
+    if not 1 <= vocab_size <= 2**32:
+        raise ValueError(f"vocab_size must be in [1, 2**32], got {vocab_size}")
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def sidecar_path(path) -> str:
+    """`<file>.json`, the metadata file next to a token file."""
+    return os.fspath(path) + ".json"
+
+
+class TokenFile:
+    """A token file on disk, memory-mapped: batches read only the ids they use.
+
+    Opening reads the sidecar and the file size, not the ids; `batch` gathers
+    batch_size * (seq_len + 1) ids through the page cache, so a multi-GB corpus costs a few
+    pages of memory per batch.
+
+    Attributes:
+        path, meta (the sidecar dict), vocab_size, dtype, text_bytes (or None),
+        tokens (the 1-D np.memmap, read-only).
+
+    Raises:
+        FileNotFoundError: the token file or its sidecar is missing.
+        ValueError: sidecar not valid JSON or missing fields, unknown format or dtype, file
+            size not a multiple of the dtype size or not matching the sidecar's token_count,
+            vocab_size too large for the dtype; with check_ids=True, an id >= vocab_size.
+    """
+
+    def __init__(self, path, check_ids: bool = False):
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(f"token file not found: {self.path}")
+        side = sidecar_path(self.path)
+        if not os.path.isfile(side):
+            raise FileNotFoundError(f"token file {self.path} has no sidecar {side} (written by "
+                                    "`glassllm prepare` / TokenWriter)")
+        self.meta = _read_sidecar(side)
+        self.dtype = np.dtype(self.meta["dtype"])
+        self.vocab_size = int(self.meta["vocab_size"])
+        self.text_bytes = self.meta.get("text_bytes")
+        if self.vocab_size > np.iinfo(self.dtype).max + 1:
+            raise ValueError(f"{side}: vocab_size {self.vocab_size} does not fit {self.dtype}")
+        size = os.path.getsize(self.path)
+        if size % self.dtype.itemsize:
+            raise ValueError(f"{self.path}: size {size} bytes is not a multiple of "
+                             f"{self.dtype.itemsize} ({self.dtype}); the file is truncated or "
+                             "not a token file")
+        n = size // self.dtype.itemsize
+        if n != int(self.meta["token_count"]):
+            raise ValueError(f"{self.path}: holds {n} tokens but its sidecar says "
+                             f"{self.meta['token_count']}; the file is truncated or replaced")
+        # np.memmap refuses empty files; an empty split is still a valid (empty) source.
+        self.tokens = (np.memmap(self.path, dtype=self.dtype.newbyteorder("<"), mode="r")
+                       if n else np.zeros(0, dtype=self.dtype))
+        if check_ids:
+            self.check_ids()
+
+    def token_count(self) -> int:
+        return len(self.tokens)
+
+    def batch(self, rng: np.random.Generator, batch_size: int,
+              seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """int64 (batch_size, seq_len) x, y; errors as `get_batch`."""
+        x, y = get_batch(self.tokens, batch_size, seq_len, rng)
+        return x.astype(np.int64), y.astype(np.int64)
+
+    def tokenizer(self):
+        """The tokenizer the sidecar names (rebuilt with `tokenizer_from_json`)."""
+        return tokenizer_from_json(json.dumps(self.meta["tokenizer"]))
+
+    def check_ids(self, chunk_tokens: int = 1 << 22) -> None:
+        """Scan the whole file (in chunks, bounded memory) for ids >= vocab_size.
+
+        Raises:
+            ValueError: naming the first bad position and id.
+        """
+        for start in range(0, len(self.tokens), chunk_tokens):
+            part = np.asarray(self.tokens[start:start + chunk_tokens])
+            bad = np.flatnonzero(part >= self.vocab_size)
+            if bad.size:
+                i = start + int(bad[0])
+                raise ValueError(f"{self.path}: token {i} is {int(self.tokens[i])}, outside "
+                                 f"the vocabulary [0, {self.vocab_size})")
+
+    def __repr__(self) -> str:
+        return (f"TokenFile({self.path!r}, tokens={self.token_count()}, dtype={self.dtype}, "
+                f"vocab_size={self.vocab_size})")
+
+
+def _read_sidecar(side: str) -> dict:
+    try:
+        with open(side, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{side}: token file sidecar is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{side}: token file sidecar must be a JSON object")
+    if meta.get("format") != TOKEN_FILE_FORMAT:
+        raise ValueError(f"{side}: not a {TOKEN_FILE_FORMAT} sidecar "
+                         f"(format={meta.get('format')!r})")
+    missing = [k for k in ("dtype", "vocab_size", "token_count", "tokenizer") if k not in meta]
+    if missing:
+        raise ValueError(f"{side}: sidecar lacks {', '.join(missing)}")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise ValueError(f"{side}: dtype must be uint16 or uint32, got {meta['dtype']!r}")
+    for key in ("vocab_size", "token_count"):
+        if not isinstance(meta[key], int) or meta[key] < 0:
+            raise ValueError(f"{side}: {key} must be a non-negative integer, got {meta[key]!r}")
+    return meta
+
+
+class TokenWriter:
+    """Appends ids to a new token file; `close()` publishes it with its sidecar.
+
+    Ids go to `<path>.tmp` as they arrive (bounded memory); `close()` renames it to `path`
+    (os.replace, atomic) and then writes the sidecar atomically, so a reader never sees a
+    half-written file under its final name. Used as a context manager, an exception discards
+    the temp file and leaves any previous file untouched.
+
+    Raises (append):
+        ValueError: ids not 1-D integers, or outside [0, vocab_size).
+    """
+
+    def __init__(self, path, tokenizer, sources: Iterable[str] = ()):
+        self.path = os.fspath(path)
+        self.tokenizer = tokenizer
+        self.vocab_size = int(tokenizer.vocab_size)
+        self.dtype = token_dtype(self.vocab_size)
+        self.sources = [os.fspath(s) for s in sources]
+        self.token_count = 0
+        self.text_bytes = 0
+        self._tmp = f"{self.path}.tmp"
+        self._file = open(self._tmp, "wb")
+
+    def append(self, ids, text_bytes: int = 0) -> None:
+        """Write ids (any integer dtype); text_bytes: the UTF-8 bytes of text they encode."""
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+            raise ValueError(f"TokenWriter: ids must be 1-D integers, got {ids.dtype} "
+                             f"of shape {ids.shape}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"TokenWriter: ids must be in [0, {self.vocab_size}), got range "
+                             f"[{ids.min()}, {ids.max()}]")
+        self._file.write(ids.astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
+        self.token_count += int(ids.size)
+        self.text_bytes += int(text_bytes)
+
+    def close(self) -> dict:
+        """Publish the file and its sidecar; returns the sidecar dict."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        meta = {"format": TOKEN_FILE_FORMAT, "version": TOKEN_FILE_VERSION,
+                "dtype": self.dtype.name, "vocab_size": self.vocab_size,
+                "token_count": self.token_count, "text_bytes": self.text_bytes,
+                "tokenizer": json.loads(self.tokenizer.to_json()), "sources": self.sources}
+        _write_json_atomic(sidecar_path(self.path), meta)
+        return meta
+
+    def abort(self) -> None:
+        """Discard the temp file; the final path is not touched."""
+        if not self._file.closed:
+            self._file.close()
+        if os.path.exists(self._tmp):
+            os.remove(self._tmp)
+
+    def __enter__(self) -> "TokenWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _write_json_atomic(path: str, obj) -> None:
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+# --- prepare: text files -> train.bin / val.bin ------------------------------------------------
+
+@dataclass
+class Progress:
+    """Reported by `prepare` after each chunk: `done` of `total` text bytes in `stage`
+    ("tokenizer" while training a BPE, "tokenize" while writing ids)."""
+    stage: str
+    done: int
+    total: int
+
+
+def list_text_files(inputs: Iterable) -> list[str]:
+    """Files named by `inputs`, in order; a directory contributes every regular file below
+    it whose name does not start with ".", in sorted path order.
+
+    Raises:
+        FileNotFoundError: an input does not exist. ValueError: no files at all.
+    """
+    files = []
+    for item in inputs:
+        item = os.fspath(item)
+        if os.path.isfile(item):
+            files.append(item)
+        elif os.path.isdir(item):
+            found = []
+            for root, dirs, names in os.walk(item):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found += [os.path.join(root, n) for n in names if not n.startswith(".")]
+            files += sorted(found)
+        else:
+            raise FileNotFoundError(f"input not found: {item}")
+    if not files:
+        raise ValueError("no input text files")
+    return files
+
+
+def _cut(buf: bytes) -> int:
+    """Where to end a chunk inside `buf`: a position in [0, len(buf)] such that encoding the
+    chunks one by one gives the ids of encoding the whole text; 0 means "read more first".
+
+    Preferred: just after a newline followed by a non-whitespace character. GPT-2's
+    pre-tokenizer (regex `\\s+(?!\\S)|\\s+`, letters take at most one leading space) never
+    joins a newline with a following non-space, so no pre-token, hence no BPE token, crosses
+    that point (a cut inside a whitespace run would: "\\n\\n" is one token). Lines longer than
+    a chunk fall back to after the last newline, then before the last space, then before the
+    last UTF-8 lead byte: never inside a character.
+    """
+    i = len(buf) - 1
+    while True:
+        i = buf.rfind(b"\n", 0, i)
+        if i < 0:
+            break
+        # errors="ignore": a character cut off by the end of buf decodes to "" (unsafe).
+        following = buf[i + 1:i + 5].decode("utf-8", errors="ignore")[:1]
+        if following and not following.isspace():
+            return i + 1
+    i = buf.rfind(b"\n")
+    if i >= 0:
+        return i + 1
+    i = buf.rfind(b" ")
+    if i > 0:
+        return i
+    i = len(buf)
+    while i > 0 and 0x80 <= buf[i - 1] < 0xC0:  # back over continuation bytes
+        i -= 1
+    return i - 1 if i > 0 and buf[i - 1] >= 0xC0 else i
+
+
+def _text_chunks(path: str, start: int, end: int,
+                 chunk_bytes: int) -> Iterator[tuple[str, int]]:
+    """(text, n_bytes) pieces of bytes [start, end) of a UTF-8 file, about chunk_bytes each,
+    cut by `_cut`. Holds about two chunks in memory.
+
+    Raises:
+        ValueError: the bytes are not valid UTF-8 (naming the file and offset).
+    """
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos, carry = start, b""
+        while pos < end:
+            block = f.read(min(chunk_bytes, end - pos))
+            if not block:  # the file shrank while we read it
+                break
+            pos += len(block)
+            buf = carry + block
+            cut = len(buf) if pos >= end else _cut(buf)
+            if cut == 0:
+                carry = buf
+                continue
+            carry = buf[cut:]
+            yield _decode(path, buf[:cut], pos - len(buf)), cut
+        if carry:
+            yield _decode(path, carry, pos - len(carry)), len(carry)
+
+
+def _decode(path: str, piece: bytes, offset: int) -> str:
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (invalid byte at offset "
+                         f"{offset + e.start})") from None
+
+
+def _split_offset(path: str, val_fraction: float) -> int:
+    """Byte offset where a file's validation tail starts: the first line start at or after
+    (1 - val_fraction) of its size (or the end, if there is none). Reads only from there on."""
+    size = os.path.getsize(path)
+    if val_fraction <= 0:
+        return size
+    target = int(size * (1.0 - val_fraction))
+    if target == 0:
+        return 0
+    with open(path, "rb") as f:
+        f.seek(target - 1)
+        pos = target - 1
+        while True:
+            block = f.read(1 << 16)
+            if not block:
+                return size
+            i = block.find(b"\n")
+            if i >= 0:
+                return pos + i + 1
+            pos += len(block)
+
+
+def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
+            chunk_bytes: int = CHUNK_BYTES,
+            on_progress: Callable[[Progress], None] | None = None) -> dict:
+    """Tokenize text files into `out_dir/train.bin` and `out_dir/val.bin` (+ sidecars).
+
+    Split (deterministic, per file): each file's last `val_fraction` of bytes, starting at a
+    line start, goes to val, the rest to train; files are read in the order of
+    `list_text_files(inputs)`. Within a split, an end-of-text id separates files.
+
+    Streaming: text is read and encoded in chunks of about `chunk_bytes`, cut where the ids
+    cannot change (`_cut`), so memory is bounded by the chunk size whatever the corpus size.
+
+    Args:
+        tokenizer: "byte"; "bpe:N" to learn a byte-level BPE of N ids from the train parts
+            (written to out_dir/tokenizer.json); or a tokenizer object (a loaded BPE is also
+            written to out_dir/tokenizer.json).
+        on_progress: called with a `Progress` after each chunk.
+
+    Returns:
+        {"train": sidecar dict, "val": sidecar dict, "tokenizer": the tokenizer,
+         "files": [paths]}.
+
+    Raises:
+        FileNotFoundError: an input is missing. ValueError: val_fraction outside [0, 1),
+            a file that is not UTF-8, a bad tokenizer spec.
+    """
+    from .tokenizer import BPETokenizer
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    files = list_text_files(inputs)
+    splits = [(path, _split_offset(path, val_fraction), os.path.getsize(path))
+              for path in files]
+    train_total = sum(cut for _, cut, _ in splits)
+    total = sum(size for _, _, size in splits)
+    report = on_progress or (lambda p: None)
+
+    if isinstance(tokenizer, str):
+        if tokenizer == "byte":
+            tokenizer = ByteTokenizer()
+        elif tokenizer.startswith("bpe:"):
+            try:
+                vocab_size = int(tokenizer[4:])
+            except ValueError:
+                raise ValueError(f"tokenizer {tokenizer!r}: expected bpe:N with N an "
+                                 "integer") from None
+            done = 0
+
+            def train_texts():
+                nonlocal done
+                for path, cut, _ in splits:
+                    for text, n in _text_chunks(path, 0, cut, chunk_bytes):
+                        done += n
+                        report(Progress("tokenizer", done, train_total))
+                        yield text
+            tokenizer = BPETokenizer.train(train_texts(), vocab_size)
+        else:
+            raise ValueError(f"unknown tokenizer {tokenizer!r}: use byte, bpe:N or a path")
+
+    os.makedirs(out_dir, exist_ok=True)
+    if isinstance(tokenizer, BPETokenizer):
+        tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+    eot = np.array([tokenizer.eot_id])
+    done = 0
+    metas = {}
+    for name, ranges in (("train", [(p, 0, c) for p, c, _ in splits]),
+                         ("val", [(p, c, s) for p, c, s in splits])):
+        used = [r for r in ranges if r[2] > r[1]]
+        writer = TokenWriter(os.path.join(out_dir, f"{name}.bin"), tokenizer,
+                             sources=[p for p, _, _ in used])
+        try:
+            for k, (path, start, end) in enumerate(used):
+                if k:
+                    writer.append(eot)
+                for text, n in _text_chunks(path, start, end, chunk_bytes):
+                    writer.append(tokenizer.encode(text), text_bytes=n)
+                    done += n
+                    report(Progress("tokenize", done, total))
+        except BaseException:  # Ctrl-C included: leave no temp file, keep old outputs
+            writer.abort()
+            raise
+        metas[name] = writer.close()
+    return {"train": metas["train"], "val": metas["val"], "tokenizer": tokenizer,
+            "files": files}
