@@ -1,0 +1,322 @@
+"""Model files: save, load and export GlassLM weights as safetensors.
+
+A file is one safetensors container (004: an 8-byte header size, a JSON header, raw tensor
+bytes), read and written only through the `safetensors` package:
+
+- tensors: one per parameter, named by `named_parameters()` (`blocks.0.attention.query.weight`,
+  ...), float32 (`save`) or float16 (`export_float16`); `load` accepts both.
+- ``__metadata__`` (strings only, by the format's rule):
+    "format":    "glassllm" -- marks the file as ours; anything else is refused as foreign;
+    "config":    JSON text of `Config.to_dict()` -- nested description in one string (004), so
+                 the model is rebuilt from the file alone;
+    "tokenizer": the tokenizer's `to_json()` (ByteTokenizer when absent);
+    "dtype":     "float32" or "float16", informative.
+
+Every write is atomic: the file is written under a temporary name in the destination's
+directory, flushed to disk, then renamed over the destination with `os.replace`, so a crash
+or an error never leaves a half-written model (nor a stray temporary file). Every problem a
+reader can meet -- missing file, truncated or foreign file, corrupt JSON, wrong names or shapes,
+non-finite weights -- becomes FileNotFoundError or a ValueError naming the file and the problem.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from .model import Config, GlassLM
+from .tensor import no_grad
+from .tokenizer import ByteTokenizer, tokenizer_from_json
+
+FORMAT = "glassllm"
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504.0
+_LOADABLE_DTYPES = {"F32": np.float32, "F16": np.float16}
+
+
+# --------------------------------------------------------------------------- writing
+def save(model: GlassLM, path, tokenizer=None) -> None:
+    """Write `model` (float32) and its tokenizer to a safetensors file at `path`, atomically.
+
+    Args:
+        model: a GlassLM; its config goes in the metadata, its parameters are the tensors.
+        path: destination file (str or os.PathLike); replaced if it exists.
+        tokenizer: any tokenizer with `to_json()` and `vocab_size`; default ByteTokenizer().
+
+    Raises:
+        ValueError: a parameter holds NaN/inf (a broken model is never written), or the
+            tokenizer has more ids than the model's vocab_size.
+        FileNotFoundError / PermissionError: the destination directory is missing / not writable.
+    """
+    tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
+    _check_tokenizer_fits(tokenizer, model.cfg, where=os.fspath(path))
+    tensors = {}
+    for name, p in model.named_parameters():
+        _check_finite(name, p.data, where=os.fspath(path))
+        tensors[name] = np.ascontiguousarray(p.data, dtype=np.float32)
+    _atomic_save_file(tensors, _metadata(model.cfg, tokenizer, "float32"), path)
+
+
+def export_float16(model: GlassLM, path, probe_ids=None, tolerance: float = 1e-2,
+                   tokenizer=None) -> dict:
+    """Write a float16 copy of `model` (half the bytes), after checking it still works.
+
+    Two checks, both before anything is written:
+
+    1. Range: float16's largest finite value is 65504; a weight with |w| > 65504 would become
+       inf, so it raises ValueError naming the tensor.
+    2. Logits: the model is rebuilt with every weight rounded to float16 (then computed in
+       float32, as `load` will), run on `probe_ids`, and compared with the float32 model.
+       **Tolerance rule**: the export passes when
+           max |logits_f16 - logits_f32| <= tolerance * max(1, max |logits_f32|),
+       i.e. `tolerance` is relative to the largest logit magnitude (floored at 1, so that
+       near-zero logits of an untrained model do not demand absolute precision). float16 keeps
+       11 significant bits (relative rounding 2**-11 ~ 4.9e-4 per weight); the default 1e-2
+       leaves room for those errors adding up through the layers.
+
+    Args:
+        model: the float32 GlassLM to export (left unchanged).
+        path: destination file; written atomically, only if both checks pass.
+        probe_ids: int array (B, T) or (T,) of ids to compare on; default a fixed pseudo-random
+            batch of shape (2, min(max_len, 32)) drawn with seed 0.
+        tolerance: relative tolerance of the rule above (> 0).
+        tokenizer: stored in the metadata as in `save` (default ByteTokenizer()).
+
+    Returns:
+        dict with "max_abs_logit_diff" (float, logit units), "tolerance" (the absolute bound it
+        was compared with), "relative_tolerance", "max_abs_logit", "probe_shape",
+        "float16_bytes" (size of the tensor data) and "path".
+
+    Raises:
+        ValueError: a weight overflows float16 or is not finite, the logit check fails, bad
+            probe ids or tolerance. No file is written in any of these cases.
+    """
+    path = os.fspath(path)
+    if not tolerance > 0:
+        raise ValueError(f"export_float16: tolerance must be > 0, got {tolerance!r}")
+    tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
+    _check_tokenizer_fits(tokenizer, model.cfg, where=path)
+    cfg = model.cfg
+    tensors = {}
+    for name, p in model.named_parameters():
+        _check_finite(name, p.data, where=path)
+        peak = float(np.max(np.abs(p.data))) if p.data.size else 0.0
+        if peak > FLOAT16_MAX:
+            raise ValueError(f"export_float16 {path}: tensor {name!r} has |w| = {peak:g} > "
+                             f"{FLOAT16_MAX:g}, which overflows float16; nothing written")
+        tensors[name] = p.data.astype(np.float16)
+
+    if probe_ids is None:
+        probe_ids = np.random.default_rng(0).integers(0, cfg.vocab_size,
+                                                      size=(2, min(cfg.max_len, 32)))
+    probe_ids = model.check_ids(probe_ids, what="probe_ids")
+    rounded = GlassLM(cfg)
+    rounded.load_state_dict(tensors)  # casts float16 back up to float32, as `load` does
+    with no_grad():
+        reference = model(probe_ids).data.astype(np.float64)
+        approx = rounded(probe_ids).data.astype(np.float64)
+    max_abs_logit = float(np.max(np.abs(reference)))
+    diff = float(np.max(np.abs(approx - reference)))
+    bound = tolerance * max(1.0, max_abs_logit)
+    report = {
+        "max_abs_logit_diff": diff,
+        "tolerance": bound,
+        "relative_tolerance": float(tolerance),
+        "max_abs_logit": max_abs_logit,
+        "probe_shape": tuple(probe_ids.shape),
+        "float16_bytes": int(sum(t.nbytes for t in tensors.values())),
+        "path": path,
+    }
+    if not diff <= bound:  # also catches NaN
+        raise ValueError(f"export_float16 {path}: float16 logits differ from float32 by "
+                         f"{diff:.3g} > tolerance {bound:.3g} ({tolerance:g} x max(1, "
+                         f"max|logit| = {max_abs_logit:.3g})); nothing written")
+    _atomic_save_file(tensors, _metadata(cfg, tokenizer, "float16"), path)
+    return report
+
+
+def _metadata(cfg: Config, tokenizer, dtype: str) -> dict[str, str]:
+    return {"format": FORMAT, "config": json.dumps(cfg.to_dict()),
+            "tokenizer": tokenizer.to_json(), "dtype": dtype}
+
+
+def _atomic_save_file(tensors: dict, metadata: dict, path) -> None:
+    """safetensors' save_file to a temporary sibling, fsync, then os.replace onto `path`.
+
+    The temporary file lives in the destination directory because os.replace is only atomic
+    within one filesystem. On any failure (including Ctrl-C) the temporary file is removed.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    open(tmp, "xb").close()  # "x": a fresh name; its mode is the user's usual (umask)
+    try:
+        mode = os.stat(tmp).st_mode & 0o777
+        save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, mode)  # safetensors leaves 0600; give the file ordinary permissions
+        with open(tmp, "rb") as f:  # save_file does not fsync; do it before the rename
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------- reading
+def load(path) -> GlassLM:
+    """Rebuild a GlassLM from a file written by `save` or `export_float16`, with no other input.
+
+    float16 tensors are upcast to float32. Before any weight is read, the header is checked:
+    format marker, config, tensor names, shapes and dtypes.
+
+    Returns:
+        GlassLM with the stored config and weights (float32).
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        IsADirectoryError: `path` is a directory.
+        ValueError: the file is not safetensors (random bytes, truncated, corrupt header), is a
+            safetensors file of another library (no "format": "glassllm" metadata), has a
+            missing or corrupt config, missing/unexpected tensor names, wrong shapes,
+            unsupported dtypes or non-finite weights. The message names the file and the problem.
+    """
+    path = os.fspath(path)
+    with _open(path) as f:
+        metadata = _glassllm_metadata(f, path)
+        cfg = _config_from(metadata, path)
+        found = {}
+        for name in f.keys():
+            piece = f.get_slice(name)
+            found[name] = (tuple(piece.get_shape()), piece.get_dtype())
+        _precheck_sizes(cfg, found, path)
+        try:
+            model = GlassLM(cfg)
+        except MemoryError:
+            raise ValueError(f"{path}: its config asks for a model too large to build "
+                             f"({cfg.to_dict()})") from None
+        _check_names_shapes_dtypes(model, found, path)
+        state = {}
+        for name in found:
+            try:
+                array = f.get_tensor(name)
+            except (SafetensorError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}: tensor {name!r} cannot be read: {e}") from None
+            _check_finite(name, array, where=path)
+            state[name] = array
+    model.load_state_dict(state)  # copies into float32 (the F16 upcast happens here)
+    return model
+
+
+def load_tokenizer(path):
+    """The tokenizer stored in a glassllm file (ByteTokenizer if the file has none).
+
+    Raises:
+        FileNotFoundError / IsADirectoryError: as `load`.
+        ValueError: not a glassllm file (as `load`), a corrupt tokenizer description, or a
+            tokenizer with more ids than the model's vocab_size.
+    """
+    path = os.fspath(path)
+    with _open(path) as f:
+        metadata = _glassllm_metadata(f, path)
+    cfg = _config_from(metadata, path)
+    text = metadata.get("tokenizer")
+    if text is None:
+        return ByteTokenizer()
+    try:
+        tokenizer = tokenizer_from_json(text)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: corrupt tokenizer description in the metadata: {e}") from None
+    _check_tokenizer_fits(tokenizer, cfg, where=path)
+    return tokenizer
+
+
+def _open(path: str):
+    """safe_open with our errors: the library's SafetensorError names no file and no cause a
+    user would recognise."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such model file: {path}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory, not a glassllm model file")
+    try:
+        return safe_open(path, framework="numpy")
+    except (SafetensorError, UnicodeDecodeError, ValueError) as e:
+        size = os.path.getsize(path)
+        raise ValueError(f"{path}: not a readable safetensors file ({size} bytes; truncated, "
+                         f"corrupt or another format): {e}") from None
+
+
+def _glassllm_metadata(f, path: str) -> dict:
+    metadata = f.metadata() or {}
+    kind = metadata.get("format")
+    if kind != FORMAT:
+        raise ValueError(f"{path}: a safetensors file but not a glassllm model "
+                         f"(metadata format is {kind!r}, expected {FORMAT!r}; a file saved by "
+                         f"another library?)")
+    return metadata
+
+
+def _config_from(metadata: dict, path: str) -> Config:
+    text = metadata.get("config")
+    if text is None:
+        raise ValueError(f"{path}: the metadata has no model config")
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: the model config in the metadata is not valid JSON "
+                         f"({e})") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: the model config must be a JSON object, got "
+                         f"{type(fields).__name__}")
+    try:
+        return Config.from_dict(fields)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: invalid model config: {e}") from None
+
+
+def _precheck_sizes(cfg: Config, found: dict, path: str) -> None:
+    """Compare the config's big dimensions with the file's embedding shape before building the
+    model, so a corrupt config (say d_model = 10**9) fails fast instead of allocating."""
+    shape = found.get("token_embedding.weight", (None,))[0]
+    if shape != (cfg.vocab_size, cfg.d_model):
+        raise ValueError(f"{path}: tensor 'token_embedding.weight' has shape {shape}, the "
+                         f"config expects {(cfg.vocab_size, cfg.d_model)}")
+
+
+def _check_names_shapes_dtypes(model: GlassLM, found: dict, path: str) -> None:
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    missing = [n for n in expected if n not in found]
+    unexpected = [n for n in found if n not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing tensor(s) {_few(missing)}")
+        if unexpected:
+            parts.append(f"unexpected tensor(s) {_few(unexpected)}")
+        raise ValueError(f"{path}: tensors do not match the config: " + "; ".join(parts))
+    for name, want in expected.items():
+        shape, dtype = found[name]
+        if shape != want:
+            raise ValueError(f"{path}: tensor {name!r} has shape {shape}, the config "
+                             f"expects {want}")
+        if dtype not in _LOADABLE_DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype}; glassllm loads "
+                             f"{sorted(_LOADABLE_DTYPES)}")
+
+
+def _few(names: list[str], n: int = 5) -> str:
+    return str(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def _check_finite(name: str, array: np.ndarray, where: str) -> None:
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{where}: tensor {name!r} holds NaN or inf")
+
+
+def _check_tokenizer_fits(tokenizer, cfg: Config, where: str) -> None:
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(f"{where}: the tokenizer has {tokenizer.vocab_size} ids but the "
+                         f"model's vocab_size is {cfg.vocab_size}")
