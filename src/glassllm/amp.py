@@ -64,11 +64,11 @@ def resolve_dtype(dtype) -> np.dtype:
         key = dtype.lower()
         if key in _DTYPES:
             return _DTYPES[key]
-        raise ValueError(f"autocast: unknown dtype {dtype!r}; use 'float16' or 'bfloat16'")
+        raise ValueError(f"autocast: dtype must be float16 or bfloat16, got {dtype!r}")
     try:
         resolved = np.dtype(dtype)
     except TypeError:
-        raise ValueError(f"autocast: unknown dtype {dtype!r}; use 'float16' or 'bfloat16'")
+        raise ValueError(f"autocast: dtype must be float16 or bfloat16, got {dtype!r}") from None
     if resolved not in (_DTYPES["float16"], _DTYPES["bfloat16"]):
         raise ValueError(f"autocast: dtype must be float16 or bfloat16, got {resolved}")
     return resolved
@@ -99,7 +99,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     low = _autocast_dtype
     if low is None:
         return a @ b
-    return round_to(round_to(a, low) @ round_to(b, low), low)
+    with np.errstate(invalid="ignore"):  # inf * 0 after an overflow: NaN is the honest result
+        return round_to(round_to(a, low) @ round_to(b, low), low)
 
 
 @contextlib.contextmanager
@@ -229,10 +230,10 @@ class GradScaler:
                 continue
             with np.errstate(invalid="ignore", over="ignore"):
                 p.grad *= inv_scale.astype(p.grad.dtype)
-            # a sum is inf/NaN iff an element is inf/NaN (finite float32 sums stay finite in
-            # float64), and is faster than np.isfinite(...).all()
-            if not found_inf and not math.isfinite(float(p.grad.sum(dtype=np.float64))):
-                found_inf = True
+                # a sum is inf/NaN iff an element is inf/NaN (finite float32 sums stay finite
+                # in float64), and is faster than np.isfinite(...).all()
+                if not found_inf and not math.isfinite(float(p.grad.sum(dtype=np.float64))):
+                    found_inf = True
         state["found_inf"] = found_inf
         state["stage"] = _UNSCALED
 
@@ -290,7 +291,8 @@ class GradScaler:
             else:
                 self._growth_tracker += 1
                 if self._growth_tracker == self._growth_interval:
-                    grown = float(np.float32(self._scale * self._growth_factor))
+                    with np.errstate(over="ignore"):  # a float32 overflow means: do not grow
+                        grown = float(np.float32(self._scale * self._growth_factor))
                     if math.isfinite(grown):
                         self._scale = grown
                     self._growth_tracker = 0

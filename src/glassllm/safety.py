@@ -113,18 +113,26 @@ class TrainStep:
         Returns the StepRecord. Exceptions of the model (bad ids, shapes) propagate before
         any state changes.
         """
+        self.optimizer.zero_grad()
+        scaler = self.scaler
+        # Overflow is detected and reported below (a skipped step), so NumPy's warnings about
+        # inf/NaN on the way there would only repeat it.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            with amp.autocast(self._low):
+                loss = self.model.loss(x, y)
+            loss_value = float(loss.item())
+            if math.isfinite(loss_value):
+                scaler.scale(loss).backward()
+            return self._finish(loss_value, lr, step)
+
+    def _finish(self, loss_value: float, lr: float, step: int) -> StepRecord:
         opt, scaler = self.optimizer, self.scaler
-        opt.zero_grad()
-        with amp.autocast(self._low):
-            loss = self.model.loss(x, y)
-        loss_value = float(loss.item())
         nan = float("nan")
-        if not math.isfinite(loss_value):
+        if not math.isfinite(loss_value):  # checked before backward: no backward ran
             scaler.skip(opt)
             scaler.update()
             return StepRecord(step, lr, nan, nan, loss_value, True, "nonfinite_loss",
                               scaler.get_scale())
-        scaler.scale(loss).backward()
         scaler.unscale_(opt)
         pre = global_grad_norm(opt.params)
         if scaler.found_inf(opt) or not math.isfinite(pre):
