@@ -1,0 +1,97 @@
+"""Shared helpers of the core tests: a float64 central-difference gradient check and torch access.
+
+Fixtures (not autouse, so other test files are unaffected):
+    gradcheck: `gradcheck(fn, *arrays)` checks glassllm's backward of `fn` against central
+        finite differences in float64.
+    torch: the torch module, or the test is skipped when torch is not installed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glassllm import Tensor
+
+
+def numerical_gradients(fn, arrays, probe, h=1e-6):
+    """d sum(fn(*arrays) * probe) / d arrays by central differences (float64 arrays).
+
+    A random `probe` turns a vector-valued fn into a scalar whose gradient is the
+    vector-Jacobian product that backward(probe) computes, so every output element counts.
+    """
+    grads = []
+    for array in arrays:
+        grad = np.zeros_like(array)
+        flat, gflat = array.reshape(-1), grad.reshape(-1)  # views: edits reach `array`
+        for i in range(flat.size):
+            saved = flat[i]
+            flat[i] = saved + h
+            plus = float(np.sum(fn(*[Tensor(a) for a in arrays]).data * probe))
+            flat[i] = saved - h
+            minus = float(np.sum(fn(*[Tensor(a) for a in arrays]).data * probe))
+            flat[i] = saved
+            gflat[i] = (plus - minus) / (2 * h)
+        grads.append(grad)
+    return grads
+
+
+def analytic_gradients(fn, arrays, probe):
+    """(output array, [grad of each input]) from glassllm's backward with grad=probe."""
+    leaves = [Tensor(a.copy(), requires_grad=True) for a in arrays]
+    out = fn(*leaves)
+    out.backward(probe)
+    return out.data, [leaf.grad for leaf in leaves]
+
+
+def check_gradients(fn, *arrays, seed=0, rtol=1e-5, atol=1e-7):
+    """Assert glassllm's gradients of fn equal central differences; return the max abs diff.
+
+    All arrays must be float64 (finite differences in float32 are too coarse to check
+    anything). fn takes Tensors and returns a Tensor.
+    """
+    arrays = [np.array(a, dtype=np.float64) for a in arrays]
+    out = fn(*[Tensor(a) for a in arrays])
+    assert out.dtype == np.float64, f"op changed float64 to {out.dtype}"
+    probe = np.random.default_rng(seed).standard_normal(out.shape)
+    _, analytic = analytic_gradients(fn, arrays, probe)
+    numeric = numerical_gradients(fn, arrays, probe)
+    worst = 0.0
+    for i, (a, n) in enumerate(zip(analytic, numeric)):
+        assert a is not None, f"input {i} got no gradient"
+        assert a.shape == arrays[i].shape and a.dtype == np.float64
+        np.testing.assert_allclose(a, n, rtol=rtol, atol=atol, err_msg=f"input {i}")
+        worst = max(worst, float(np.max(np.abs(a - n), initial=0.0)))
+    return worst
+
+
+def check_against_torch(torch, glass_fn, torch_fn, *arrays, seed=0, rtol=1e-10, atol=1e-10):
+    """Assert forward values and input gradients of glassllm and torch agree (float64)."""
+    arrays = [np.array(a, dtype=np.float64) for a in arrays]
+    out = glass_fn(*[Tensor(a) for a in arrays])
+    probe = np.random.default_rng(seed).standard_normal(out.shape)
+    glass_out, glass_grads = analytic_gradients(glass_fn, arrays, probe)
+    leaves = [torch.tensor(a, requires_grad=True) for a in arrays]
+    torch_out = torch_fn(*leaves)
+    torch_out.backward(torch.tensor(probe))
+    np.testing.assert_allclose(glass_out, torch_out.detach().numpy(), rtol=rtol, atol=atol,
+                               err_msg="forward")
+    for i, (g, leaf) in enumerate(zip(glass_grads, leaves)):
+        np.testing.assert_allclose(g, leaf.grad.numpy(), rtol=rtol, atol=atol,
+                                   err_msg=f"gradient of input {i}")
+
+
+@pytest.fixture
+def gradcheck():
+    return check_gradients
+
+
+@pytest.fixture
+def torch_check(torch):
+    def check(glass_fn, torch_fn, *arrays, **kw):
+        return check_against_torch(torch, glass_fn, torch_fn, *arrays, **kw)
+    return check
+
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")

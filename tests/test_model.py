@@ -1,0 +1,331 @@
+"""GlassLM and Config: parity with an independent PyTorch model, validation, parameters, KV cache.
+
+The parity tests load the same weights into `tests/torch_reference.py` (written from the
+papers / Hugging Face conventions, not from glassllm) and compare the loss and every
+parameter gradient.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glassllm import Config, GlassLM
+from glassllm import functional as F
+from glassllm.model import KVCache
+
+TOL = 1e-5  # the acceptance bound of issue 2 (float32, small config)
+
+PARITY_CONFIGS = {
+    "llama_gqa_tied": dict(family="llama", n_heads=4, n_kv_heads=2, tie_embeddings=True),
+    "llama_gqa_untied": dict(family="llama", n_heads=4, n_kv_heads=1, tie_embeddings=False),
+    "llama_mha_untied": dict(family="llama", n_heads=2, n_kv_heads=2, tie_embeddings=False),
+    "gpt2": dict(family="gpt2", n_heads=4),
+}
+
+
+def small_config(**overrides) -> Config:
+    fields = dict(vocab_size=13, d_model=16, n_layers=2, n_heads=4, max_len=12)
+    fields.update(overrides)
+    return Config(**fields)
+
+
+def perturbed_model(cfg: Config, seed: int = 0) -> GlassLM:
+    """A model whose norm gains and biases are not their init values 1 and 0, and whose weights
+    are large enough that every path (attention pattern, residual) matters to the loss."""
+    model = GlassLM(cfg, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    for p in model.parameters():
+        p.data = (p.data + rng.normal(0.0, 0.2, p.shape)).astype(p.dtype)
+    return model
+
+
+def ids(cfg: Config, shape, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, cfg.vocab_size, size=shape)
+
+
+@pytest.fixture
+def reference(torch):
+    import torch_reference
+    return torch_reference
+
+
+def to_float64(model: GlassLM) -> GlassLM:
+    for p in model.parameters():
+        p.data = p.data.astype(np.float64)
+    if model.cfg.family == "llama":  # rope tables rounded to float32 would cap the precision
+        model.rope_cos, model.rope_sin = F.rope_tables(model.cfg.max_len, model.cfg.head_dim,
+                                                       model.cfg.rope_theta, dtype=np.float64)
+    return model
+
+
+def loss_and_grads_diff(model, reference, torch_dtype):
+    cfg = model.cfg
+    x, y = ids(cfg, (3, cfg.max_len), 1), ids(cfg, (3, cfg.max_len), 2)
+    twin = reference.TorchLM(cfg.to_dict(), dtype=torch_dtype)
+    reference.load_glassllm_state(twin, model.state_dict())
+    loss = model.loss(x, y)
+    loss.backward()
+    twin_loss = twin.loss(x, y)
+    twin_loss.backward()
+    twin_grads = reference.glassllm_gradients(twin)
+    names = [n for n, _ in model.named_parameters()]
+    assert sorted(names) == sorted(twin_grads)
+    grad_diffs = {}
+    for name, p in model.named_parameters():
+        assert p.grad is not None and twin_grads[name] is not None, name
+        assert p.grad.shape == p.shape
+        assert np.abs(p.grad).max() > 0, f"{name} got an all-zero gradient"
+        grad_diffs[name] = float(np.abs(p.grad - twin_grads[name]).max())
+    logits_diff = float(np.abs(model(x).data - twin(x).detach().numpy()).max())
+    return abs(loss.item() - twin_loss.item()), grad_diffs, logits_diff
+
+
+# "The full model's loss and all parameter gradients match an independent PyTorch
+# implementation of the same architecture with the same weights (max abs diff <= 1e-5 on a
+# small config) for both families."
+@pytest.mark.parametrize("name", sorted(PARITY_CONFIGS))
+def test_loss_and_all_gradients_match_torch_float32(name, reference, torch):
+    model = perturbed_model(small_config(**PARITY_CONFIGS[name]))
+    loss_diff, grad_diffs, logits_diff = loss_and_grads_diff(model, reference, torch.float32)
+    assert loss_diff <= TOL
+    assert logits_diff <= TOL
+    worst = max(grad_diffs, key=grad_diffs.get)
+    assert grad_diffs[worst] <= TOL, f"{worst}: {grad_diffs[worst]}"
+
+
+@pytest.mark.parametrize("name", ["llama_gqa_tied", "llama_gqa_untied", "gpt2"])
+def test_loss_and_all_gradients_match_torch_float64(name, reference, torch):
+    model = to_float64(perturbed_model(small_config(**PARITY_CONFIGS[name])))
+    loss_diff, grad_diffs, logits_diff = loss_and_grads_diff(model, reference, torch.float64)
+    assert loss_diff <= 1e-11
+    assert logits_diff <= 1e-11
+    assert max(grad_diffs.values()) <= 1e-11
+
+
+def test_reference_sees_a_wrong_weight(reference, torch):
+    # The parity test must be able to fail: one transposed-wrong weight changes the loss.
+    model = perturbed_model(small_config(**PARITY_CONFIGS["llama_gqa_tied"]))
+    state = model.state_dict()
+    state["blocks.1.attention.query.weight"] = state["blocks.1.attention.query.weight"].T.copy()
+    twin = reference.TorchLM(model.cfg.to_dict())
+    reference.load_glassllm_state(twin, state)
+    x, y = ids(model.cfg, (2, 8), 1), ids(model.cfg, (2, 8), 2)
+    assert abs(model.loss(x, y).item() - twin.loss(x, y).item()) > 1e-4
+
+
+# --------------------------------------------------------------------------- forward contract
+def test_logits_shape_dtype_and_loss_is_mean_nats():
+    cfg = small_config()
+    model = perturbed_model(cfg)
+    x, y = ids(cfg, (2, 5), 3), ids(cfg, (2, 5), 4)
+    logits = model(x)
+    assert logits.shape == (2, 5, cfg.vocab_size) and logits.dtype == np.float32
+    z = logits.data.astype(np.float64)
+    logp = z - z.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    expected = -np.take_along_axis(logp, y[..., None], -1).mean()
+    loss = model.loss(x, y)
+    assert loss.shape == () and loss.dtype == np.float32
+    np.testing.assert_allclose(loss.item(), expected, rtol=1e-5)
+
+
+def test_one_dimensional_idx_is_a_batch_of_one():
+    cfg = small_config()
+    model = perturbed_model(cfg)
+    x = ids(cfg, (7,), 5)
+    logits = model(x)
+    assert logits.shape == (1, 7, cfg.vocab_size)
+    np.testing.assert_array_equal(logits.data, model(x[None]).data)
+    np.testing.assert_array_equal(model.loss(x, x).data, model.loss(x[None], x[None]).data)
+
+
+def test_no_dropout_no_mode_same_input_same_logits():
+    cfg = small_config(family="gpt2")
+    model = perturbed_model(cfg)
+    x = ids(cfg, (2, 6), 6)
+    np.testing.assert_array_equal(model(x).data, model(x).data)
+    assert not hasattr(model, "eval") and not hasattr(model, "train")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_ids_outside_vocab_raise_value_error_saying_which(family):
+    cfg = small_config(family=family)
+    model = GlassLM(cfg)
+    x = np.zeros((2, 4), dtype=np.int64)
+    x[1, 2] = cfg.vocab_size
+    with pytest.raises(ValueError, match=rf"token id {cfg.vocab_size} at position \(1, 2\)"):
+        model(x)
+    x[1, 2] = -1
+    with pytest.raises(ValueError, match=r"token id -1"):
+        model(x)
+    good = np.zeros((2, 4), dtype=np.int64)
+    with pytest.raises(ValueError, match="targets"):
+        model.loss(good, x)
+
+
+def test_sequence_longer_than_max_len_raises_value_error_naming_max_len():
+    cfg = small_config()
+    model = GlassLM(cfg)
+    with pytest.raises(ValueError, match=rf"sequence length {cfg.max_len + 1}.*max_len={cfg.max_len}"):
+        model(np.zeros(cfg.max_len + 1, dtype=np.int64))
+    model(np.zeros(cfg.max_len, dtype=np.int64))  # exactly max_len is fine
+
+
+def test_other_bad_inputs_raise_value_error():
+    cfg = small_config()
+    model = GlassLM(cfg)
+    with pytest.raises(ValueError, match="integer"):
+        model(np.zeros((1, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        model(np.zeros((1, 1, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="empty"):
+        model(np.zeros((1, 0), dtype=np.int64))
+    with pytest.raises(ValueError, match="shape"):
+        model.loss(np.zeros((2, 3), dtype=np.int64), np.zeros((2, 4), dtype=np.int64))
+
+
+# --------------------------------------------------------------------------- KV cache
+@pytest.mark.parametrize("overrides", [dict(family="llama", n_kv_heads=2), dict(family="gpt2")])
+def test_kv_cache_logits_equal_full_forward(overrides):
+    cfg = small_config(**overrides)
+    model = perturbed_model(cfg)
+    seq = ids(cfg, (2, cfg.max_len), 7)
+    full = model(seq).data
+    cache = KVCache(cfg, batch_size=2)
+    assert cache.k.shape == (cfg.n_layers, 2, cfg.max_len, cfg.n_kv_heads, cfg.head_dim)
+    pieces = [model(seq[:, :5], cache=cache).data]  # a prompt, then one token at a time
+    assert cache.length == 5
+    for t in range(5, cfg.max_len):
+        pieces.append(model(seq[:, t:t + 1], cache=cache).data)
+        assert cache.length == t + 1
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="max_len"):
+        model(seq[:, :1], cache=cache)  # the cache is full
+
+
+# --------------------------------------------------------------------------- Config
+@pytest.mark.parametrize("fields, message", [
+    (dict(d_model=10, n_heads=4), "d_model=10 is not divisible by n_heads=4"),
+    (dict(n_heads=4, n_kv_heads=3), "n_heads=4 is not divisible by n_kv_heads=3"),
+    (dict(d_model=12, n_heads=4), "even head_dim"),  # head_dim 3 with RoPE
+    (dict(family="bert"), "family"),
+    (dict(family="gpt2", tie_embeddings=False), "ties"),
+    (dict(d_ff=0), "d_ff"),
+    (dict(rope_theta=0.0), "rope_theta"),
+    (dict(norm_eps=-1e-5), "norm_eps"),
+])
+def test_config_validation(fields, message):
+    with pytest.raises(ValueError, match=message):
+        small_config(**fields)
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                                   "max_len"])
+@pytest.mark.parametrize("value", [0, -1, 2.0, True])
+def test_config_rejects_non_positive_or_non_integer_sizes(field, value):
+    with pytest.raises(ValueError, match=field):
+        small_config(**{field: value})
+
+
+def test_odd_head_dim_is_fine_without_rope():
+    cfg = small_config(family="gpt2", d_model=12, n_heads=4)
+    assert cfg.head_dim == 3
+    assert GlassLM(cfg)(np.arange(3)).shape == (1, 3, cfg.vocab_size)
+
+
+def test_config_defaults_and_round_trip():
+    cfg = Config()
+    assert (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.max_len) == \
+        (257, 128, 4, 4, 256)
+    assert cfg.n_kv_heads == cfg.n_heads and cfg.family == "llama" and cfg.tie_embeddings
+    assert Config(family="gpt2", d_model=64).d_ff == 256
+    for c in (cfg, small_config(family="gpt2"), small_config(n_kv_heads=1, d_ff=40,
+                                                             tie_embeddings=False)):
+        d = c.to_dict()
+        assert isinstance(d, dict) and Config.from_dict(d) == c
+    with pytest.raises(ValueError, match="unknown field"):
+        Config.from_dict({**cfg.to_dict(), "dropout": 0.1})
+    with pytest.raises(ValueError):
+        Config.from_dict({**cfg.to_dict(), "n_heads": 0})
+
+
+# --------------------------------------------------------------------------- parameters
+def test_glasslm_is_deterministic_by_seed():
+    cfg = small_config()
+    a, b, c = GlassLM(cfg, seed=3).state_dict(), GlassLM(cfg, seed=3).state_dict(), \
+        GlassLM(cfg, seed=4).state_dict()
+    assert a.keys() == b.keys() == c.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert any(not np.array_equal(a[n], c[n]) for n in a)
+
+
+def test_named_parameters_dotted_names_and_shapes():
+    cfg = small_config(n_layers=1, n_heads=4, n_kv_heads=2, d_ff=24, tie_embeddings=False)
+    shapes = {n: p.shape for n, p in GlassLM(cfg).named_parameters()}
+    assert shapes == {
+        "token_embedding.weight": (13, 16),
+        "blocks.0.attention_norm.weight": (16,),
+        "blocks.0.attention.query.weight": (16, 16),
+        "blocks.0.attention.key.weight": (16, 8),  # [in, out]: 2 kv heads of 4
+        "blocks.0.attention.value.weight": (16, 8),
+        "blocks.0.attention.output.weight": (16, 16),
+        "blocks.0.mlp_norm.weight": (16,),
+        "blocks.0.mlp.gate.weight": (16, 24),
+        "blocks.0.mlp.up.weight": (16, 24),
+        "blocks.0.mlp.down.weight": (24, 16),
+        "final_norm.weight": (16,),
+        "lm_head.weight": (16, 13),
+    }
+    gpt2 = dict(GlassLM(small_config(family="gpt2", n_layers=2)).named_parameters())
+    assert "position_embedding.weight" in gpt2 and "lm_head.weight" not in gpt2
+    assert gpt2["blocks.1.mlp.up.bias"].shape == (64,)
+    assert {"blocks.1.attention_norm.bias", "final_norm.bias",
+            "blocks.1.attention.output.bias"} <= set(gpt2)
+    assert not any(".gate." in n for n in gpt2)
+    model = GlassLM(cfg)
+    assert [p for _, p in model.named_parameters()] == model.parameters()
+
+
+def test_state_dict_returns_copies():
+    model = GlassLM(small_config())
+    state = model.state_dict()
+    weight = model.token_embedding.weight
+    before = weight.data.copy()
+    state["token_embedding.weight"][:] = 7.0
+    np.testing.assert_array_equal(weight.data, before)
+    weight.data += 1.0
+    np.testing.assert_array_equal(state["token_embedding.weight"], 7.0)
+
+
+def test_load_state_dict_round_trip_copies():
+    cfg = small_config()
+    a, b = GlassLM(cfg, seed=1), GlassLM(cfg, seed=2)
+    state = a.state_dict()
+    b.load_state_dict(state)
+    for name, p in b.named_parameters():
+        np.testing.assert_array_equal(p.data, state[name])
+        assert p.dtype == np.float32
+    state["final_norm.weight"][:] = 5.0
+    assert not np.any(b.final_norm.weight.data == 5.0)
+    x = ids(cfg, (1, 6), 0)
+    np.testing.assert_array_equal(a(x).data, b(x).data)
+
+
+def test_load_state_dict_is_strict_and_names_the_tensor():
+    cfg = small_config()
+    model = GlassLM(cfg, seed=1)
+    before = model.state_dict()
+    state = GlassLM(cfg, seed=2).state_dict()
+    missing = dict(state)
+    del missing["blocks.1.mlp.up.weight"]
+    with pytest.raises(KeyError, match="blocks.1.mlp.up.weight"):
+        model.load_state_dict(missing)
+    with pytest.raises(KeyError, match="extra.weight"):
+        model.load_state_dict({**state, "extra.weight": np.zeros(3)})
+    bad = dict(state)
+    bad["blocks.0.attention.key.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(ValueError, match="blocks.0.attention.key.weight"):
+        model.load_state_dict(bad)
+    for name, p in model.named_parameters():  # a failed load changes nothing
+        np.testing.assert_array_equal(p.data, before[name])
