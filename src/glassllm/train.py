@@ -14,13 +14,22 @@ weights and history:
 """
 from __future__ import annotations
 
+import csv
+import dataclasses
+import math
+import os
+import signal
+import threading
 import time  # read as `time.monotonic()` here so tests can patch the clock
+from typing import Callable
 
 import numpy as np
 
+from . import checkpoint as ckpt_io
 from .data import get_batch  # the one batch sampler; re-exported here for spec 001
 from .model import GlassLM
 from .optim import AdamW, clip_grad_norm, lr_schedule
+from .safety import PRECISIONS, SkipRateMonitor, StepCSVLog, TrainStep
 from .tensor import no_grad
 
 TRAIN_DEADLINE_S = 7200.0  # fixed wall-clock limit of one train() call, validation included
@@ -132,3 +141,485 @@ def _format_entry(entry: dict) -> str:
     if "val_loss" in entry:
         line += f", val_loss {entry['val_loss']:.4f}"
     return line
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer: the training program of spec 004. Same update as train() above, plus events instead
+# of printing, the best model written to a file, checkpoints with exact resume, Ctrl-C safety
+# and the mixed-precision step of spec 003 (glassllm.safety.TrainStep).
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainSettings:
+    """What a training run does not change on the way (004's `settings`).
+
+    The defaults are the `glassllm train` defaults: with the default model (llama family,
+    d_model 128, 4 layers, 4 heads, 2 KV heads) they train on tinyshakespeare to a validation
+    loss below 2.0 nats per byte in a few minutes on two CPU cores (see the README).
+
+    Fields:
+        steps: AdamW updates in the whole run (a resumed run counts the earlier ones).
+        batch_size, seq_len: B windows of T tokens per update (B*T tokens per step).
+        lr: peak learning rate of `lr_schedule` (warmup then cosine to lr * min_lr_ratio).
+        warmup: linear warmup steps.
+        clip: max global L2 norm of the (unscaled) gradients, spec 001's 1.0.
+        eval_every: evaluate after update `step` when step % eval_every == 0, and after the
+            last update (spec 001's rhythm).
+        eval_batches: batches of (batch_size, seq_len) per evaluation, drawn with the fixed
+            `eval_seed`, so every evaluation sees the same windows.
+        seed: seed of the batch sampler `np.random.default_rng(seed)`.
+        precision: "fp32", "fp16" (autocast + dynamic loss scaling) or "bf16" (autocast).
+        log_csv: path of the per-step CSV of spec 003 (None: no CSV).
+        max_skip_rate: stop with SkipRateExceeded when the rolling skip rate stays above this
+            for 100 steps (None: no alert).
+        checkpoint_every: write a checkpoint after every N completed updates (None: only on
+            Ctrl-C). Needs the trainer's checkpoint_path.
+        weight_decay: AdamW's decoupled decay. min_lr_ratio: the schedule's floor.
+
+    Raises:
+        ValueError: a field out of range (named in the message).
+    """
+
+    steps: int = 2000
+    batch_size: int = 16
+    seq_len: int = 64
+    lr: float = 2e-3
+    warmup: int = 100
+    clip: float = CLIP_NORM
+    eval_every: int = 250
+    eval_batches: int = 20
+    seed: int = 0
+    precision: str = "fp32"
+    log_csv: str | None = None
+    max_skip_rate: float | None = None
+    checkpoint_every: int | None = None
+    weight_decay: float = 0.1
+    min_lr_ratio: float = 0.1
+    eval_seed: int = EVAL_SEED
+
+    def __post_init__(self):
+        positive = ("batch_size", "seq_len", "eval_every", "eval_batches")
+        for name in positive:
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"TrainSettings.{name} must be positive, "
+                                 f"got {getattr(self, name)}")
+        for name in ("steps", "warmup", "seed"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"TrainSettings.{name} must be >= 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"TrainSettings.lr must be a positive number, got {self.lr}")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"TrainSettings.clip must be positive, got {self.clip}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainSettings.precision must be one of {sorted(PRECISIONS)}, "
+                             f"got {self.precision!r}")
+        if self.max_skip_rate is not None and not 0.0 <= self.max_skip_rate < 1.0:
+            raise ValueError(f"TrainSettings.max_skip_rate must be in [0, 1), "
+                             f"got {self.max_skip_rate}")
+        if self.checkpoint_every is not None and int(self.checkpoint_every) <= 0:
+            raise ValueError(f"TrainSettings.checkpoint_every must be positive, "
+                             f"got {self.checkpoint_every}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0 or self.weight_decay < 0:
+            raise ValueError("TrainSettings: min_lr_ratio must be in [0, 1] and "
+                             "weight_decay >= 0")
+
+    # Fields that only say where output goes: a resumed run may change them.
+    OUTPUT_FIELDS = ("log_csv", "checkpoint_every")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainSettings":
+        """Inverse of to_dict. Raises ValueError on unknown or invalid fields."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"TrainSettings: unknown field(s) {unknown}")
+        return cls(**d)
+
+
+# Events: what the loop reports. The loop never prints; the caller decides (004).
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """Before the first update of a fresh run: validation loss of the initial weights (nats)."""
+    val_loss: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """A run continues from a checkpoint: `step` updates were already done."""
+    step: int
+    best_val_loss: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stepped:
+    """After every update `step` (0-based): its batch loss before the update (nats/token; inf
+    or NaN on a skipped step), the learning rate, and training throughput in tokens/second
+    averaged over this run() call (evaluation time excluded)."""
+    step: int
+    loss: float
+    lr: float
+    tokens_per_s: float
+    skipped: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluated:
+    """After update `step`: mean batch loss of the updates since the previous evaluation
+    (train_loss, nats/token, skipped steps excluded; NaN if all skipped), validation loss
+    (nats/token) and the training throughput over those updates (tokens/second)."""
+    step: int
+    train_loss: float
+    val_loss: float
+    tokens_per_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Saved:
+    """The model file was (atomically) rewritten: validation improved to val_loss at `step`."""
+    step: int
+    path: str
+    val_loss: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointed:
+    """A checkpoint of the state after `step` completed updates was written to `path`."""
+    step: int
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSummary:
+    """The outcome of a finished run.
+
+    steps: updates done in total (resumed ones included). best_step / best_val_loss: the
+    evaluation the model file holds (None if there was none). final_val_loss: the last
+    evaluation. history: one dict per update, as in the checkpoint. skipped_steps: updates
+    skipped for non-finite values. tokens: tokens trained on in this run() call. elapsed_s:
+    wall time of this call. model_path: where the best model is (None if not saved).
+    """
+    steps: int
+    best_step: int | None
+    best_val_loss: float | None
+    final_val_loss: float | None
+    history: list
+    skipped_steps: int
+    tokens: int
+    elapsed_s: float
+    model_path: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """The run completed all its steps."""
+    summary: TrainSummary
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or another KeyboardInterrupt) stopped the run.
+
+    step: updates completed. checkpoint_path: the checkpoint written for them, or None (no
+    checkpoint_path was given, or a second Ctrl-C arrived in the middle of an update, when the
+    state is not one a checkpoint may hold). history: one dict per completed update. A
+    KeyboardInterrupt, so callers that only know Ctrl-C still stop.
+    """
+
+    def __init__(self, step: int, checkpoint_path: str | None, history: list | None = None):
+        where = f"; checkpoint {checkpoint_path}" if checkpoint_path else "; no checkpoint"
+        super().__init__(f"training interrupted after {step} updates{where}")
+        self.step, self.checkpoint_path = step, checkpoint_path
+        self.history = history if history is not None else []
+
+
+class NonFiniteLossError(FloatingPointError, ValueError):
+    """The training loss (or gradient) became inf/NaN in a run that does not skip such steps
+    (fp32 without max_skip_rate). Nothing is written when it is raised. `step` names it."""
+
+    def __init__(self, step: int, loss: float, reason: str):
+        what = "loss" if reason == "nonfinite_loss" else "gradient norm"
+        super().__init__(f"step {step}: the training {what} is not finite (loss {loss}); "
+                         f"training stopped, nothing was written")
+        self.step, self.loss = step, loss
+
+
+class _DeferredInterrupt:
+    """Hold Ctrl-C until the current update has finished, so a checkpoint written for it is
+    exactly the state after a whole number of updates. A second Ctrl-C interrupts at once.
+
+    Only in the main thread and only when SIGINT has Python's default handler (signal
+    handlers can only be set there, and a program that set its own keeps it)."""
+
+    def __init__(self):
+        self.pending = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class Trainer:
+    """The training loop of spec 004: events, best-model file, checkpoints, exact resume.
+
+    Args:
+        settings: a TrainSettings.
+        train_data, val_data: `Batches` (glassllm.data): `token_count() -> int` and
+            `batch(rng, batch_size, seq_len) -> (x, y)` int arrays (B, T). A 600-token array
+            (`ArrayBatches`) and a multi-GB memory-mapped file work alike.
+        model_path: where the best model is written with `glassllm.files.save` (None: never).
+        checkpoint_path: where checkpoints go (None: no checkpoints, even on Ctrl-C).
+        tokenizer: stored in the model file (default ByteTokenizer) and in checkpoints.
+        extra: JSON-serialisable facts stored in checkpoints (e.g. the data sources).
+
+    Each update is one `glassllm.safety.TrainStep` call: loss, backward, clip, AdamW at
+    `lr_schedule(step, steps, lr, warmup, min_lr_ratio)`. In fp32 it is exactly spec 001's
+    `train()` update, so with `ArrayBatches(data)` and the same seed both give the same weights.
+    Validation is in float32 (no autocast), `eval_batches` batches drawn with `eval_seed`.
+    """
+
+    def __init__(self, settings: TrainSettings, train_data, val_data, model_path=None,
+                 checkpoint_path=None, tokenizer=None, extra: dict | None = None):
+        self.settings = settings
+        self.train_data = train_data
+        self.val_data = val_data
+        self.model_path = None if model_path is None else os.fspath(model_path)
+        self.checkpoint_path = None if checkpoint_path is None else os.fspath(checkpoint_path)
+        self.tokenizer = tokenizer
+        self.extra = dict(extra or {})
+        if settings.checkpoint_every is not None and self.checkpoint_path is None:
+            raise ValueError("Trainer: checkpoint_every needs a checkpoint_path")
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, model: GlassLM, resume=None,
+            on_event: Callable[[object], None] | None = None) -> TrainSummary:
+        """Train `model` in place; return the summary (also sent as `Finished`).
+
+        Args:
+            resume: None (fresh run), a checkpoint path, or a `checkpoint.Checkpoint`. The
+                model's config and the settings (except log_csv, checkpoint_every) must be
+                the checkpoint's; weights, optimizer, sampler, history and best loss are
+                restored, and the result is bit-identical to a run that never stopped.
+            on_event: called with each event; an exception it raises stops the run
+                (KeyboardInterrupt from it is handled like Ctrl-C).
+
+        Raises:
+            ValueError: data too short for seq_len, seq_len > max_len, a checkpoint that does
+                not match the model or the settings.
+            NonFiniteLossError: non-finite loss/gradient in a run that does not skip (fp32 and
+                no max_skip_rate); the model file and checkpoint are not written.
+            glassllm.safety.SkipRateExceeded: too many skipped steps (max_skip_rate).
+            TrainingInterrupted: Ctrl-C; the checkpoint (if any) holds every completed update.
+        """
+        s = self.settings
+        emit = on_event if on_event is not None else (lambda event: None)
+        self._check_data(model)
+        optimizer = AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+        train_step = TrainStep(model, optimizer, s.precision, s.clip)
+        rng = np.random.default_rng(s.seed)
+        history: list[dict] = []
+        best_val, best_step = None, None
+        if resume is not None:
+            state = resume if isinstance(resume, ckpt_io.Checkpoint) \
+                else ckpt_io.load_checkpoint(resume)
+            self._restore(state, model, optimizer, train_step, rng)
+            history, best_val, best_step = list(state.history), state.best_val_loss, \
+                state.best_step
+        start = len(history)
+        monitor = None
+        if s.max_skip_rate is not None:
+            monitor = SkipRateMonitor(s.max_skip_rate)
+            for entry in history:  # its window is a function of the skips so far
+                monitor.update(bool(entry.get("skipped")), entry["step"])
+        csv_log = self._open_csv(start, resumed=resume is not None)
+        started_at = time.monotonic()
+        train_time, tokens = 0.0, 0
+        interval_time, interval_tokens = 0.0, 0
+        in_step = False
+        try:
+            with _DeferredInterrupt() as interrupt:
+                if resume is None:
+                    emit(Started(self._evaluate(model)))
+                else:
+                    emit(Resumed(start, best_val))
+                for step in range(start, s.steps):
+                    if interrupt.pending:
+                        raise KeyboardInterrupt
+                    in_step = True
+                    events = []
+                    t0 = time.perf_counter()
+                    x, y = self.train_data.batch(rng, s.batch_size, s.seq_len)
+                    lr = lr_schedule(step, s.steps, s.lr, s.warmup, s.min_lr_ratio)
+                    record = train_step(x, y, lr, step)
+                    dt = time.perf_counter() - t0
+                    if record.skipped and not self._skips_allowed():
+                        raise NonFiniteLossError(step, record.loss, record.skip_reason)
+                    if csv_log is not None:
+                        csv_log.write(record)
+                    if monitor is not None:
+                        monitor.update(record.skipped, step)
+                    n = x.size
+                    train_time, tokens = train_time + dt, tokens + n
+                    interval_time, interval_tokens = interval_time + dt, interval_tokens + n
+                    entry = {"step": step, "loss": _json_float(record.loss), "lr": lr}
+                    if record.skipped:
+                        entry["skipped"] = record.skip_reason
+                    events.append(Stepped(step, record.loss, lr, tokens / train_time,
+                                          record.skipped))
+                    if step % s.eval_every == 0 or step == s.steps - 1:
+                        val = self._evaluate(model)
+                        train_loss = _mean_since_last_eval(history, entry)
+                        entry["train_loss"] = _json_float(train_loss)
+                        entry["val_loss"] = val
+                        events.append(Evaluated(step, train_loss, val,
+                                                interval_tokens / max(interval_time, 1e-9)))
+                        interval_time, interval_tokens = 0.0, 0
+                        if best_val is None or val < best_val:
+                            best_val, best_step = val, step
+                            if self.model_path is not None:
+                                self._save_model(model)
+                                events.append(Saved(step, self.model_path, val))
+                    history.append(entry)
+                    in_step = False
+                    for event in events:
+                        emit(event)
+                    if s.checkpoint_every and (step + 1) % s.checkpoint_every == 0:
+                        path = self._write_checkpoint(model, optimizer, train_step, rng,
+                                                      history, best_val, best_step)
+                        emit(Checkpointed(step + 1, path))
+        except KeyboardInterrupt as e:
+            if isinstance(e, TrainingInterrupted):
+                raise
+            path = None
+            if not in_step and self.checkpoint_path is not None:
+                path = self._write_checkpoint(model, optimizer, train_step, rng, history,
+                                              best_val, best_step)
+            raise TrainingInterrupted(len(history), path, history) from e
+        finally:
+            if csv_log is not None:
+                csv_log.close()
+        evaluated = [h["val_loss"] for h in history if "val_loss" in h]
+        summary = TrainSummary(
+            steps=len(history), best_step=best_step, best_val_loss=best_val,
+            final_val_loss=evaluated[-1] if evaluated else None, history=history,
+            skipped_steps=sum(1 for h in history if h.get("skipped")), tokens=tokens,
+            elapsed_s=time.monotonic() - started_at,
+            model_path=self.model_path if best_step is not None else None)
+        emit(Finished(summary))
+        return summary
+
+    # ------------------------------------------------------------------ pieces
+    def _skips_allowed(self) -> bool:
+        # Mixed precision expects the odd overflow (the scaler backs off and the step is
+        # skipped); in fp32 a non-finite loss means the run diverged, unless the user asked
+        # for skipping with an alert threshold.
+        return self.settings.precision != "fp32" or self.settings.max_skip_rate is not None
+
+    def _check_data(self, model: GlassLM) -> None:
+        s = self.settings
+        if s.seq_len > model.cfg.max_len:
+            raise ValueError(f"Trainer: seq_len={s.seq_len} exceeds the model's "
+                             f"max_len={model.cfg.max_len}")
+        for name, data in (("training", self.train_data), ("validation", self.val_data)):
+            n = int(data.token_count())
+            if n <= s.seq_len:
+                raise ValueError(f"Trainer: the {name} data has {n} tokens; it needs more "
+                                 f"than seq_len={s.seq_len}")
+
+    def _evaluate(self, model: GlassLM) -> float:
+        """Mean validation loss (nats/token) over eval_batches fixed batches, in float32;
+        with ArrayBatches this equals spec 001's evaluate(model, ids, B, T, n, seed)."""
+        s = self.settings
+        rng = np.random.default_rng(s.eval_seed)
+        total = 0.0
+        with no_grad():
+            for _ in range(s.eval_batches):
+                x, y = self.val_data.batch(rng, s.batch_size, s.seq_len)
+                total += float(model.loss(x, y).item())
+        return total / s.eval_batches
+
+    def _save_model(self, model: GlassLM) -> None:
+        from .files import save  # files imports model only; imported late to keep train light
+        save(model, self.model_path, tokenizer=self.tokenizer)
+
+    def _open_csv(self, start: int, resumed: bool):
+        path = self.settings.log_csv
+        if path is None:
+            return None
+        if resumed and os.path.exists(path):
+            _truncate_csv_rows(path, start)  # rows of updates after the checkpoint are redone
+        return StepCSVLog(path, append=resumed)
+
+    def _write_checkpoint(self, model, optimizer, train_step, rng, history, best_val,
+                          best_step) -> str:
+        extra = dict(self.extra)
+        if self.tokenizer is not None:
+            extra["tokenizer"] = self.tokenizer.to_json()
+        state = ckpt_io.Checkpoint(
+            step=len(history), config=model.cfg.to_dict(), weights=model.state_dict(),
+            optimizer=ckpt_io.optimizer_state(model, optimizer),
+            rng_state=rng.bit_generator.state, settings=self.settings.to_dict(),
+            best_val_loss=best_val, best_step=best_step, history=history,
+            scaler=train_step.state_dict(), extra=extra)
+        ckpt_io.save_checkpoint(self.checkpoint_path, state)
+        return self.checkpoint_path
+
+    def _restore(self, state, model, optimizer, train_step, rng) -> None:
+        if state.config != model.cfg.to_dict():
+            raise ValueError(f"Trainer: the checkpoint's model config {state.config} differs "
+                             f"from the model's {model.cfg.to_dict()}")
+        mine = self.settings.to_dict()
+        differ = sorted(k for k, v in state.settings.items()
+                        if k not in TrainSettings.OUTPUT_FIELDS and mine.get(k) != v)
+        if differ:
+            pairs = ", ".join(f"{k}: checkpoint {state.settings[k]!r} vs {mine.get(k)!r}"
+                              for k in differ)
+            raise ValueError(f"Trainer: resume needs the checkpoint's settings ({pairs})")
+        model.load_state_dict(state.weights)
+        ckpt_io.load_optimizer_state(model, optimizer, state.optimizer)
+        rng.bit_generator.state = state.rng_state
+        if state.scaler:
+            train_step.load_state_dict(state.scaler)
+
+
+def _json_float(x: float):
+    """A float for the history, None when inf/NaN (JSON and CSV carry no inf/NaN)."""
+    return float(x) if math.isfinite(x) else None
+
+
+def _mean_since_last_eval(history: list[dict], entry: dict) -> float:
+    losses = [entry["loss"]]
+    for h in reversed(history):
+        if "val_loss" in h:
+            break
+        losses.append(h["loss"])
+    finite = [x for x in losses if x is not None]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def _truncate_csv_rows(path: str, start: int) -> None:
+    """Keep the header and the rows of steps < start (atomically rewritten)."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) < start]
+    if len(kept) == len(rows):
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows(kept)
+    os.replace(tmp, path)

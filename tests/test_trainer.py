@@ -1,0 +1,268 @@
+"""The Trainer of spec 004: events, best-model file, non-finite stop, equality with train().
+
+As 004 describes: a tiny model and a 600-token array, so the loop is tested like any function.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from glassllm import Config, GlassLM, Tensor
+from glassllm import files
+from glassllm.data import ArrayBatches
+from glassllm.train import (Checkpointed, Evaluated, Finished, NonFiniteLossError, Resumed,
+                            Saved, Started, Stepped, Trainer, TrainingInterrupted,
+                            TrainSettings, evaluate, train)
+
+CFG = dict(vocab_size=257, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, max_len=16)
+
+
+def corpus(n=600):
+    """600 byte tokens of a repetitive text: learnable in a few steps, 540 train / 60 val."""
+    text = ("the cat sat on the mat. " * 40).encode()[:n]
+    ids = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
+    return ids[:540], ids[540:]
+
+
+def settings(**kw):
+    base = dict(steps=10, batch_size=4, seq_len=8, lr=1e-2, warmup=2, eval_every=4,
+                eval_batches=2, seed=0)
+    base.update(kw)
+    return TrainSettings(**base)
+
+
+def run(tmp_path=None, model=None, on_event=None, **kw):
+    train_ids, val_ids = corpus()
+    path = None if tmp_path is None else tmp_path / "model.safetensors"
+    trainer = Trainer(settings(**kw), ArrayBatches(train_ids), ArrayBatches(val_ids),
+                      model_path=path)
+    model = model or GlassLM(Config(**CFG), seed=0)
+    events = []
+
+    def record(event):
+        events.append(event)
+        if on_event:
+            on_event(event)
+    summary = trainer.run(model, on_event=record)
+    return model, summary, events, path
+
+
+def test_events_arrive_at_the_requested_rhythm_and_at_the_last_step(tmp_path):
+    _, summary, events, _ = run(tmp_path)
+    assert isinstance(events[0], Started) and isinstance(events[-1], Finished)
+    assert [e.step for e in events if isinstance(e, Stepped)] == list(range(10))
+    assert [e.step for e in events if isinstance(e, Evaluated)] == [0, 4, 8, 9]
+    # each evaluation comes right after the update it measures
+    for i, e in enumerate(events):
+        if isinstance(e, Evaluated):
+            assert isinstance(events[i - 1], Stepped) and events[i - 1].step == e.step
+    assert events[-1].summary is summary and summary.steps == 10
+    assert [h["step"] for h in summary.history] == list(range(10))
+    assert [h["step"] for h in summary.history if "val_loss" in h] == [0, 4, 8, 9]
+    stepped = [e for e in events if isinstance(e, Stepped)]
+    assert all(e.tokens_per_s > 0 and np.isfinite(e.loss) for e in stepped)
+    assert [e.lr for e in stepped] == [h["lr"] for h in summary.history]
+
+
+def test_eval_every_larger_than_the_run_still_evaluates_the_last_step():
+    _, summary, events, _ = run(steps=3, eval_every=100)
+    assert [e.step for e in events if isinstance(e, Evaluated)] == [0, 2]
+    assert summary.final_val_loss == summary.history[-1]["val_loss"]
+
+
+def test_loss_falls_and_train_loss_is_the_mean_since_the_last_evaluation():
+    _, summary, events, _ = run(steps=30, eval_every=10)
+    evaluated = [e for e in events if isinstance(e, Evaluated)]
+    started = events[0]
+    assert evaluated[-1].val_loss < started.val_loss - 1.0  # learnt something real
+    losses = [h["loss"] for h in summary.history]
+    assert evaluated[1].step == 10
+    assert evaluated[1].train_loss == pytest.approx(np.mean(losses[1:11]), rel=1e-12)
+    assert evaluated[0].train_loss == losses[0]
+
+
+def test_the_saved_model_is_the_best_one(tmp_path):
+    # A constant lr of 0.3 makes validation go up and down, so "last" and "best" differ and
+    # some evaluations are no improvement.
+    model, summary, events, path = run(tmp_path, steps=24, eval_every=3, lr=0.3, warmup=0,
+                                       min_lr_ratio=1.0)
+    evaluated = [e for e in events if isinstance(e, Evaluated)]
+    val = [e.val_loss for e in evaluated]
+    assert summary.final_val_loss > min(val), "precondition: the last evaluation is not best"
+    best = min(evaluated, key=lambda e: e.val_loss)
+    assert summary.best_val_loss == best.val_loss and summary.best_step == best.step
+    # a file write exactly when validation improved
+    running, improved = np.inf, []
+    for e in evaluated:
+        if e.val_loss < running:
+            running = e.val_loss
+            improved.append(e.step)
+    assert [e.step for e in events if isinstance(e, Saved)] == improved
+    assert len(improved) < len(evaluated)
+    # the file holds the best weights: its loss on the same windows is the best loss
+    saved = files.load(path)
+    _, val_ids = corpus()
+    assert evaluate(saved, val_ids, 4, 8, n_batches=2, seed=1234) == best.val_loss
+    assert evaluate(model, val_ids, 4, 8, n_batches=2, seed=1234) == summary.final_val_loss
+
+
+class ExplodingLM(GlassLM):
+    """A GlassLM whose training loss is +inf at the training steps in `bad` (counted from 0
+    over calls with gradients on; evaluation runs under no_grad and is left alone)."""
+
+    def __init__(self, cfg, bad):
+        super().__init__(cfg, seed=0)
+        self.bad, self.calls = set(bad), 0
+
+    def loss(self, idx, targets):
+        loss = super().loss(idx, targets)
+        if loss.requires_grad:
+            self.calls += 1
+            if self.calls - 1 in self.bad:
+                return loss * Tensor(np.float32(np.inf))
+        return loss
+
+
+def test_an_infinite_loss_stops_the_run_and_writes_nothing(tmp_path):
+    model = ExplodingLM(Config(**CFG), bad=range(100))
+    before = model.state_dict()
+    with pytest.raises(NonFiniteLossError, match="step 0") as info:
+        run(tmp_path, model=model)
+    assert isinstance(info.value, FloatingPointError) and isinstance(info.value, ValueError)
+    assert info.value.step == 0
+    assert os.listdir(tmp_path) == []  # no model file, no temporary left behind
+    for name, p in model.named_parameters():  # the bad step changed nothing
+        np.testing.assert_array_equal(p.data, before[name])
+
+
+def test_an_infinite_loss_later_leaves_the_earlier_best_file_untouched(tmp_path):
+    model = ExplodingLM(Config(**CFG), bad=range(5, 100))
+    events = []
+    with pytest.raises(NonFiniteLossError, match="step 5"):
+        run(tmp_path, model=model, on_event=events.append)
+    assert [e.step for e in events if isinstance(e, Saved)] == [0, 4]
+    assert not any(isinstance(e, (Stepped, Evaluated)) and e.step >= 5 for e in events)
+    assert sorted(os.listdir(tmp_path)) == ["model.safetensors"]
+    saved = files.load(tmp_path / "model.safetensors")
+    _, val_ids = corpus()
+    best = min(e.val_loss for e in events if isinstance(e, Evaluated))
+    assert evaluate(saved, val_ids, 4, 8, n_batches=2, seed=1234) == best
+
+
+def test_skipping_instead_of_stopping_when_a_skip_rate_alert_is_set():
+    model = ExplodingLM(Config(**CFG), bad=[3, 4])
+    _, summary, events, _ = run(model=model, max_skip_rate=0.5)
+    stepped = {e.step: e for e in events if isinstance(e, Stepped)}
+    assert [s for s, e in stepped.items() if e.skipped] == [3, 4]
+    assert summary.skipped_steps == 2
+    assert summary.history[3]["skipped"] == "nonfinite_loss" and summary.history[3]["loss"] is None
+    assert np.isfinite(summary.final_val_loss)
+
+
+def test_fp32_trainer_equals_the_spec_train_loop():
+    train_ids, val_ids = corpus()
+    a = GlassLM(Config(**CFG), seed=0)
+    b = GlassLM(Config(**CFG), seed=0)
+    history = train(a, train_ids, steps=7, batch_size=4, seq_len=8, lr=1e-2, warmup=2,
+                    seed=3, val_data=val_ids, eval_every=3, log=None)
+    _, summary, _, _ = run(model=b, steps=7, seed=3, eval_every=3, eval_batches=10)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+    assert [h["loss"] for h in history] == [h["loss"] for h in summary.history]
+    assert [h["lr"] for h in history] == [h["lr"] for h in summary.history]
+    # same evaluation windows: evaluate() with 10 batches and seed 1234
+    assert [h.get("val_loss") for h in history] == [h.get("val_loss") for h in summary.history]
+
+
+def test_mixed_precision_runs_and_learns():
+    _, fp32, _, _ = run(steps=12, eval_every=6)
+    _, bf16, _, _ = run(steps=12, eval_every=6, precision="bf16")
+    assert bf16.skipped_steps == 0
+    assert bf16.final_val_loss < bf16.history[0]["val_loss"]
+    assert bf16.final_val_loss == pytest.approx(fp32.final_val_loss, rel=0.05)
+    assert bf16.final_val_loss != fp32.final_val_loss  # the matmuls really were rounded
+
+
+def test_keyboard_interrupt_from_a_callback_writes_a_checkpoint(tmp_path):
+    train_ids, val_ids = corpus()
+    trainer = Trainer(settings(), ArrayBatches(train_ids), ArrayBatches(val_ids),
+                      checkpoint_path=tmp_path / "ckpt.safetensors")
+
+    def stop(event):
+        if isinstance(event, Stepped) and event.step == 3:
+            raise KeyboardInterrupt
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.run(GlassLM(Config(**CFG)), on_event=stop)
+    assert info.value.step == 4 and len(info.value.history) == 4
+    assert info.value.checkpoint_path == os.fspath(tmp_path / "ckpt.safetensors")
+    assert isinstance(info.value, KeyboardInterrupt)
+    events = []
+    summary = trainer.run(GlassLM(Config(**CFG), seed=5), resume=info.value.checkpoint_path,
+                          on_event=events.append)
+    assert events[0] == Resumed(4, summary.history[0]["val_loss"])
+    assert [e.step for e in events if isinstance(e, Stepped)] == list(range(4, 10))
+    assert summary.steps == 10
+
+
+def test_sigint_waits_for_the_update_to_finish(tmp_path):
+    """A real SIGINT in the middle of an update: the update completes, then the checkpoint."""
+    train_ids, val_ids = corpus()
+    ckpt = tmp_path / "ckpt.safetensors"
+    trainer = Trainer(settings(steps=50), ArrayBatches(train_ids), ArrayBatches(val_ids),
+                      checkpoint_path=ckpt)
+
+    class SignalMidStep(GlassLM):
+        calls = 0
+
+        def loss(self, idx, targets):
+            out = super().loss(idx, targets)
+            if out.requires_grad:
+                SignalMidStep.calls += 1
+                if SignalMidStep.calls == 6:  # during update 5, before its backward
+                    os.kill(os.getpid(), signal.SIGINT)
+            return out
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.run(SignalMidStep(Config(**CFG)))
+    assert info.value.step == 6  # update 5 was finished, not cut in half
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    from glassllm.checkpoint import load_checkpoint
+    assert load_checkpoint(ckpt).step == 6
+
+
+def test_checkpoint_every_emits_checkpointed(tmp_path):
+    train_ids, val_ids = corpus()
+    trainer = Trainer(settings(checkpoint_every=4), ArrayBatches(train_ids),
+                      ArrayBatches(val_ids), checkpoint_path=tmp_path / "c.safetensors")
+    events = []
+    trainer.run(GlassLM(Config(**CFG)), on_event=events.append)
+    assert [e.step for e in events if isinstance(e, Checkpointed)] == [4, 8]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("steps", -1), ("batch_size", 0), ("seq_len", 0), ("lr", 0.0), ("lr", float("nan")),
+    ("warmup", -1), ("clip", 0.0), ("eval_every", 0), ("eval_batches", 0),
+    ("precision", "fp8"), ("max_skip_rate", 1.0), ("checkpoint_every", 0)])
+def test_settings_are_validated(field, value):
+    with pytest.raises(ValueError, match=field):
+        settings(**{field: value})
+
+
+def test_settings_round_trip_through_a_dict():
+    s = settings(precision="fp16", max_skip_rate=0.2)
+    assert TrainSettings.from_dict(s.to_dict()) == s
+    with pytest.raises(ValueError, match="unknown"):
+        TrainSettings.from_dict({**s.to_dict(), "momentum": 0.9})
+
+
+def test_data_and_model_mismatches_are_clear_errors():
+    train_ids, val_ids = corpus()
+    model = GlassLM(Config(**CFG))
+    with pytest.raises(ValueError, match="max_len"):
+        Trainer(settings(seq_len=32), ArrayBatches(train_ids), ArrayBatches(val_ids)).run(model)
+    with pytest.raises(ValueError, match="validation data has 8 tokens"):
+        Trainer(settings(), ArrayBatches(train_ids), ArrayBatches(val_ids[:8])).run(model)
+    with pytest.raises(ValueError, match="checkpoint_path"):
+        Trainer(settings(checkpoint_every=2), ArrayBatches(train_ids), ArrayBatches(val_ids))
