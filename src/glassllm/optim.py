@@ -114,4 +114,6 @@ def lr_schedule(step: int, total_steps: int, base_lr: float, warmup: int,
     min_lr = base_lr * min_ratio
     span = total_steps - warmup
     progress = 1.0 if span <= 0 else min(1.0, (step - warmup) / span)
-    return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    weight = 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 at the start, exactly 0 at the end
+    # a weighted mean, so both ends are exact: base_lr at progress 0, min_lr at progress 1
+    return weight * base_lr + (1.0 - weight) * min_lr
