@@ -1,0 +1,415 @@
+"""Hugging Face checkpoints in and out: `GPT2LMHeadModel` and `LlamaForCausalLM` <-> `GlassLM`.
+
+A checkpoint is a directory as transformers' `save_pretrained` writes it: `config.json` plus
+`model.safetensors`, or shards `model-0000i-of-0000n.safetensors` listed in
+`model.safetensors.index.json`. Tensors are read and written with the `safetensors` package.
+
+The conversion is a renaming plus two layout facts (spec 004, "L'épreuve : charger GPT-2"):
+
+- GPT-2 stores its projections as `Conv1D` with weight `[in, out]`, glassllm's `Linear`
+  layout, so nothing is transposed; only `attn.c_attn` holds query, key and value side by
+  side (`[C, 3C]`) and is split in three.
+- Llama stores `nn.Linear` weights `[out, in]`: every projection is transposed. transformers
+  applies rotary embedding in the rotate-half convention (to q/k weights it permuted when
+  converting Meta's checkpoints); `functional.rope` is rotate-half too, so the weights are used
+  as they are -- the parity tests against transformers are the proof.
+
+Anything this code cannot reproduce exactly (rope scaling, sliding windows, biases Llama does
+not have, GPT-2's attention variants, another activation) raises ValueError naming the config
+field: a different model is never loaded silently. Weights of any float dtype (float16,
+bfloat16 through `ml_dtypes`) become float32, glassllm's dtype.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import ml_dtypes  # noqa: F401  -- registers bfloat16 with NumPy, so bf16 checkpoints load
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from .model import Config, GlassLM
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# Buffers older transformers versions saved next to the weights; they hold no learned values
+# (GPT-2's causal mask, Llama's rotary frequencies), so reading skips them.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+
+
+# --------------------------------------------------------------------------- public API
+def is_hf_dir(path) -> bool:
+    """True if `path` is a directory holding a `config.json` (a Hugging Face checkpoint)."""
+    return Path(path).is_dir() and (Path(path) / CONFIG_FILE).is_file()
+
+
+def from_hf(path, *, max_len: int | None = None) -> GlassLM:
+    """Load a GPT-2 or Llama checkpoint saved by transformers into a float32 `GlassLM`.
+
+    Args:
+        path: the checkpoint directory (or a file inside it, e.g. its config.json).
+        max_len: optional shorter context than the checkpoint's (`n_positions` /
+            `max_position_embeddings`), to keep rope tables and KV caches small; GPT-2 keeps
+            the first `max_len` position embeddings.
+
+    Returns:
+        GlassLM whose logits match transformers' (eager attention, eval mode) to float32
+        rounding.
+
+    Raises:
+        FileNotFoundError: no config.json, no weights file, or a shard the index names.
+        ValueError: unknown `model_type`, an unsupported config field (named in the message),
+            a missing or unexpected tensor, a tensor whose shape differs from the config's.
+    """
+    directory = _checkpoint_dir(path)
+    hf_config = _read_config(directory)
+    cfg = config_from_hf(hf_config)
+    tensors = read_tensors(directory)
+    state = _state_from_hf(cfg, tensors, directory)
+    if max_len is not None and max_len != cfg.max_len:
+        if not 0 < max_len <= cfg.max_len:
+            raise ValueError(f"from_hf: max_len={max_len} must be in [1, {cfg.max_len}] "
+                             f"(the checkpoint's context length)")
+        cfg = Config.from_dict({**cfg.to_dict(), "max_len": max_len})
+        if cfg.family == "gpt2":
+            state["position_embedding.weight"] = state["position_embedding.weight"][:max_len]
+    model = GlassLM(cfg)
+    model.load_state_dict(state)
+    return model
+
+
+def to_hf(model: GlassLM, out_dir) -> Path:
+    """Write `model` as a Hugging Face checkpoint: `out_dir/config.json` + `model.safetensors`.
+
+    `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` then builds a
+    `GPT2LMHeadModel` (family gpt2) or `LlamaForCausalLM` (family llama) with the same logits.
+    Each file is written to a temporary name and moved into place (atomic per file). Dropout
+    probabilities are written as 0, since glassllm has none: continued training in PyTorch
+    starts from the same function.
+
+    Returns:
+        Path of out_dir (created if needed).
+
+    Raises:
+        ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none).
+    """
+    cfg = model.cfg
+    hf_config = config_to_hf(cfg)
+    tensors = _state_to_hf(cfg, model.state_dict())
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / WEIGHTS_FILE,
+                  lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
+    _atomic_write(out / CONFIG_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return out
+
+
+def tokenizer_from_hf(path):
+    """The GPT-2 BPE tokenizer stored beside a checkpoint, or None if there is none.
+
+    Looks for `vocab.json` + `merges.txt` (GPT-2's files) in the checkpoint directory and
+    builds `glassllm.tokenizer.BPETokenizer.from_gpt2_files` from them.
+    """
+    from .tokenizer import BPETokenizer  # written with the BPE trainer (issue 4)
+
+    directory = _checkpoint_dir(path)
+    vocab, merges = directory / "vocab.json", directory / "merges.txt"
+    if vocab.is_file() and merges.is_file():
+        return BPETokenizer.from_gpt2_files(vocab, merges)
+    return None
+
+
+# --------------------------------------------------------------------------- configs
+def config_from_hf(hf: dict) -> Config:
+    """glassllm Config from a transformers config.json dict (model_type gpt2 or llama).
+
+    Raises:
+        ValueError: unknown model_type, a missing size field, or a field whose value
+            glassllm cannot reproduce (the message names it).
+    """
+    model_type = hf.get("model_type")
+    if model_type == "gpt2":
+        return _gpt2_config(hf)
+    if model_type == "llama":
+        return _llama_config(hf)
+    raise ValueError(f"config.json: model_type {model_type!r} is not supported "
+                     f"(glassllm reads 'gpt2' and 'llama')")
+
+
+def _field(hf: dict, name: str):
+    if name not in hf or hf[name] is None:
+        raise ValueError(f"config.json: field {name!r} is missing")
+    return hf[name]
+
+
+def _require(hf: dict, name: str, allowed, default) -> None:
+    """Raise unless hf[name] (or its transformers default) is one of `allowed`."""
+    value = hf.get(name, default)
+    if value not in allowed:
+        raise ValueError(f"config.json: {name}={value!r} is not supported by glassllm "
+                         f"(supported: {list(allowed)})")
+
+
+def _gpt2_config(hf: dict) -> Config:
+    # gelu_pytorch_tanh is the same tanh approximation as gelu_new, computed by torch.
+    _require(hf, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new")
+    _require(hf, "scale_attn_weights", (True,), True)
+    _require(hf, "scale_attn_by_inverse_layer_idx", (False,), False)
+    _require(hf, "reorder_and_upcast_attn", (False,), False)
+    _require(hf, "add_cross_attention", (False,), False)
+    _require(hf, "tie_word_embeddings", (True,), True)
+    return Config(family="gpt2", vocab_size=_field(hf, "vocab_size"),
+                  d_model=_field(hf, "n_embd"), n_layers=_field(hf, "n_layer"),
+                  n_heads=_field(hf, "n_head"), max_len=_field(hf, "n_positions"),
+                  d_ff=hf.get("n_inner"),  # None means 4 * n_embd in both libraries
+                  norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), tie_embeddings=True)
+
+
+def _llama_config(hf: dict) -> Config:
+    _require(hf, "hidden_act", ("silu",), "silu")
+    _require(hf, "attention_bias", (False,), False)
+    _require(hf, "mlp_bias", (False,), False)
+    _require(hf, "rope_scaling", (None,), None)
+    _require(hf, "sliding_window", (None,), None)
+    d_model, n_heads = _field(hf, "hidden_size"), _field(hf, "num_attention_heads")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim * n_heads != d_model:
+        raise ValueError(f"config.json: head_dim={head_dim} differs from hidden_size / "
+                         f"num_attention_heads = {d_model} / {n_heads}; glassllm needs them equal")
+    return Config(family="llama", vocab_size=_field(hf, "vocab_size"), d_model=d_model,
+                  n_layers=_field(hf, "num_hidden_layers"), n_heads=n_heads,
+                  n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+                  max_len=_field(hf, "max_position_embeddings"),
+                  d_ff=_field(hf, "intermediate_size"), rope_theta=_llama_rope_theta(hf),
+                  norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                  tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+
+
+def _llama_rope_theta(hf: dict) -> float:
+    """RoPE base: `rope_parameters` (transformers 5) or `rope_theta` (transformers 4)."""
+    theta = hf.get("rope_theta")
+    params = hf.get("rope_parameters")
+    if params is not None:
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"config.json: rope_parameters.rope_type={rope_type!r} is not "
+                             f"supported by glassllm (only 'default', unscaled RoPE)")
+        extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
+        if extra:
+            raise ValueError(f"config.json: rope_parameters field(s) {extra} are not "
+                             f"supported by glassllm")
+        if theta is not None and params.get("rope_theta", theta) != theta:
+            raise ValueError(f"config.json: rope_theta={theta} and "
+                             f"rope_parameters.rope_theta={params['rope_theta']} disagree")
+        theta = params.get("rope_theta", theta)
+    return float(10000.0 if theta is None else theta)
+
+
+def config_to_hf(cfg: Config) -> dict:
+    """transformers config.json dict for a glassllm Config (the inverse of `config_from_hf`).
+
+    Raises:
+        ValueError: gpt2 family with n_kv_heads != n_heads.
+    """
+    common = {"vocab_size": cfg.vocab_size, "bos_token_id": None, "eos_token_id": None,
+              "pad_token_id": None, "dtype": "float32", "use_cache": True}
+    if cfg.family == "gpt2":
+        if cfg.n_kv_heads != cfg.n_heads:
+            raise ValueError(f"to_hf: GPT-2 has no grouped KV heads, but this gpt2-family model "
+                             f"has n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}")
+        return {**common, "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
+                "n_positions": cfg.max_len, "n_inner": cfg.d_ff,
+                "activation_function": "gelu_new", "layer_norm_epsilon": cfg.norm_eps,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                "reorder_and_upcast_attn": False, "tie_word_embeddings": True}
+    return {**common, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
+            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+            "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+            "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps,
+            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+            "attention_dropout": 0.0,
+            # rope_theta for transformers 4.x, rope_parameters for 5.x
+            "rope_theta": cfg.rope_theta, "rope_scaling": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "tie_word_embeddings": cfg.tie_embeddings}
+
+
+# --------------------------------------------------------------------------- tensor names
+def _tensor_map(cfg: Config) -> list[tuple[str, str, bool]]:
+    """(glassllm name, HF name, transpose) for every tensor except GPT-2's fused c_attn.
+
+    HF names are written without GPT-2's optional "transformer." prefix.
+    """
+    if cfg.family == "gpt2":
+        rows = [("token_embedding.weight", "wte.weight", False),
+                ("position_embedding.weight", "wpe.weight", False)]
+        for i in range(cfg.n_layers):
+            b, h = f"blocks.{i}.", f"h.{i}."
+            for ours, theirs in (("attention_norm", "ln_1"), ("attention.output", "attn.c_proj"),
+                                 ("mlp_norm", "ln_2"), ("mlp.up", "mlp.c_fc"),
+                                 ("mlp.down", "mlp.c_proj")):
+                for p in ("weight", "bias"):
+                    rows.append((f"{b}{ours}.{p}", f"{h}{theirs}.{p}", False))
+        rows += [("final_norm.weight", "ln_f.weight", False),
+                 ("final_norm.bias", "ln_f.bias", False)]
+        return rows
+    rows = [("token_embedding.weight", "model.embed_tokens.weight", False)]
+    for i in range(cfg.n_layers):
+        b, h = f"blocks.{i}.", f"model.layers.{i}."
+        rows += [(f"{b}attention_norm.weight", f"{h}input_layernorm.weight", False),
+                 (f"{b}mlp_norm.weight", f"{h}post_attention_layernorm.weight", False)]
+        for ours, theirs in (("attention.query", "self_attn.q_proj"),
+                             ("attention.key", "self_attn.k_proj"),
+                             ("attention.value", "self_attn.v_proj"),
+                             ("attention.output", "self_attn.o_proj"),
+                             ("mlp.gate", "mlp.gate_proj"), ("mlp.up", "mlp.up_proj"),
+                             ("mlp.down", "mlp.down_proj")):
+            rows.append((f"{b}{ours}.weight", f"{h}{theirs}.weight", True))
+    rows.append(("final_norm.weight", "model.norm.weight", False))
+    if not cfg.tie_embeddings:
+        rows.append(("lm_head.weight", "lm_head.weight", True))
+    return rows
+
+
+def _qkv_names(i: int) -> list[str]:
+    return [f"blocks.{i}.attention.{n}" for n in ("query", "key", "value")]
+
+
+def _state_from_hf(cfg: Config, tensors: dict[str, np.ndarray], where: Path) -> dict:
+    """glassllm state dict (float32, glassllm layouts) from HF tensors, checking every shape."""
+    if cfg.family == "gpt2":  # the original OpenAI upload has no "transformer." prefix
+        tensors = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    if cfg.tie_embeddings:  # transformers ties lm_head to the embedding; a stored copy is unused
+        tensors.pop("lm_head.weight", None)
+    shapes = {name: p.shape for name, p in GlassLM(cfg).named_parameters()}  # expected shapes
+    used: set[str] = set()
+
+    def take(name: str, shape: tuple) -> np.ndarray:
+        if name not in tensors:
+            raise ValueError(f"{where}: tensor {name!r} is missing from the checkpoint")
+        value = tensors[name]
+        if tuple(value.shape) != tuple(shape):
+            raise ValueError(f"{where}: tensor {name!r} has shape {tuple(value.shape)}, "
+                             f"config.json implies {tuple(shape)}")
+        used.add(name)
+        return np.asarray(value, dtype=np.float32)
+
+    state = {}
+    for ours, theirs, transpose in _tensor_map(cfg):
+        shape = shapes[ours][::-1] if transpose else shapes[ours]
+        value = take(theirs, shape)
+        state[ours] = value.T if transpose else value
+    if cfg.family == "gpt2":
+        C = cfg.d_model
+        for i in range(cfg.n_layers):
+            weight = take(f"h.{i}.attn.c_attn.weight", (C, 3 * C))
+            bias = take(f"h.{i}.attn.c_attn.bias", (3 * C,))
+            for ours, w, b in zip(_qkv_names(i), np.split(weight, 3, axis=1),
+                                  np.split(bias, 3)):
+                state[f"{ours}.weight"], state[f"{ours}.bias"] = w, b
+    unexpected = sorted(set(tensors) - used)
+    if unexpected:
+        raise ValueError(f"{where}: unexpected tensor(s) {unexpected[:8]} for a "
+                         f"{cfg.family} model with this config.json")
+    return state
+
+
+def _state_to_hf(cfg: Config, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """HF tensors (contiguous float32, HF names and layouts) from a glassllm state dict."""
+    prefix = "transformer." if cfg.family == "gpt2" else ""
+    out = {}
+    for ours, theirs, transpose in _tensor_map(cfg):
+        value = state[ours].T if transpose else state[ours]
+        out[prefix + theirs] = np.ascontiguousarray(value, dtype=np.float32)
+    if cfg.family == "gpt2":
+        for i in range(cfg.n_layers):
+            q, k, v = _qkv_names(i)
+            for p, axis in (("weight", 1), ("bias", 0)):
+                fused = np.concatenate([state[f"{q}.{p}"], state[f"{k}.{p}"],
+                                        state[f"{v}.{p}"]], axis=axis)
+                out[f"{prefix}h.{i}.attn.c_attn.{p}"] = fused.astype(np.float32)
+    return out
+
+
+# --------------------------------------------------------------------------- files
+def _checkpoint_dir(path) -> Path:
+    path = Path(path)
+    if path.is_file():  # e.g. .../config.json or .../model.safetensors
+        path = path.parent
+    if not path.is_dir():
+        raise FileNotFoundError(f"Hugging Face checkpoint directory not found: {path}")
+    return path
+
+
+def _read_config(directory: Path) -> dict:
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: a Hugging Face checkpoint directory "
+                                f"needs a config.json")
+    try:
+        hf = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{config_path}: expected a JSON object")
+    return hf
+
+
+def read_tensors(directory) -> dict[str, np.ndarray]:
+    """Every tensor of a checkpoint directory, by HF name, as NumPy arrays (stored dtype).
+
+    Reads `model.safetensors`, else the shards named by `model.safetensors.index.json`.
+
+    Raises:
+        FileNotFoundError: neither file, or a shard the index names is absent.
+        ValueError: an unreadable file, a malformed index, a tensor in two shards.
+    """
+    directory = Path(directory)
+    single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = [directory / name for name in sorted(set(weight_map.values()))]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: not a safetensors index ({e!r})") from None
+    else:
+        other = sorted(p.name for p in directory.glob("*.bin"))
+        hint = f" (found {other}: re-save with safe_serialization=True)" if other else ""
+        raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE} or {INDEX_FILE}{hint}")
+    tensors: dict[str, np.ndarray] = {}
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} not found (named by {INDEX_FILE})")
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                for name in f.keys():
+                    if name in tensors:
+                        raise ValueError(f"{file}: tensor {name!r} is also in another shard")
+                    tensors[name] = f.get_tensor(name)
+        except ValueError:
+            raise
+        except Exception as e:  # safetensors raises its own SafetensorError on corrupt files
+            raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+    return tensors
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Call write(tmp) on a temporary file beside `path`, then rename it over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
