@@ -26,13 +26,71 @@ def run_train(args) -> int:
     raise UsageError("train: not implemented yet")
 
 
+def load_model_and_tokenizer(path):
+    """(GlassLM, tokenizer) from a glassllm model file (see `glassllm.files`).
+
+    Raises FileNotFoundError / IsADirectoryError / ValueError as `files.load` does.
+    """
+    from . import files
+    return files.load(path), files.load_tokenizer(path)
+
+
 def add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="generate text from a saved model")
+    p = sub.add_parser(
+        "generate", help="generate text from a saved model",
+        description="Continue a prompt with a saved model, printing text as it is produced. "
+                    "Stops after --max-new-tokens tokens or at the end-of-text token.")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="model file written by `glassllm train` (glassllm safetensors)")
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
+                   help="most tokens to generate (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                   help="softmax temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample only among the K most probable tokens (default: all)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="sample only among the most probable tokens whose probabilities "
+                        "add up to P, 0 < P <= 1 (default: all)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="random seed, for a reproducible text (default: a fresh one)")
     p.set_defaults(func=run_generate)
 
 
 def run_generate(args) -> int:
-    raise UsageError("generate: not implemented yet")
+    import os
+
+    import numpy as np
+
+    from .generate import Generator, Sampling
+    from .tokenizer import StreamDecoder
+
+    if args.max_new_tokens < 0:
+        raise UsageError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    try:
+        sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise UsageError(f"bad --temperature/--top-k/--top-p: {e}") from None
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    prompt_ids = tokenizer.encode(args.prompt)
+    if len(prompt_ids) == 0:
+        raise UsageError("--prompt is empty; give at least one character to continue")
+    generator = Generator(model, prompt_ids)
+    rng = np.random.default_rng(args.seed)
+    decoder = StreamDecoder(tokenizer)  # holds back bytes of a character not yet complete
+    try:
+        print(args.prompt, end="", flush=True)
+        for _ in range(args.max_new_tokens):
+            token = generator.next_token(sampling, rng)
+            if token == tokenizer.eot_id:
+                break
+            print(decoder.push(token), end="", flush=True)
+        print(decoder.flush(), flush=True)
+    except BrokenPipeError:
+        # The reader left (`glassllm generate ... | head`): stop quietly, as Unix tools do;
+        # point stdout at devnull so the interpreter's final flush does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
 
 SUBCOMMANDS = [add_train, add_generate]

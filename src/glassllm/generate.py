@@ -1,0 +1,274 @@
+"""Text generation: sampling settings, a pure sampler, and a Generator holding the sequence.
+
+The model only scores; generating is a loop kept outside it (004): ask for the logits of the
+next position, draw a token, append it, repeat. Three pieces, as llama2.c splits them:
+
+- `Sampling`: the settings (temperature, top-k, top-p), validated once.
+- `sample_next(logits, sampling, rng)`: the sampler, a pure function of the last position's
+  logits; `sampling_distribution` exposes the exact distribution it draws from.
+- `Generator`: the sequence so far plus the KV cache, so each new token costs one position of
+  compute instead of a forward over the whole sequence.
+
+`generate(...)` wraps these for the common "n new tokens" case.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .model import GlassLM, KVCache
+from .tensor import no_grad
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How the next token is drawn from the logits (004, "Reste à savoir comment tirer").
+
+    Fields:
+        temperature: logits are divided by it before the softmax. 1 samples the model's own
+            distribution; < 1 sharpens it, > 1 flattens it; 0 is greedy (always the argmax;
+            ties go to the lowest id, as np.argmax).
+        top_k: keep only the k most probable tokens (None: no limit).
+        top_p: nucleus sampling (Holtzman et al. 2019): keep the smallest set of most probable
+            tokens whose cumulative probability reaches top_p (None: no limit).
+
+    Raises:
+        ValueError: temperature < 0 (or not finite), top_k < 1, top_p outside (0, 1].
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float, np.number)) \
+                or not np.isfinite(t) or t < 0:
+            raise ValueError(f"Sampling: temperature must be a finite number >= 0, got {t!r}")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer))
+                              or k < 1):
+            raise ValueError(f"Sampling: top_k must be an integer >= 1 or None, got {k!r}")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float, np.number))
+                              or not 0 < p <= 1):
+            raise ValueError(f"Sampling: top_p must be in (0, 1] or None, got {p!r}")
+
+
+def sampling_distribution(logits, sampling: Sampling) -> np.ndarray:
+    """The distribution `sample_next` draws from, after temperature, top-k and top-p.
+
+    Algorithm (004's listing): probabilities = softmax(logits / temperature) in float64; sort
+    the ids from most to least probable (ties: lower id first); keep the first
+    min(top_k, r) of them, where r is the smallest rank whose cumulative probability reaches
+    top_p -- both cut-offs are measured on the same full distribution, so applying top-k
+    "then" top-p is the same as taking the smaller set. (Hugging Face instead recomputes top-p
+    on the renormalised top-k distribution, which can keep fewer tokens.) The kept
+    probabilities are renormalised to sum to 1; the rest are 0. Temperature 0 gives a one-hot
+    at the argmax.
+
+    Args:
+        logits: (V,) float scores of the next token (float32 from the model; -inf allowed for
+            tokens that must never be drawn).
+        sampling: the settings.
+
+    Returns:
+        (V,) float64 probabilities, summing to 1.
+
+    Raises:
+        ValueError: logits not 1-D or empty, NaN, +inf, or all -inf.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim != 1 or logits.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-D array (V,), got shape {logits.shape}")
+    if np.isnan(logits).any() or np.isposinf(logits).any() or np.isneginf(logits).all():
+        raise ValueError("logits hold NaN or +inf, or are all -inf: cannot sample "
+                         "(has the model diverged?)")
+    probs = np.zeros_like(logits)
+    if sampling.temperature == 0:
+        probs[int(np.argmax(logits))] = 1.0
+        return probs
+    scaled = logits / sampling.temperature
+    weights = np.exp(scaled - scaled.max())  # max-subtraction: exp never overflows
+    full = weights / weights.sum()
+    order = np.argsort(-full, kind="stable")  # most probable first, ties by lower id
+    kept = logits.size
+    if sampling.top_k is not None:
+        kept = min(kept, sampling.top_k)
+    if sampling.top_p is not None:
+        cumulative = np.cumsum(full[order])
+        reached = np.flatnonzero(cumulative >= sampling.top_p)
+        if reached.size:  # rounding can leave the total a hair under 1: then keep all
+            kept = min(kept, int(reached[0]) + 1)
+    keep = order[:kept]
+    probs[keep] = full[keep] / full[keep].sum()
+    return probs
+
+
+def sample_next(logits, sampling: Sampling, rng: np.random.Generator | None = None) -> int:
+    """Draw one token id from `logits` under `sampling` (the "Sampler" of llama2.c).
+
+    Greedy (temperature 0) takes the argmax and ignores `rng`. Otherwise one uniform number
+    u = rng.random() is drawn and the id is found by inverse CDF: the first kept id (in id
+    order) whose cumulative probability exceeds u. Exactly one draw per call, so a seeded rng
+    gives a reproducible sequence.
+
+    Args:
+        logits: (V,) scores of the next token.
+        sampling: the settings.
+        rng: a numpy Generator; required unless temperature is 0.
+
+    Returns:
+        the token id (Python int).
+
+    Raises:
+        ValueError: see `sampling_distribution`; no rng with temperature > 0.
+    """
+    probs = sampling_distribution(logits, sampling)
+    if sampling.temperature == 0:
+        return int(np.argmax(probs))
+    if rng is None:
+        raise ValueError("sample_next: an rng (np.random.Generator) is needed when "
+                         "temperature > 0")
+    cdf = np.cumsum(probs)
+    u = rng.random() * cdf[-1]
+    token = min(int(np.searchsorted(cdf, u, side="right")), probs.size - 1)
+    # Exact arithmetic never lands on a zero-probability id; rounding (u a hair from cdf[-1])
+    # could, past the last kept id, so step back to the nearest kept one.
+    while probs[token] == 0:
+        token -= 1
+    return token
+
+
+class Generator:
+    """A growing token sequence and the KV cache that makes extending it cheap (004).
+
+    The prompt is scored in one forward pass (prefill), which fills the cache; after that each
+    new token is one forward of a single position. `next_token` does the three steps: score,
+    draw, append. `push(id)` appends a token chosen by the caller (it is scored lazily, on
+    the next `next_token`). `tokens` is the whole sequence, prompt included, so a generation
+    can be resumed later with `Generator(model, old.tokens)`.
+
+    Past the context window: once the sequence would exceed `cfg.max_len`, the cache cannot
+    grow; the Generator then does what nanoGPT's `generate` does -- it crops the sequence to
+    its last max_len tokens and runs a full forward on them, without cache, for every further
+    token. Positions restart at 0 in each cropped window, exactly as a plain forward of that
+    window would see them. This costs O(max_len) work per token from then on, and the tokens
+    are the same as a no-cache loop that forwards `tokens[-max_len:]` at each step.
+
+    Args:
+        model: a GlassLM (only read; its weights are not changed).
+        prompt_ids: 1-D int ids (or (1, T)); any length >= 1 (longer than max_len is cropped
+            as above).
+
+    Raises:
+        ValueError: empty prompt, not integers, not 1-D, or ids outside [0, vocab_size).
+    """
+
+    def __init__(self, model: GlassLM, prompt_ids):
+        self.model = model
+        self.cfg = model.cfg
+        ids = _check_prompt(model, prompt_ids)
+        self.tokens: list[int] = [int(t) for t in ids]
+        self._cache = KVCache(self.cfg, batch_size=1)
+        self._fed = 0  # tokens[:_fed] are in the cache (meaningless once cropping starts)
+        self._logits: np.ndarray | None = None  # next-token logits for tokens as they are
+
+    def next_logits(self) -> np.ndarray:
+        """(V,) float32 logits for the token after `tokens` (computed once, then reused)."""
+        if self._logits is None:
+            self._logits = self._score()
+        return self._logits
+
+    def next_token(self, sampling: Sampling = Sampling(),
+                   rng: np.random.Generator | None = None) -> int:
+        """Score the sequence, draw the next token with `sample_next`, append it, return it."""
+        token = sample_next(self.next_logits(), sampling, rng)
+        self._append(token)
+        return token
+
+    def push(self, token_id: int) -> None:
+        """Append `token_id` as if it had been drawn (forced decoding, or a resumed prompt).
+
+        Raises:
+            ValueError: not an integer in [0, vocab_size).
+        """
+        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) \
+                or not 0 <= token_id < self.cfg.vocab_size:
+            raise ValueError(f"push: token id must be an integer in [0, {self.cfg.vocab_size}),"
+                             f" got {token_id!r}")
+        self._append(int(token_id))
+
+    def _append(self, token: int) -> None:
+        self.tokens.append(token)
+        self._logits = None
+
+    def _score(self) -> np.ndarray:
+        max_len = self.cfg.max_len
+        with no_grad():
+            if len(self.tokens) <= max_len:
+                # Fits: feed only what the cache has not seen (the whole prompt at first,
+                # then one token per step, or several after push()es).
+                fresh = np.asarray(self.tokens[self._fed:], dtype=np.int64)[None, :]
+                logits = self.model(fresh, cache=self._cache)
+                self._fed = len(self.tokens)
+            else:
+                # nanoGPT's crop: the window slides, so cached keys (computed at older
+                # positions) no longer apply; re-forward the last max_len tokens.
+                window = np.asarray(self.tokens[-max_len:], dtype=np.int64)[None, :]
+                logits = self.model(window)
+        return logits.data[0, -1].copy()
+
+
+def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling = Sampling(),
+             rng: np.random.Generator | None = None, stop_id: int | None = None) -> list[int]:
+    """Extend `prompt_ids` by up to `max_new_tokens` tokens; return the new tokens only.
+
+    Args:
+        model: a GlassLM.
+        prompt_ids: 1-D int ids, non-empty (see `Generator`).
+        max_new_tokens: how many tokens to draw (>= 0).
+        sampling: temperature / top_k / top_p (default: temperature 1, no cut-off).
+        rng: numpy Generator for the draws; None makes a fresh unseeded one (not reproducible;
+            pass np.random.default_rng(seed) for that). Unused when greedy.
+        stop_id: if given (e.g. the tokenizer's eot_id), stop right after drawing it; it is
+            the last element of the result.
+
+    Returns:
+        list of max_new_tokens ints (fewer if stop_id was drawn).
+
+    Raises:
+        ValueError: bad prompt ids, max_new_tokens < 0.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+            or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    generator = Generator(model, prompt_ids)
+    if rng is None and sampling.temperature > 0:
+        rng = np.random.default_rng()
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        token = generator.next_token(sampling, rng)
+        new.append(token)
+        if token == stop_id:
+            break
+    return new
+
+
+def _check_prompt(model: GlassLM, prompt_ids) -> np.ndarray:
+    ids = np.asarray(prompt_ids)
+    if ids.ndim == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.ndim != 1:
+        raise ValueError(f"prompt_ids must be 1-D (T,) or (1, T), got shape {ids.shape}")
+    if ids.size == 0:
+        raise ValueError("prompt_ids is empty: generation needs at least one token to start "
+                         "from (e.g. the tokenizer's eot_id)")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"prompt_ids must be integer token ids, got dtype {ids.dtype}")
+    bad = np.flatnonzero((ids < 0) | (ids >= model.cfg.vocab_size))
+    if bad.size:
+        raise ValueError(f"prompt_ids: token id {int(ids[bad[0]])} at position {int(bad[0])} "
+                         f"is outside [0, {model.cfg.vocab_size})")
+    return ids

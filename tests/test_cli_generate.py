@@ -1,0 +1,178 @@
+"""`glassllm generate`: streamed output equal to the library's generation, early stop at
+end-of-text, and one-line errors with exit code 2 for bad paths and options."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from glassllm import Config, GlassLM, files
+from glassllm.cli import load_model_and_tokenizer, main
+from glassllm.generate import Sampling, generate
+from glassllm.tokenizer import ByteTokenizer
+
+CFG = Config(d_model=32, n_layers=2, n_heads=4, max_len=24)
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    model = GlassLM(CFG, seed=4)
+    model.token_embedding.weight.data *= 6  # logits of a few nats: varied, decided text
+    path = tmp_path / "tiny.safetensors"
+    files.save(model, path)
+    return path
+
+
+@pytest.fixture
+def eot_model_path(tmp_path):
+    """A gpt2-family model whose every prediction is end-of-text: the final LayerNorm's output
+    is pinned to a multiple of the eot embedding row, which has the largest norm."""
+    model = GlassLM(Config(d_model=16, n_layers=1, n_heads=2, max_len=16, family="gpt2"))
+    emb = model.token_embedding.weight.data
+    emb[256] = 1.0
+    model.final_norm.weight.data[:] = 0.0
+    model.final_norm.bias.data[:] = 10 * emb[256]
+    path = tmp_path / "eot.safetensors"
+    files.save(model, path)
+    return path
+
+
+def expected_text(path, prompt, n, sampling, seed):
+    """What the CLI must print: the prompt, then the decoded new tokens up to end-of-text."""
+    model, tok = files.load(path), files.load_tokenizer(path)
+    new = generate(model, tok.encode(prompt), n, sampling, np.random.default_rng(seed),
+                   stop_id=tok.eot_id)
+    if new and new[-1] == tok.eot_id:
+        new = new[:-1]
+    return prompt + tok.decode(new) + "\n"
+
+
+def run(capsys, *argv):
+    code = main(["generate", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_load_model_and_tokenizer(model_path):
+    model, tok = load_model_and_tokenizer(model_path)
+    assert model.cfg == CFG and isinstance(tok, ByteTokenizer)
+
+
+@pytest.mark.parametrize("flags,sampling", [
+    ([], Sampling(temperature=0.8)),
+    (["--temperature", "0"], Sampling(temperature=0)),
+    (["--temperature", "1.2", "--top-k", "40", "--top-p", "0.9"], Sampling(1.2, 40, 0.9)),
+])
+def test_output_is_the_prompt_plus_the_generated_text(capsys, model_path, flags, sampling):
+    code, out, err = run(capsys, "--model", model_path, "--prompt", "Héllo, ",
+                         "--max-new-tokens", 40, "--seed", 3, *flags)
+    assert code == 0 and err == ""
+    assert out == expected_text(model_path, "Héllo, ", 40, sampling, seed=3)
+    assert len(out) > len("Héllo, \n")
+
+
+def test_same_seed_same_text_other_seed_other_text(capsys, model_path):
+    args = ("--model", model_path, "--prompt", "ab", "--max-new-tokens", 30)
+    first, second = run(capsys, *args, "--seed", 1)[1], run(capsys, *args, "--seed", 1)[1]
+    other = run(capsys, *args, "--seed", 2)[1]
+    assert first == second and first != other
+
+
+def test_text_is_streamed_piece_by_piece(monkeypatch, model_path):
+    """Each produced piece is written and flushed at once, not gathered for the end."""
+    events = []
+
+    class Recorder:
+        def write(self, text):
+            events.append(("write", text))
+            return len(text)
+
+        def flush(self):
+            events.append(("flush", None))
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    assert main(["generate", "--model", str(model_path), "--prompt", "x",
+                 "--max-new-tokens", "25", "--seed", "0", "--temperature", "0"]) == 0
+    pieces = [text for kind, text in events if kind == "write" and text]
+    assert len(pieces) >= 10
+    # every non-empty write is followed by a flush before the next write
+    for i, (kind, text) in enumerate(events):
+        if kind == "write" and text:
+            assert ("flush", None) in events[i + 1:i + 3]
+
+
+def test_stops_early_at_end_of_text(capsys, eot_model_path):
+    code, out, err = run(capsys, "--model", eot_model_path, "--prompt", "Hi",
+                         "--max-new-tokens", 50, "--seed", 0, "--temperature", 1.0)
+    assert (code, out, err) == (0, "Hi\n", "")
+
+
+def test_zero_new_tokens_prints_the_prompt(capsys, model_path):
+    assert run(capsys, "--model", model_path, "--prompt", "abc", "--max-new-tokens", 0)[1] \
+        == "abc\n"
+
+
+def test_long_prompt_beyond_max_len_is_cropped_not_refused(capsys, model_path):
+    prompt = "the quick brown fox jumps over the lazy dog"  # 43 bytes > max_len 24
+    code, out, _ = run(capsys, "--model", model_path, "--prompt", prompt,
+                       "--max-new-tokens", 10, "--seed", 0)
+    assert code == 0
+    assert out == expected_text(model_path, prompt, 10, Sampling(0.8), seed=0)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-k", "0"], "top_k"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens"),
+])
+def test_bad_options_one_line_exit_2(capsys, model_path, flags, message):
+    code, out, err = run(capsys, "--model", model_path, "--prompt", "x", *flags)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and err.startswith("glassllm generate: error")
+
+
+def test_empty_prompt(capsys, model_path):
+    code, _, err = run(capsys, "--model", model_path, "--prompt", "")
+    assert code == 2 and "--prompt is empty" in err
+
+
+def test_missing_corrupt_and_directory_paths(capsys, tmp_path):
+    missing = tmp_path / "absent.safetensors"
+    code, _, err = run(capsys, "--model", missing, "--prompt", "x")
+    assert code == 2 and "no such model file" in err and str(missing) in err
+
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x00" * 3 + b"garbage" * 10)
+    code, _, err = run(capsys, "--model", corrupt, "--prompt", "x")
+    assert code == 2 and "not a readable safetensors file" in err and err.count("\n") == 1
+
+    code, _, err = run(capsys, "--model", tmp_path, "--prompt", "x")
+    assert code == 2 and "directory" in err
+
+
+def test_non_numeric_option_is_argparse_usage_error(capsys, model_path):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", str(model_path), "--prompt", "x", "--temperature", "hot"])
+    assert e.value.code == 2
+    assert "invalid float value" in capsys.readouterr().err
+
+
+def test_subprocess_end_to_end(model_path, tmp_path):
+    """The real console entry point, in a fresh interpreter: output and exit codes."""
+    cmd = [sys.executable, "-m", "glassllm.cli", "generate", "--model", str(model_path),
+           "--prompt", "Once", "--max-new-tokens", "30", "--seed", "11", "--top-k", "50"]
+    done = subprocess.run(cmd, capture_output=True, timeout=120,
+                          env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode("utf-8") == expected_text(model_path, "Once", 30,
+                                                        Sampling(0.8, 50), seed=11)
+    bad = subprocess.run(cmd[:5] + [str(tmp_path / "nope.safetensors"), "--prompt", "x"],
+                         capture_output=True, timeout=120)
+    assert bad.returncode == 2
+    assert b"Traceback" not in bad.stderr and bad.stderr.count(b"\n") == 1
+    assert b"no such model file" in bad.stderr
