@@ -24,6 +24,7 @@ converts to bits per byte: loss * token_count / text_bytes / ln 2.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
@@ -138,7 +139,7 @@ class TokenFile:
 
     Attributes:
         path, meta (the sidecar dict), vocab_size, dtype, text_bytes (or None),
-        tokens (the 1-D np.memmap, read-only).
+        tokens (a read-only 1-D array over the memory-mapped file).
 
     Raises:
         FileNotFoundError: the token file or its sidecar is missing.
@@ -170,9 +171,7 @@ class TokenFile:
         if n != int(self.meta["token_count"]):
             raise ValueError(f"{self.path}: holds {n} tokens but its sidecar says "
                              f"{self.meta['token_count']}; the file is truncated or replaced")
-        # np.memmap refuses empty files; an empty split is still a valid (empty) source.
-        self.tokens = (np.memmap(self.path, dtype=self.dtype.newbyteorder("<"), mode="r")
-                       if n else np.zeros(0, dtype=self.dtype))
+        self.tokens = _map_tokens(self.path, self.dtype.newbyteorder("<"), n)
         if check_ids:
             self.check_ids()
 
@@ -206,6 +205,24 @@ class TokenFile:
     def __repr__(self) -> str:
         return (f"TokenFile({self.path!r}, tokens={self.token_count()}, dtype={self.dtype}, "
                 f"vocab_size={self.vocab_size})")
+
+
+def _map_tokens(path: str, dtype: np.dtype, n: int) -> np.ndarray:
+    """A read-only 1-D array over the file's bytes, memory-mapped (what np.memmap does, plus
+    one call np.memmap does not make).
+
+    madvise(MADV_RANDOM): batches read scattered windows. With the default advice the kernel
+    reads ahead and maps ~64 KiB around every touched page, so 3,200 windows of 257 ids cost
+    200 MB of RSS and seconds of I/O; with MADV_RANDOM they cost ~1-2 pages each. Pages a
+    batch touched stay in RSS as reclaimable file cache, as with any memory map.
+    """
+    if n == 0:  # mmap refuses empty files; an empty split is still a valid (empty) source
+        return np.zeros(0, dtype=dtype)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        mapped.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapped, dtype=dtype, count=n)
 
 
 def _read_sidecar(side: str) -> dict:
@@ -345,32 +362,52 @@ def list_text_files(inputs: Iterable) -> list[str]:
     return files
 
 
-def _cut(buf: bytes) -> int:
-    """Where to end a chunk inside `buf`: a position in [0, len(buf)] such that encoding the
-    chunks one by one gives the ids of encoding the whole text; 0 means "read more first".
+def _char_before(buf: bytes, i: int) -> str:
+    """The character ending at byte i of buf ("" if none or incomplete)."""
+    return buf[max(0, i - 4):i].decode("utf-8", errors="ignore")[-1:]
 
-    Preferred: just after a newline followed by a non-whitespace character. GPT-2's
-    pre-tokenizer (regex `\\s+(?!\\S)|\\s+`, letters take at most one leading space) never
-    joins a newline with a following non-space, so no pre-token, hence no BPE token, crosses
-    that point (a cut inside a whitespace run would: "\\n\\n" is one token). Lines longer than
-    a chunk fall back to after the last newline, then before the last space, then before the
-    last UTF-8 lead byte: never inside a character.
+
+def _char_after(buf: bytes, i: int) -> str:
+    """The character starting at byte i of buf ("" if none or cut off by the end)."""
+    return buf[i:i + 4].decode("utf-8", errors="ignore")[:1]
+
+
+def _cut(buf: bytes) -> int:
+    """A safe place to end a chunk inside `buf`, or 0 if there is none ("read more").
+
+    Safe means that encoding the chunks one by one gives the ids of encoding the whole text.
+    GPT-2's pre-tokenizer (regex `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+|
+    ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+`) has no look-behind, so a cut is safe where a
+    pre-token starts in the whole text and the pre-token before it ends there even when the
+    text stops. Two such places, searched from the end:
+      - just after a lone "\\n" between two non-space characters (the newline is its own
+        pre-token; a longer whitespace run is not safe: at the end of a chunk "\\n\\n\\n" is
+        one pre-token, inside the text it is "\\n\\n" + "\\n");
+      - just before a lone " " between two non-space characters (the space starts the next
+        pre-token, " word").
+    Either place also lies between two whole UTF-8 characters.
     """
-    i = len(buf) - 1
+    i = len(buf)
     while True:
         i = buf.rfind(b"\n", 0, i)
         if i < 0:
             break
-        # errors="ignore": a character cut off by the end of buf decodes to "" (unsafe).
-        following = buf[i + 1:i + 5].decode("utf-8", errors="ignore")[:1]
-        if following and not following.isspace():
+        before, after = _char_before(buf, i), _char_after(buf, i + 1)
+        if before and after and not before.isspace() and not after.isspace():
             return i + 1
-    i = buf.rfind(b"\n")
-    if i >= 0:
-        return i + 1
-    i = buf.rfind(b" ")
-    if i > 0:
-        return i
+    i = len(buf)
+    while True:
+        i = buf.rfind(b" ", 0, i)
+        if i <= 0:
+            return 0
+        before, after = _char_before(buf, i), _char_after(buf, i + 1)
+        if before and after and not before.isspace() and not after.isspace():
+            return i
+
+
+def _char_boundary(buf: bytes) -> int:
+    """The last position in buf that does not split a UTF-8 character (last resort for text
+    with no safe cut over many chunks: tokens may differ from whole-text encoding there)."""
     i = len(buf)
     while i > 0 and 0x80 <= buf[i - 1] < 0xC0:  # back over continuation bytes
         i -= 1
@@ -380,7 +417,8 @@ def _cut(buf: bytes) -> int:
 def _text_chunks(path: str, start: int, end: int,
                  chunk_bytes: int) -> Iterator[tuple[str, int]]:
     """(text, n_bytes) pieces of bytes [start, end) of a UTF-8 file, about chunk_bytes each,
-    cut by `_cut`. Holds about two chunks in memory.
+    cut by `_cut`. Holds at most about 4 * chunk_bytes of text: a stretch that long with no
+    safe cut is split at a character boundary (`_char_boundary`) instead.
 
     Raises:
         ValueError: the bytes are not valid UTF-8 (naming the file and offset).
@@ -394,7 +432,10 @@ def _text_chunks(path: str, start: int, end: int,
                 break
             pos += len(block)
             buf = carry + block
-            cut = len(buf) if pos >= end else _cut(buf)
+            if pos >= end:
+                cut = len(buf)
+            else:
+                cut = _cut(buf) or (_char_boundary(buf) if len(buf) >= 4 * chunk_bytes else 0)
             if cut == 0:
                 carry = buf
                 continue

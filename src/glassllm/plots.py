@@ -1,0 +1,149 @@
+"""Loss curves: a training history -> a PNG of loss and learning rate against step.
+
+matplotlib is imported inside the functions, and only its object API with the Agg canvas is
+used (no pyplot): importing glassllm stays fast, and a caller's own matplotlib backend and
+figures are left alone.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+HISTORY_NAMES = ("history.csv", "history.jsonl")
+
+# Column names accepted for each series; the first is the canonical one.
+_ALIASES = {
+    "step": ("step",),
+    "train_loss": ("train_loss", "loss"),
+    "val_loss": ("val_loss",),
+    "lr": ("lr", "learning_rate"),
+}
+
+
+def _number(value) -> float:
+    """A float from a CSV/JSON cell; empty, missing or unparsable cells give NaN."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _normalize(rows) -> dict[str, list[float]]:
+    """Rows (dicts) -> {"step", "train_loss", "val_loss", "lr"}: lists of floats, NaN where a
+    row has no value. Rows without a step are skipped.
+
+    Raises:
+        ValueError: no row has a step.
+    """
+    out = {key: [] for key in _ALIASES}
+    for row in rows:
+        values = {}
+        for key, names in _ALIASES.items():
+            name = next((n for n in names if n in row and row[n] not in (None, "")), None)
+            values[key] = _number(row[name]) if name else math.nan
+        if math.isnan(values["step"]):
+            continue
+        for key in out:
+            out[key].append(values[key])
+    if not out["step"]:
+        raise ValueError("history has no rows with a step")
+    return out
+
+
+def read_history(path) -> dict[str, list[float]]:
+    """Read a history file: CSV with a header (columns step, train_loss or loss, val_loss,
+    lr; extra columns ignored, empty cells allowed) or JSON lines (one object per line, the
+    same keys; blank lines ignored).
+
+    Returns:
+        {"step", "train_loss", "val_loss", "lr"} -> lists of floats, NaN where missing.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a bad JSON line, or no row with a step.
+    """
+    path = os.fspath(path)
+    with open(path, newline="", encoding="utf-8") as f:
+        if path.endswith((".jsonl", ".json")):
+            rows = []
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not a JSON line: {e}") from None
+        else:
+            rows = list(csv.DictReader(f))
+    try:
+        return _normalize(rows)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def find_history(run_dir) -> str:
+    """The history file of a run directory: history.csv, else history.jsonl.
+
+    Raises:
+        FileNotFoundError: neither exists.
+    """
+    for name in HISTORY_NAMES:
+        path = os.path.join(run_dir, name)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"{run_dir}: no {' or '.join(HISTORY_NAMES)} in it")
+
+
+def plot_history(history, path) -> str:
+    """Draw train/val loss (nats per token) and learning rate against step; write a PNG.
+
+    Args:
+        history: a list of dicts (as `glassllm.train.train` returns: step, loss or
+            train_loss, val_loss, lr) or the path of a CSV / JSON-lines history file.
+        path: the PNG to write, atomically (temp file + os.replace).
+
+    Returns:
+        path.
+
+    Raises:
+        ValueError: the history has no row with a step. FileNotFoundError: no such file.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    series = (read_history(history) if isinstance(history, (str, os.PathLike))
+              else _normalize(history))
+    step = series["step"]
+    fig = Figure(figsize=(8, 6), dpi=100)
+    FigureCanvasAgg(fig)
+    loss_ax, lr_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    for key, label, style in (("train_loss", "train", "-"), ("val_loss", "validation", "o-")):
+        points = [(s, v) for s, v in zip(step, series[key]) if not math.isnan(v)]
+        if points:
+            xs, ys = zip(*points)
+            loss_ax.plot(xs, ys, style, label=label, markersize=3)
+    loss_ax.set_ylabel("loss (nats/token)")
+    loss_ax.grid(alpha=0.3)
+    if loss_ax.lines:
+        loss_ax.legend()
+    lr_points = [(s, v) for s, v in zip(step, series["lr"]) if not math.isnan(v)]
+    if lr_points:
+        xs, ys = zip(*lr_points)
+        lr_ax.plot(xs, ys, color="tab:green")
+    lr_ax.set_ylabel("learning rate")
+    lr_ax.set_xlabel("step")
+    lr_ax.grid(alpha=0.3)
+    fig.tight_layout()
+
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path

@@ -1,0 +1,214 @@
+"""BPETokenizer: GPT-2 ids against the reference encodings and transformers' GPT2TokenizerFast,
+exact bytes for streaming decode, training, and its JSON/file round trips."""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from glassllm.tokenizer import (BPETokenizer, ByteTokenizer, StreamDecoder, _bytes_to_unicode,
+                                load_tokenizer, tokenizer_from_json)
+
+DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+GPT2 = DATA / "gpt2"
+needs_gpt2 = pytest.mark.skipif(not (GPT2 / "merges.txt").is_file(),
+                                reason="../shared/data/gpt2 not present")
+
+SAMPLE = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+          "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than "
+          "to famish?\n\nAll:\nResolved. resolved.\n") * 20 + "Ünïcödé 日本語 🙂 don't 1234\n"
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return BPETokenizer.from_gpt2_files(GPT2 / "vocab.json", GPT2 / "merges.txt")
+
+
+@pytest.fixture(scope="module")
+def small():
+    return BPETokenizer.train([SAMPLE], vocab_size=300)
+
+
+def reference_cases():
+    return json.loads((GPT2 / "reference_encodings.json").read_text(encoding="utf-8"))
+
+
+@needs_gpt2
+def test_gpt2_ids_match_every_reference_encoding(gpt2):
+    cases = reference_cases()
+    assert len(cases) == 69
+    for case in cases:
+        ids = gpt2.encode(case["text"], allowed_special=case.get("allowed_special", "none"))
+        assert ids.tolist() == case["ids"], case["text"]
+        assert ids.dtype == np.uint16
+        if "allowed_special" not in case:
+            assert gpt2.decode(ids) == case["text"]
+    assert gpt2.vocab_size == 50257 and gpt2.eot_id == 50256
+
+
+@needs_gpt2
+def test_special_token_is_ordinary_text_unless_allowed(gpt2):
+    text = "hello <|endoftext|>"
+    ordinary = gpt2.encode(text).tolist()
+    assert 50256 not in ordinary
+    assert gpt2.decode(ordinary) == text  # spelled out, round-trips
+    assert gpt2.encode(text, allowed_special="all").tolist() == [31373, 220, 50256]
+    assert gpt2.decode([31373, 220, 50256]) == "hello "  # end-of-text stands for no bytes
+    with pytest.raises(ValueError, match="allowed_special"):
+        gpt2.encode(text, allowed_special="some")
+
+
+@needs_gpt2
+def test_gpt2_ids_equal_transformers_gpt2_tokenizer_fast(gpt2):
+    transformers = pytest.importorskip("transformers")
+    # Built offline from the same two files (the directory holds vocab.json + merges.txt).
+    reference = transformers.GPT2TokenizerFast.from_pretrained(str(GPT2), local_files_only=True)
+    assert len(reference) == 50257
+    texts = [c["text"] for c in reference_cases()]
+    for name in ("utf8-emoji-cjk.txt", "utf8-sample.txt"):
+        if (DATA / name).is_file():
+            texts.append((DATA / name).read_text(encoding="utf-8"))
+    if (DATA / "tinyshakespeare.txt").is_file():
+        texts.append((DATA / "tinyshakespeare.txt").read_text(encoding="utf-8")[:50_000])
+    for text in texts:
+        # GPT2TokenizerFast always treats "<|endoftext|>" as the special token.
+        ours = gpt2.encode(text, allowed_special="all").tolist()
+        assert ours == reference.encode(text), text[:40]
+        assert gpt2.decode(ours) == reference.decode(ours, skip_special_tokens=True)
+
+
+@needs_gpt2
+def test_decode_bytes_are_the_raw_token_bytes(gpt2):
+    # " the" is id 262: its vocabulary string is "Ġthe" (Ġ stands for the space byte).
+    assert gpt2.id_to_token(262) == "\u0120the"
+    assert gpt2.decode_bytes([262]) == b" the"
+    # A lone emoji byte token: decode_bytes keeps the byte, decode replaces it.
+    emoji = "🙂".encode()
+    ids = gpt2.encode("🙂").tolist()
+    assert len(ids) > 1 and b"".join(gpt2.decode_bytes([i]) for i in ids) == emoji
+    assert gpt2.decode(ids[:1]) == "\ufffd"
+    with pytest.raises(ValueError, match="ids must be in"):
+        gpt2.decode([50257])
+    with pytest.raises(ValueError, match="ids must be in"):
+        gpt2.decode_bytes([-1])
+
+
+@needs_gpt2
+def test_stream_decoder_chunks_join_to_decode(gpt2, small):
+    text = (DATA / "utf8-emoji-cjk.txt").read_text(encoding="utf-8")
+    rng = np.random.default_rng(0)
+    for tok in (gpt2, small):
+        ids = tok.encode(text)
+        noise = rng.integers(0, tok.vocab_size, size=300)  # arbitrary ids, invalid UTF-8
+        for seq in (ids, noise):
+            dec = StreamDecoder(tok)
+            chunks = [dec.push(int(i)) for i in seq] + [dec.flush()]
+            assert "".join(chunks) == tok.decode(seq)
+        assert tok.decode(ids) == text
+
+
+def test_bytes_to_unicode_is_a_bijection_onto_printables():
+    table = _bytes_to_unicode()
+    assert sorted(table) == list(range(256)) and len(set(table.values())) == 256
+    assert table[ord("A")] == "A" and table[ord(" ")] == "\u0120" and table[ord("\n")] == "\u010a"
+    assert all(c.isprintable() and not c.isspace() for c in table.values())
+
+
+def test_train_gives_requested_vocab_and_round_trips(small):
+    assert small.vocab_size == 300 and small.eot_id == 0
+    ids = small.encode(SAMPLE)
+    assert ids.dtype == np.uint16 and ids.max() < 300
+    assert small.decode(ids) == SAMPLE
+    # Merges were learned: far fewer ids than bytes on the training text.
+    assert len(ids) < 0.6 * len(SAMPLE.encode())
+    # Text never seen (other scripts) still encodes, through the byte alphabet.
+    unseen = "Ωμέγα ‽ \x00\x7f"
+    assert small.decode(small.encode(unseen)) == unseen
+
+
+def test_train_from_files_equals_train_from_text(tmp_path, small):
+    path = tmp_path / "corpus.txt"
+    path.write_text(SAMPLE, encoding="utf-8")
+    from_file = BPETokenizer.train([path], vocab_size=300)
+    assert from_file.encode(SAMPLE).tolist() == small.encode(SAMPLE).tolist()
+    with pytest.raises(FileNotFoundError):
+        BPETokenizer.train([tmp_path / "missing.txt"], vocab_size=300)
+    with pytest.raises(ValueError, match="257"):
+        BPETokenizer.train([SAMPLE], vocab_size=256)
+
+
+def test_json_save_load_round_trip(tmp_path, small):
+    again = tokenizer_from_json(small.to_json())
+    assert isinstance(again, BPETokenizer)
+    assert (again.vocab_size, again.eot_id) == (300, 0)
+    assert again.encode(SAMPLE).tolist() == small.encode(SAMPLE).tolist()
+    path = tmp_path / "tokenizer.json"
+    small.save(path)
+    assert not list(tmp_path.glob("*.tmp*"))
+    for loaded in (BPETokenizer.load(path), load_tokenizer(path), load_tokenizer(tmp_path)):
+        assert loaded.encode(SAMPLE).tolist() == small.encode(SAMPLE).tolist()
+    # A plain Hugging Face tokenizer.json is accepted too.
+    hf_json = json.loads(small.to_json())["tokenizer"]
+    (tmp_path / "hf.json").write_text(json.dumps(hf_json), encoding="utf-8")
+    assert load_tokenizer(tmp_path / "hf.json").encode("speak").tolist() == \
+        small.encode("speak").tolist()
+    # The byte tokenizer's JSON goes through load_tokenizer as well.
+    (tmp_path / "byte.json").write_text(ByteTokenizer().to_json(), encoding="utf-8")
+    assert isinstance(load_tokenizer(tmp_path / "byte.json"), ByteTokenizer)
+
+
+@needs_gpt2
+def test_load_tokenizer_from_gpt2_directory(gpt2):
+    tok = load_tokenizer(GPT2)
+    assert tok.encode("hello world").tolist() == [31373, 995]
+
+
+def test_bad_inputs_raise_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="not valid"):
+        BPETokenizer.from_json("{not json")
+    with pytest.raises(ValueError, match="no tokenizer model"):
+        BPETokenizer.from_json('{"type": "bpe"}')
+    with pytest.raises(FileNotFoundError, match="vocab.json"):
+        BPETokenizer.from_gpt2_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    (tmp_path / "vocab.json").write_text("[1, 2]")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    with pytest.raises(ValueError, match="cannot read"):
+        BPETokenizer.from_gpt2_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer(tmp_path / "nothing.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="merges.txt"):
+        load_tokenizer(tmp_path / "empty")
+    (tmp_path / "x.json").write_text("no json here")
+    with pytest.raises(ValueError, match="not a tokenizer"):
+        load_tokenizer(tmp_path / "x.json")
+
+
+def test_non_byte_level_vocabulary_is_rejected():
+    from tokenizers import Tokenizer, models
+    tok = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, " ": 2}, merges=[]))
+    tok.add_special_tokens(["<|endoftext|>"])
+    with pytest.raises(ValueError, match="not byte-level"):
+        BPETokenizer(tok)
+    no_eot = Tokenizer(models.BPE(vocab={"a": 0}, merges=[]))
+    with pytest.raises(ValueError, match="endoftext"):
+        BPETokenizer(no_eot)
+
+
+def test_vocab_over_65536_encodes_to_uint32():
+    from tokenizers import Tokenizer, models
+    chars = list(_bytes_to_unicode().values())
+    vocab = {c: i for i, c in enumerate(chars)}
+    for a in chars:  # pad with two-character tokens past 65536 ids
+        for b in chars:
+            if len(vocab) >= 65600:
+                break
+            vocab.setdefault(a + b, len(vocab))
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok = BPETokenizer._byte_level(tok)
+    tok.add_special_tokens(["<|endoftext|>"])
+    big = BPETokenizer(tok)
+    assert big.vocab_size == 65601
+    ids = big.encode("hi")
+    assert ids.dtype == np.uint32 and big.decode(ids) == "hi"

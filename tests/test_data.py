@@ -1,0 +1,294 @@
+"""glassllm.data: the Batches sources, token files on disk, and streaming `prepare`."""
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+import glassllm.train
+from glassllm import data
+from glassllm.data import (ArrayBatches, Batches, TokenFile, TokenWriter, get_batch, prepare,
+                           token_dtype)
+from glassllm.tokenizer import BPETokenizer, ByteTokenizer
+
+DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+GPT2 = DATA / "gpt2"
+
+
+def write_tokens(path, ids, tokenizer=None):
+    with TokenWriter(path, tokenizer or ByteTokenizer(), sources=["src.txt"]) as w:
+        w.append(ids, text_bytes=len(ids))
+    return TokenFile(path)
+
+
+# --- batches ---------------------------------------------------------------------------------
+
+def test_train_get_batch_is_the_data_sampler():
+    assert glassllm.train.get_batch is get_batch
+
+
+def test_array_batches_draw_the_windows_of_get_batch():
+    ids = (np.arange(600) * 7 % 257).astype(np.uint16)
+    src = ArrayBatches(ids)
+    assert isinstance(src, Batches) and src.token_count() == 600
+    rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
+    for _ in range(3):
+        x, y = src.batch(rng_a, 4, 16)
+        x_ref, y_ref = get_batch(ids, 4, 16, rng_b)
+        assert x.dtype == y.dtype == np.int64 and x.shape == (4, 16)
+        np.testing.assert_array_equal(x, x_ref)
+        np.testing.assert_array_equal(y, y_ref)
+        np.testing.assert_array_equal(y[:, :-1], x[:, 1:])
+        starts = np.searchsorted((np.arange(600) * 7 % 257), x[:, 0])  # sanity: real windows
+        assert starts.shape == (4,)
+    with pytest.raises(ValueError, match="1-D integer"):
+        ArrayBatches(np.zeros((2, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="1-D integer"):
+        ArrayBatches(np.zeros(5))
+    with pytest.raises(ValueError, match="len\\(data\\) > seq_len"):
+        src.batch(np.random.default_rng(0), 2, 600)
+
+
+def test_token_dtype_rule():
+    assert token_dtype(257) == np.uint16 and token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32
+    with pytest.raises(ValueError):
+        token_dtype(0)
+
+
+# --- token files -----------------------------------------------------------------------------
+
+def test_token_file_round_trip_and_same_draws_as_memory(tmp_path):
+    ids = np.random.default_rng(0).integers(0, 257, size=1000)
+    f = write_tokens(tmp_path / "t.bin", ids)
+    assert isinstance(f, Batches)
+    assert os.path.getsize(tmp_path / "t.bin") == 2000  # uint16, no header
+    assert f.token_count() == 1000 and f.dtype == np.uint16 and f.vocab_size == 257
+    assert f.meta["sources"] == ["src.txt"] and f.text_bytes == 1000
+    assert isinstance(f.tokenizer(), ByteTokenizer)
+    np.testing.assert_array_equal(f.tokens, ids)
+    x, y = f.batch(np.random.default_rng(3), 8, 32)
+    x_mem, y_mem = ArrayBatches(ids).batch(np.random.default_rng(3), 8, 32)
+    assert x.dtype == np.int64
+    np.testing.assert_array_equal(x, x_mem)
+    np.testing.assert_array_equal(y, y_mem)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_token_file_uint32_for_large_vocab(tmp_path):
+    class Big:
+        vocab_size, eot_id = 70000, 69999
+
+        def to_json(self):
+            return json.dumps({"type": "big"})
+    ids = np.array([0, 65535, 65536, 69999])
+    f = write_tokens(tmp_path / "t.bin", ids, Big())
+    assert f.dtype == np.uint32 and os.path.getsize(tmp_path / "t.bin") == 16
+    np.testing.assert_array_equal(f.tokens, ids)
+
+
+def test_token_file_errors(tmp_path):
+    path = tmp_path / "t.bin"
+    with pytest.raises(FileNotFoundError, match="token file not found"):
+        TokenFile(path)
+    path.write_bytes(np.arange(10, dtype=np.uint16).tobytes())
+    with pytest.raises(FileNotFoundError, match="sidecar"):
+        TokenFile(path)
+    side = tmp_path / "t.bin.json"
+    side.write_text("{ not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        TokenFile(path)
+    side.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError, match="not a glassllm-tokens"):
+        TokenFile(path)
+    good = {"format": "glassllm-tokens", "version": 1, "dtype": "uint16", "vocab_size": 257,
+            "token_count": 10, "tokenizer": {"type": "byte"}}
+    side.write_text(json.dumps({k: v for k, v in good.items() if k != "vocab_size"}))
+    with pytest.raises(ValueError, match="lacks vocab_size"):
+        TokenFile(path)
+    side.write_text(json.dumps(dict(good, dtype="float32")))
+    with pytest.raises(ValueError, match="dtype"):
+        TokenFile(path)
+    side.write_text(json.dumps(dict(good, vocab_size=70000)))
+    with pytest.raises(ValueError, match="does not fit"):
+        TokenFile(path)
+    side.write_text(json.dumps(dict(good, token_count=11)))
+    with pytest.raises(ValueError, match="holds 10 tokens"):
+        TokenFile(path)
+    side.write_text(json.dumps(good))
+    assert TokenFile(path).token_count() == 10
+    with open(path, "ab") as fh:
+        fh.write(b"\x01")  # 21 bytes: not whole uint16s
+    with pytest.raises(ValueError, match="not a multiple of 2"):
+        TokenFile(path)
+    path.write_bytes(np.array([1, 2, 300, 4, 5, 6, 7, 8, 9, 10], np.uint16).tobytes())
+    TokenFile(path)  # ids are not scanned by default
+    with pytest.raises(ValueError, match="token 2 is 300"):
+        TokenFile(path, check_ids=True)
+    with pytest.raises(ValueError, match="token 2 is 300"):
+        TokenFile(path).check_ids(chunk_tokens=2)
+
+
+def test_token_writer_rejects_bad_ids_and_leaves_nothing(tmp_path):
+    path = tmp_path / "t.bin"
+    with pytest.raises(ValueError, match="must be in"):
+        with TokenWriter(path, ByteTokenizer()) as w:
+            w.append(np.array([1, 2, 3]))
+            w.append(np.array([257]))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="1-D integers"):
+        with TokenWriter(path, ByteTokenizer()) as w:
+            w.append(np.array([1.5]))
+    assert list(tmp_path.iterdir()) == []
+    f = write_tokens(path, np.array([], dtype=np.int64))  # an empty split is a valid file
+    assert f.token_count() == 0
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
+def test_batches_from_a_5gb_sparse_file_do_not_read_it(tmp_path):
+    path = tmp_path / "huge.bin"
+    size = 5 * 1024**3  # 5 GiB, 2.68e9 uint16 ids; sparse: no disk blocks, reads give zeros
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+    meta = {"format": "glassllm-tokens", "version": 1, "dtype": "uint16", "vocab_size": 50257,
+            "token_count": size // 2, "tokenizer": {"type": "byte"}, "sources": []}
+    (tmp_path / "huge.bin.json").write_text(json.dumps(meta))
+    # Make the start visible so we know batches read real data through the map.
+    with open(path, "r+b") as fh:
+        fh.write(np.arange(1, 1001, dtype=np.uint16).tobytes())
+    try:  # reset the peak-RSS mark (Linux >= 4.0); otherwise measure current RSS only
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        peak_field = "VmHWM"
+    except OSError:
+        peak_field = "VmRSS"
+    before = _rss_kb("VmRSS")
+    f = TokenFile(path)
+    assert f.token_count() == size // 2
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        x, y = f.batch(rng, 16, 256)
+        assert x.shape == (16, 256)
+    x, y = f.batch(np.random.default_rng(1), 1, 8)
+    head = np.asarray(f.tokens[:8])
+    growth_mb = (max(_rss_kb(peak_field), _rss_kb("VmRSS")) - before) / 1024
+    assert head.tolist() == list(range(1, 9))
+    assert growth_mb < 100, f"RSS grew {growth_mb:.0f} MB while sampling a 5 GiB file"
+    del f
+
+
+# --- prepare ---------------------------------------------------------------------------------
+
+def test_cut_only_where_tokens_cannot_change():
+    cut = data._cut
+    assert cut(b"ab\ncd\n\n  ef") == 3  # after the lone newline of "ab\ncd"
+    assert cut(b"ab\n\ncd") == 0  # a newline run, no space: nothing safe
+    assert cut(b"ab cd  ef\n") == 2  # before the lone space of "ab cd"
+    assert cut("x\u00a0\ny z".encode()) == 5  # U+00A0 is whitespace: not that newline
+    assert cut("é\né".encode()) == 3  # neighbours may be multi-byte characters
+    assert cut("é\né".encode()[:-1]) == 0  # the character after is cut off: unsafe
+    assert data._char_boundary("xé".encode()) == 1  # last resort: before the lead byte
+    assert data._char_boundary(b"abcd") == 4
+
+
+def test_prepare_byte_split_is_deterministic_and_line_aligned(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    a = "".join(f"line {i} of a ✓\n" for i in range(100))
+    b = "ünïcödé 🙂 " * 30 + "\nend\n"
+    (corpus / "a.txt").write_text(a, encoding="utf-8")
+    (corpus / "sub" / "b.txt").write_text(b, encoding="utf-8")
+    (corpus / ".hidden").write_text("skipped")
+    events = []
+    out = tmp_path / "out"
+    result = prepare([corpus], out, "byte", val_fraction=0.2, chunk_bytes=7,
+                     on_progress=events.append)
+    tok = ByteTokenizer()
+    train, val = TokenFile(out / "train.bin"), TokenFile(out / "val.bin")
+    a_bytes, b_bytes = a.encode(), b.encode()
+    a_cut = a_bytes.index(b"\n", int(len(a_bytes) * 0.8) - 1) + 1
+    b_cut = b_bytes.index(b"\n", int(len(b_bytes) * 0.8) - 1) + 1
+    # Files in sorted order; an end-of-text id (256) between files of a split.
+    expected_train = np.concatenate([tok.encode(a[:len(a_bytes[:a_cut].decode())]), [256],
+                                     tok.encode(b_bytes[:b_cut].decode())])
+    expected_val = np.concatenate([tok.encode(a_bytes[a_cut:].decode()), [256],
+                                   tok.encode(b_bytes[b_cut:].decode())])
+    np.testing.assert_array_equal(train.tokens, expected_train)
+    np.testing.assert_array_equal(val.tokens, expected_val)
+    assert train.text_bytes + val.text_bytes == len(a_bytes) + len(b_bytes)
+    assert result["files"] == [str(corpus / "a.txt"), str(corpus / "sub" / "b.txt")]
+    assert train.meta["sources"] == result["files"]
+    assert not (out / "tokenizer.json").exists()
+    # Progress: increasing, ends at the total byte count.
+    done = [e.done for e in events]
+    assert done == sorted(done) and done[-1] == events[-1].total == len(a_bytes) + len(b_bytes)
+    # Deterministic: a second run writes the same bytes.
+    prepare([corpus], tmp_path / "again", "byte", val_fraction=0.2, chunk_bytes=1 << 20)
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes()
+
+
+def test_prepare_without_validation_and_errors(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_text("hello\nworld\n")
+    prepare([src], tmp_path / "o", val_fraction=0.0)
+    assert TokenFile(tmp_path / "o" / "val.bin").token_count() == 0
+    assert ByteTokenizer().decode(TokenFile(tmp_path / "o" / "train.bin").tokens) == \
+        "hello\nworld\n"
+    with pytest.raises(FileNotFoundError, match="input not found"):
+        prepare([tmp_path / "missing.txt"], tmp_path / "o")
+    with pytest.raises(ValueError, match="val_fraction"):
+        prepare([src], tmp_path / "o", val_fraction=1.0)
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        prepare([src], tmp_path / "o", "words")
+    with pytest.raises(ValueError, match="bpe:N"):
+        prepare([src], tmp_path / "o", "bpe:many")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"good line\n" * 5 + b"\xff\xfe oops\n")
+    before = (tmp_path / "o" / "train.bin").read_bytes()
+    with pytest.raises(ValueError, match="not UTF-8.*offset 50"):
+        prepare([bad], tmp_path / "o", val_fraction=0.0, chunk_bytes=16)
+    assert (tmp_path / "o" / "train.bin").read_bytes() == before  # old output kept
+    assert not list((tmp_path / "o").glob("*.tmp"))
+
+
+def test_prepare_bpe_trains_saves_and_encodes(tmp_path):
+    src = tmp_path / "a.txt"
+    text = "".join(f"To be, or not to be: that is question {i % 7}.\n\n  Indented.\n"
+                   for i in range(200))
+    src.write_text(text)
+    result = prepare([src], tmp_path / "o", "bpe:280", val_fraction=0.1, chunk_bytes=64)
+    tok = result["tokenizer"]
+    assert isinstance(tok, BPETokenizer) and tok.vocab_size == 280
+    train, val = TokenFile(tmp_path / "o" / "train.bin"), TokenFile(tmp_path / "o" / "val.bin")
+    saved = BPETokenizer.load(tmp_path / "o" / "tokenizer.json")
+    assert train.tokenizer().to_json() == saved.to_json() == tok.to_json()
+    assert tok.decode(train.tokens) + tok.decode(val.tokens) == text
+    # Chunked encoding gave exactly the ids of encoding each split whole.
+    cut = len(text) - len(tok.decode(val.tokens))
+    assert train.tokens.tolist() == tok.encode(text[:cut]).tolist()
+    assert val.tokens.tolist() == tok.encode(text[cut:]).tolist()
+    assert train.token_count() < 0.7 * train.text_bytes  # merges learned
+
+
+@pytest.mark.skipif(not (GPT2 / "merges.txt").is_file() or
+                    not (DATA / "tinyshakespeare.txt").is_file(),
+                    reason="../shared/data not present")
+def test_prepare_with_gpt2_matches_whole_text_encoding(tmp_path):
+    gpt2 = BPETokenizer.from_gpt2_files(GPT2 / "vocab.json", GPT2 / "merges.txt")
+    text = (DATA / "tinyshakespeare.txt").read_text(encoding="utf-8")[:120_000]
+    text += "\n\n\n   spaced\n\u00a0\u00a0nbsp\n\n'tis\n" * 3
+    src = tmp_path / "shakespeare.txt"
+    src.write_text(text, encoding="utf-8")
+    prepare([src], tmp_path / "o", gpt2, val_fraction=0.0, chunk_bytes=997)
+    assert TokenFile(tmp_path / "o" / "train.bin").tokens.tolist() == gpt2.encode(text).tolist()
+    assert (tmp_path / "o" / "tokenizer.json").is_file()
