@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from glassllm import Config, GlassLM, no_grad
+from glassllm.tensor import is_grad_enabled
 from glassllm.generate import Generator, Sampling, generate, sample_next, sampling_distribution
 
 MODELS = {
@@ -280,12 +281,23 @@ def test_generate_returns_new_tokens_only_and_stops_at_stop_id():
     assert generate(model, prompt, 0) == []
 
 
-def test_generate_leaves_no_graph_and_no_grads():
+def test_generate_runs_the_model_under_no_grad(monkeypatch):
     model = tiny("llama")
+    grad_modes = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        grad_modes.append(is_grad_enabled())
+        out = forward(*args, **kwargs)
+        assert not out.requires_grad  # no graph kept alive by the cache or the logits
+        return out
+
+    monkeypatch.setattr(model, "forward", spy)
     gen = Generator(model, [1, 2])
-    gen.next_token(Sampling(0))
+    for _ in range(20):  # 2 + 20 > max_len: cached and cropped paths both run
+        gen.next_token(Sampling(0))
+    assert is_grad_enabled() and len(grad_modes) == 20 and not any(grad_modes)
     assert isinstance(gen.next_logits(), np.ndarray)
-    assert all(p.grad is None for p in model.parameters())
     # Generating does not change the model.
     before = model.state_dict()
     generate(model, [5], 20, Sampling(), np.random.default_rng(0))
