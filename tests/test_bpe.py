@@ -212,3 +212,10 @@ def test_vocab_over_65536_encodes_to_uint32():
     assert big.vocab_size == 65601
     ids = big.encode("hi")
     assert ids.dtype == np.uint32 and big.decode(ids) == "hi"
+
+
+def test_non_bpe_model_is_rejected():
+    from tokenizers import Tokenizer, models
+    tok = Tokenizer(models.WordLevel(vocab={"<|endoftext|>": 0, "a": 1}, unk_token="a"))
+    with pytest.raises(ValueError, match="expected a BPE model, got WordLevel"):
+        BPETokenizer(tok)

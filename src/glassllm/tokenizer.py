@@ -145,10 +145,12 @@ class BPETokenizer:
             ValueError: not a BPE model, the end-of-text token missing, or a vocabulary entry
                 that is not made of byte-level characters (so its bytes would be unknown).
         """
+        from tokenizers import models
         self._tok = hf_tokenizer
-        model = json.loads(hf_tokenizer.to_str()).get("model", {})
-        if model.get("type") != "BPE":
-            raise ValueError(f"BPETokenizer: expected a BPE model, got {model.get('type')!r}")
+        self._json = None
+        if not isinstance(hf_tokenizer.model, models.BPE):
+            raise ValueError(f"BPETokenizer: expected a BPE model, got "
+                             f"{type(hf_tokenizer.model).__name__}")
         eot = hf_tokenizer.token_to_id(eot_token)
         if eot is None:
             raise ValueError(f"BPETokenizer: the vocabulary has no {eot_token!r} token")
@@ -283,8 +285,11 @@ class BPETokenizer:
 
     def to_json(self) -> str:
         """{"type": "bpe", "eot_token": ..., "tokenizer": <the HF tokenizer.json object>}."""
-        return json.dumps({"type": "bpe", "eot_token": self.eot_token,
-                           "tokenizer": json.loads(self._tok.to_str())}, ensure_ascii=False)
+        if self._json is None:  # cached: the tokenizer never changes, GPT-2's is 1.7 MB
+            self._json = json.dumps({"type": "bpe", "eot_token": self.eot_token,
+                                     "tokenizer": json.loads(self._tok.to_str())},
+                                    ensure_ascii=False)
+        return self._json
 
     @classmethod
     def from_json(cls, text: str) -> "BPETokenizer":
