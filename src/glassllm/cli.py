@@ -10,6 +10,8 @@ and exit code 2, never a traceback; Ctrl-C ends with exit code 130.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 
@@ -93,7 +95,77 @@ def run_generate(args) -> int:
     return 0
 
 
-SUBCOMMANDS = [add_train, add_generate]
+def add_prepare(sub) -> None:
+    p = sub.add_parser("prepare", help="tokenize text files into train.bin / val.bin",
+                       description="Tokenize text files (or directories, read in sorted order) "
+                       "into OUT/train.bin and OUT/val.bin with JSON sidecars. Each file's last "
+                       "VAL_FRACTION of bytes, from a line start, goes to val.")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text file or directory")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--tokenizer", default="byte",
+                   help="byte, bpe:N (learn a byte-level BPE of N ids from the train part), or "
+                        "PATH (a tokenizer JSON, or a directory with GPT-2 vocab.json + "
+                        "merges.txt); default byte")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="fraction of each file's bytes for validation (default 0.1)")
+    p.set_defaults(func=run_prepare)
+
+
+def run_prepare(args) -> int:
+    from tqdm import tqdm
+
+    from .data import prepare
+    from .tokenizer import load_tokenizer
+
+    tokenizer = args.tokenizer
+    if tokenizer != "byte" and not tokenizer.startswith("bpe:"):
+        tokenizer = load_tokenizer(tokenizer)
+    bars = {}
+
+    def on_progress(p):
+        bar = bars.get(p.stage)
+        if bar is None:
+            desc = "learning BPE" if p.stage == "tokenizer" else "tokenizing"
+            bar = bars[p.stage] = tqdm(total=p.total, desc=desc, unit="B", unit_scale=True,
+                                       file=sys.stderr)
+        bar.update(p.done - bar.n)
+
+    try:
+        result = prepare(args.inputs, args.out, tokenizer, val_fraction=args.val_fraction,
+                         on_progress=on_progress)
+    finally:
+        for bar in bars.values():
+            bar.close()
+    tok = result["tokenizer"]
+    for name in ("train", "val"):
+        meta = result[name]
+        print(f"{name}: {meta['token_count']:,} tokens from {meta['text_bytes']:,} bytes "
+              f"({meta['dtype']}) -> {os.path.join(args.out, name + '.bin')}", flush=True)
+    print(f"tokenizer: {json.loads(tok.to_json())['type']}, vocab_size {tok.vocab_size}, "
+          f"{len(result['files'])} file(s)", flush=True)
+    return 0
+
+
+def add_plot(sub) -> None:
+    p = sub.add_parser("plot", help="draw a run's loss and learning-rate curves to a PNG")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="directory holding history.csv (or history.jsonl)")
+    p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/loss.png)")
+    p.set_defaults(func=run_plot)
+
+
+def run_plot(args) -> int:
+    from .plots import find_history, plot_history
+
+    if not os.path.isdir(args.run_dir):
+        raise FileNotFoundError(f"run directory not found: {args.run_dir}")
+    out = args.out or os.path.join(args.run_dir, "loss.png")
+    plot_history(find_history(args.run_dir), out)
+    print(out, flush=True)
+    return 0
+
+
+SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot]
 
 
 def build_parser() -> argparse.ArgumentParser:
