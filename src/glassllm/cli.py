@@ -19,21 +19,354 @@ class UsageError(Exception):
     """A mistake in the command line or its inputs: printed as one line, exit code 2."""
 
 
+# ----------------------------------------------------------------------------------- train
+# The default model of `glassllm train`, chosen with TrainSettings' defaults so that the README's
+# run on tinyshakespeare ends below 2.0 nats per byte in a few minutes on two CPU cores.
+TRAIN_MODEL_DEFAULTS = {"family": "llama", "d_model": 128, "n_layers": 4, "n_heads": 4,
+                        "n_kv_heads": 2}
+STDLIB_CORPUS_BYTES = 4 << 20  # the default corpus: the first 4 MiB of the stdlib's .py files
+VAL_FRACTION = 0.1             # held out: the last 10% of the token stream
+_MODEL_FLAGS = ("family", "d_model", "n_layers", "n_heads", "n_kv_heads")
+_SETTING_FLAGS = ("steps", "batch_size", "seq_len", "lr", "warmup", "eval_every", "eval_batches",
+                  "seed", "precision", "max_skip_rate")
+
+
 def add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model on text files")
+    from .train import TrainSettings
+    d = TrainSettings()
+    m = TRAIN_MODEL_DEFAULTS
+    p = sub.add_parser(
+        "train", help="train a model on text files",
+        description="Train a GlassLM on text, evaluating on the last 10%% of it, and save the "
+                    "best model. Without --data it trains on the Python standard library's own "
+                    "source code. Ctrl-C writes a checkpoint that --resume continues exactly.")
+    p.add_argument("--data", nargs="+", metavar="FILE_OR_DIR",
+                   help="text files or directories of them (read as UTF-8 bytes, byte "
+                        "tokenizer), or one directory written by `glassllm prepare` "
+                        "(train.bin/val.bin). Default: the stdlib's .py files, first 4 MiB")
+    p.add_argument("--out", default=None, metavar="PATH",
+                   help="best model file (default runs/model.safetensors); its directory "
+                        "also gets history.csv, loss.png and checkpoint.safetensors")
+    g = p.add_argument_group("model (ignored with --resume, which uses the checkpoint's)")
+    g.add_argument("--family", choices=["llama", "gpt2"], help=f"default {m['family']}")
+    for flag in ("d_model", "n_layers", "n_heads", "n_kv_heads"):
+        g.add_argument("--" + flag.replace("_", "-"), type=int, metavar="N",
+                       help=f"default {m[flag]}")
+    g = p.add_argument_group("training")
+    g.add_argument("--seq-len", type=int, metavar="T",
+                   help=f"tokens per window, also the model's max_len (default {d.seq_len})")
+    g.add_argument("--batch-size", type=int, metavar="B", help=f"default {d.batch_size}")
+    g.add_argument("--steps", type=int, metavar="N", help=f"updates (default {d.steps})")
+    g.add_argument("--lr", type=float, help=f"peak learning rate (default {d.lr:g})")
+    g.add_argument("--warmup", type=int, metavar="N", help=f"warmup steps (default {d.warmup})")
+    g.add_argument("--eval-every", type=int, metavar="N",
+                   help=f"evaluate every N updates and at the last (default {d.eval_every})")
+    g.add_argument("--eval-batches", type=int, metavar="N",
+                   help=f"batches per evaluation (default {d.eval_batches})")
+    g.add_argument("--seed", type=int, help=f"sampler and init seed (default {d.seed})")
+    g.add_argument("--precision", choices=["fp32", "fp16", "bf16"],
+                   help="matmul precision; fp16 adds dynamic loss scaling (default fp32)")
+    g.add_argument("--max-skip-rate", type=float, metavar="R",
+                   help="stop when more than this fraction of the last 100 steps were skipped "
+                        "for inf/NaN, 100 steps in a row (default: no alert)")
+    g = p.add_argument_group("output and resume")
+    g.add_argument("--log-csv", metavar="PATH",
+                   help="per-step CSV: step,lr,grad_l2_pre_clip,grad_l2_post_clip,loss,"
+                        "skipped,skip_reason,scaler_scale (flushed every row)")
+    g.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help="write a checkpoint every N updates (always on Ctrl-C)")
+    g.add_argument("--checkpoint", metavar="PATH",
+                   help="checkpoint file (default: checkpoint.safetensors next to --out)")
+    g.add_argument("--resume", metavar="CKPT",
+                   help="continue the run saved in CKPT; the result equals an uninterrupted run")
     p.set_defaults(func=run_train)
 
 
 def run_train(args) -> int:
-    raise UsageError("train: not implemented yet")
+    import math
+    import time
+
+    from . import checkpoint
+    from .model import Config, GlassLM
+    from .safety import SkipRateExceeded
+    from .train import (Checkpointed, Evaluated, NonFiniteLossError, Resumed, Saved, Started,
+                        Stepped, Trainer, TrainingInterrupted, TrainSettings)
+
+    out = args.out or os.path.join("runs", "model.safetensors")
+    if os.path.isdir(out):
+        raise UsageError(f"--out {out} is a directory; give a file path")
+    run_dir = os.path.dirname(os.path.abspath(out))
+    ckpt_path = args.checkpoint or os.path.join(run_dir, "checkpoint.safetensors")
+    given = {k: getattr(args, k) for k in _MODEL_FLAGS + _SETTING_FLAGS
+             if getattr(args, k) is not None}
+
+    resume = None
+    if args.resume:
+        resume = checkpoint.load_checkpoint(args.resume)
+        settings = _resumed_settings(resume, given, args)
+        cfg = Config.from_dict(resume.config)
+        sources = args.data or resume.extra.get("data", {}).get("sources")
+    else:
+        try:
+            settings = TrainSettings(**{k: v for k, v in given.items() if k in _SETTING_FLAGS},
+                                     log_csv=args.log_csv,
+                                     checkpoint_every=args.checkpoint_every)
+        except (TypeError, ValueError) as e:
+            raise UsageError(str(e).replace("TrainSettings.", "--")) from None
+        cfg = None
+        sources = args.data
+    corpus = load_corpus(sources, settings.seq_len)
+    if resume is not None:
+        _check_same_data(resume, corpus)
+    else:
+        model_args = {**TRAIN_MODEL_DEFAULTS, **{k: v for k, v in given.items()
+                                                 if k in _MODEL_FLAGS}}
+        try:
+            cfg = Config(vocab_size=corpus.tokenizer.vocab_size, max_len=settings.seq_len,
+                         **model_args)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    model = GlassLM(cfg, seed=settings.seed)
+    os.makedirs(run_dir, exist_ok=True)
+    trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
+                      checkpoint_path=ckpt_path, tokenizer=corpus.tokenizer,
+                      extra={"data": corpus.describe()})
+
+    print(f"glassllm train: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} layers, "
+          f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), {sum(p.size for p in model.parameters()):,} "
+          f"parameters", flush=True)
+    print(f"data: {corpus.name}: {corpus.train.token_count():,} training and "
+          f"{corpus.val.token_count():,} validation tokens", flush=True)
+    print(f"{settings.steps} steps of {settings.batch_size} x {settings.seq_len} tokens, lr "
+          f"{settings.lr:g}, warmup {settings.warmup}, {settings.precision}; best model -> {out}",
+          flush=True)
+
+    bpb = corpus.bits_per_byte
+    started = time.monotonic()
+    bar = _progress_bar(settings.steps)
+
+    def on_event(event) -> None:
+        if isinstance(event, Stepped):
+            bar.update(1)
+            bar.set_postfix(loss=f"{event.loss:.3f}", lr=f"{event.lr:.2e}",
+                            tok_s=f"{event.tokens_per_s:,.0f}", refresh=False)
+        elif isinstance(event, Started):
+            bar.write(f"initial val loss {event.val_loss:.4f} nats/token "
+                      f"({bpb(event.val_loss):.3f} bits/byte)")
+        elif isinstance(event, Resumed):
+            bar.update(event.step)
+            bar.write(f"resumed after step {event.step} from {args.resume}")
+        elif isinstance(event, Evaluated):
+            bar.write(f"step {event.step:>6}: train {event.train_loss:.4f}, val "
+                      f"{event.val_loss:.4f} nats/token ({bpb(event.val_loss):.3f} bits/byte), "
+                      f"{event.tokens_per_s:,.0f} tokens/s")
+        elif isinstance(event, Saved):
+            bar.write(f"{'':14}saved (best so far) -> {event.path}")
+        elif isinstance(event, Checkpointed):
+            bar.write(f"{'':14}checkpoint after {event.step} steps -> {event.path}")
+
+    try:
+        summary = trainer.run(model, resume=resume, on_event=on_event)
+    except TrainingInterrupted as e:
+        bar.close()
+        if e.history:
+            _write_history_csv(os.path.join(run_dir, "history.csv"), e.history)
+        where = (f"checkpoint after {e.step} steps: {e.checkpoint_path}; continue with "
+                 f"`glassllm train --resume {e.checkpoint_path}`" if e.checkpoint_path
+                 else "no checkpoint written")
+        print(f"\nglassllm train: interrupted; {where}", file=sys.stderr, flush=True)
+        raise
+    except (NonFiniteLossError, SkipRateExceeded) as e:
+        bar.close()
+        print(f"glassllm train: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    bar.close()
+    history_csv = os.path.join(run_dir, "history.csv")
+    _write_history_csv(history_csv, summary.history)
+    plot = _plot(history_csv, os.path.join(run_dir, "loss.png"))
+    elapsed = time.monotonic() - started
+    if summary.best_val_loss is not None:
+        print(f"best val loss {summary.best_val_loss:.4f} nats/token = "
+              f"{bpb(summary.best_val_loss):.4f} bits/byte (step {summary.best_step}); "
+              f"final {summary.final_val_loss:.4f} nats/token")
+        print(f"model: {summary.model_path}")
+    print(f"history: {history_csv}" + (f", plot: {plot}" if plot else ""))
+    print(f"{summary.steps - (resume.step if resume else 0)} steps in {elapsed:.1f} s "
+          f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
+          + (f", {summary.skipped_steps} skipped" if summary.skipped_steps else ""), flush=True)
+    return 0 if all(math.isfinite(h["val_loss"]) for h in summary.history
+                    if "val_loss" in h) else 1
+
+
+def _resumed_settings(resume, given: dict, args):
+    """The checkpoint's settings; flags that would change them are refused (the result would
+    no longer equal an uninterrupted run), output flags may change."""
+    from .train import TrainSettings
+    saved = dict(resume.settings)
+    conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.get(k)})"
+                 for k, v in given.items() if k in _SETTING_FLAGS and saved.get(k) != v]
+    conflicts += [f"--{k.replace('_', '-')} {v} (checkpoint: {resume.config.get(k)})"
+                  for k, v in given.items() if k in _MODEL_FLAGS and resume.config.get(k) != v]
+    if conflicts:
+        raise UsageError("--resume continues the saved run unchanged; drop "
+                         + ", ".join(conflicts))
+    if args.log_csv is not None:
+        saved["log_csv"] = args.log_csv
+    if args.checkpoint_every is not None:
+        saved["checkpoint_every"] = args.checkpoint_every
+    return TrainSettings.from_dict(saved)
+
+
+def _check_same_data(resume, corpus) -> None:
+    saved = resume.extra.get("data", {})
+    now = corpus.describe()
+    for key in ("train_tokens", "val_tokens"):
+        if key in saved and saved[key] != now[key]:
+            raise UsageError(f"--resume: the data differs from the checkpoint's ({key} "
+                             f"{now[key]} vs {saved[key]}); pass the same --data")
+
+
+class Corpus:
+    """Training and validation `Batches`, the tokenizer, and how to turn nats/token into
+    bits/byte: bpb = nats * tokens / bytes / ln 2 (tokens/bytes of the validation text)."""
+
+    def __init__(self, name, sources, train, val, tokenizer, val_text_bytes):
+        self.name, self.sources = name, sources
+        self.train, self.val, self.tokenizer = train, val, tokenizer
+        self.val_text_bytes = val_text_bytes
+
+    def bits_per_byte(self, nats_per_token: float) -> float:
+        import math
+        tokens_per_byte = (self.val.token_count() / self.val_text_bytes
+                           if self.val_text_bytes else 1.0)
+        return nats_per_token * tokens_per_byte / math.log(2)
+
+    def describe(self) -> dict:
+        return {"sources": self.sources, "train_tokens": int(self.train.token_count()),
+                "val_tokens": int(self.val.token_count())}
+
+
+def load_corpus(sources, seq_len: int) -> Corpus:
+    """Read --data: one `glassllm prepare` directory, text files/directories (bytes, byte
+    tokenizer, last 10% held out), or None for the standard-library corpus.
+
+    Raises:
+        FileNotFoundError: a path does not exist. UsageError: no text, or too little of it
+            for seq_len.
+    """
+    import numpy as np
+
+    from .data import ArrayBatches, TokenFile, list_text_files
+    from .tokenizer import ByteTokenizer
+
+    if sources and len(sources) == 1 and os.path.isdir(sources[0]) and \
+            os.path.exists(os.path.join(sources[0], "train.bin")):
+        train = TokenFile(os.path.join(sources[0], "train.bin"))
+        val = TokenFile(os.path.join(sources[0], "val.bin"))
+        _check_long_enough(train.token_count(), val.token_count(), seq_len, sources[0])
+        return Corpus(sources[0], [os.path.abspath(sources[0])], train, val, train.tokenizer(),
+                      val.text_bytes)
+    if sources:
+        files = list_text_files(sources)
+        text = b"".join(_read_bytes(f) for f in files)
+        name = files[0] if len(files) == 1 else f"{len(files)} files"
+    else:
+        files, text = stdlib_corpus()
+        name = f"Python standard library source ({len(files)} .py files, {len(text):,} bytes)"
+    ids = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
+    n_val = int(len(ids) * VAL_FRACTION)
+    _check_long_enough(len(ids) - n_val, n_val, seq_len, name)
+    return Corpus(name, [os.path.abspath(f) for f in files] if sources else None,
+                  ArrayBatches(ids[:len(ids) - n_val]), ArrayBatches(ids[len(ids) - n_val:]),
+                  ByteTokenizer(), n_val)
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _check_long_enough(n_train: int, n_val: int, seq_len: int, name: str) -> None:
+    if min(n_train, n_val) <= seq_len:
+        raise UsageError(f"{name}: too little text for --seq-len {seq_len} ({n_train} training "
+                         f"and {n_val} validation tokens; each needs more than {seq_len})")
+
+
+def stdlib_corpus(cap_bytes: int = STDLIB_CORPUS_BYTES) -> tuple[list[str], bytes]:
+    """The default corpus: the standard library's own .py files (from
+    `sysconfig.get_paths()["stdlib"]`), in sorted path order, concatenated and cut at
+    `cap_bytes`. Installed packages (site-/dist-packages) and caches are left out. Real code,
+    on every machine, with no download.
+
+    Raises:
+        UsageError: no .py file found (a Python installed without its sources).
+    """
+    import sysconfig
+    root = sysconfig.get_paths()["stdlib"]
+    paths = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "dist-packages",
+                                                      "__pycache__") and not d.startswith("."))
+        paths += [os.path.join(folder, n) for n in sorted(names) if n.endswith(".py")]
+    paths.sort(key=lambda p: os.path.relpath(p, root))
+    files, chunks, size = [], [], 0
+    for path in paths:
+        if size >= cap_bytes:
+            break
+        try:
+            data = _read_bytes(path)[:cap_bytes - size]
+        except OSError:
+            continue  # an unreadable file is skipped: the corpus is a sample anyway
+        files.append(path)
+        chunks.append(data)
+        size += len(data)
+    if not chunks:
+        raise UsageError(f"no .py files under {root} (Python installed without its sources?); "
+                         "pass --data FILE")
+    return files, b"".join(chunks)
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr,
+                mininterval=0.5)
+
+
+def _write_history_csv(path: str, history: list[dict]) -> None:
+    """history.csv (step,train_loss,val_loss,lr), one row per update, written atomically:
+    train_loss is that update's batch loss, val_loss is empty except at evaluations."""
+    import csv
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "train_loss", "val_loss", "lr"])
+        for h in history:
+            w.writerow([h["step"], "" if h["loss"] is None else repr(h["loss"]),
+                        repr(h["val_loss"]) if "val_loss" in h else "", repr(h["lr"])])
+    os.replace(tmp, path)
+
+
+def _plot(history_csv: str, png: str) -> str | None:
+    """loss.png from the history, or None if plotting is unavailable or fails (the run's
+    results are already saved; a missing picture must not turn success into an error)."""
+    try:
+        from .plots import plot_history
+        return plot_history(history_csv, png)
+    except Exception:  # noqa: BLE001 -- matplotlib backends fail in many ways
+        return None
 
 
 def load_model_and_tokenizer(path):
-    """(GlassLM, tokenizer) from a glassllm model file (see `glassllm.files`).
+    """(GlassLM, tokenizer) from a glassllm model file (see `glassllm.files`), or from a
+    Hugging Face checkpoint directory, one holding config.json (see `glassllm.hf`).
 
-    Raises FileNotFoundError / IsADirectoryError / ValueError as `files.load` does.
+    Raises FileNotFoundError / IsADirectoryError / ValueError as `files.load`, `hf.from_hf`
+    and `hf.tokenizer_from_hf` do.
     """
-    from . import files
+    from . import files, hf
+    if hf.is_hf_dir(path):
+        model = hf.from_hf(path)
+        return model, hf.tokenizer_from_hf(path, model.cfg.vocab_size)
     return files.load(path), files.load_tokenizer(path)
 
 
@@ -43,7 +376,9 @@ def add_generate(sub) -> None:
         description="Continue a prompt with a saved model, printing text as it is produced. "
                     "Stops after --max-new-tokens tokens or at the end-of-text token.")
     p.add_argument("--model", required=True, metavar="PATH",
-                   help="model file written by `glassllm train` (glassllm safetensors)")
+                   help="model file written by `glassllm train` (glassllm safetensors), or a "
+                        "Hugging Face GPT-2/Llama directory (config.json + model.safetensors, "
+                        "tokenizer from vocab.json + merges.txt or tokenizer.json)")
     p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
                    help="most tokens to generate (default 200)")
@@ -165,7 +500,59 @@ def run_plot(args) -> int:
     return 0
 
 
-SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot]
+# --------------------------------------------------------------------------------- convert
+def add_convert(sub) -> None:
+    p = sub.add_parser(
+        "convert", help="import/export Hugging Face GPT-2 and Llama checkpoints",
+        description="--from-hf DIR --out FILE: a transformers checkpoint directory (config.json "
+                    "+ model.safetensors, GPT2LMHeadModel or LlamaForCausalLM) to a glassllm "
+                    "model file, with the directory's tokenizer. --model FILE --to-hf DIR: the "
+                    "reverse; transformers' from_pretrained(DIR) then gives the same logits.")
+    p.add_argument("--from-hf", metavar="DIR", help="Hugging Face checkpoint directory to read")
+    p.add_argument("--out", metavar="FILE", help="glassllm model file to write (with --from-hf)")
+    p.add_argument("--model", metavar="FILE", help="glassllm model file to read (with --to-hf)")
+    p.add_argument("--to-hf", metavar="DIR", help="Hugging Face directory to write (with --model)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="with --from-hf: tokenizer to store when DIR has none (tokenizer JSON, "
+                        "or a directory with vocab.json + merges.txt)")
+    p.add_argument("--max-len", type=int, metavar="T",
+                   help="with --from-hf: a shorter context than the checkpoint's")
+    p.set_defaults(func=run_convert)
+
+
+def run_convert(args) -> int:
+    from . import files, hf
+    from .tokenizer import load_tokenizer
+
+    importing = (args.from_hf, args.out)
+    exporting = (args.model, args.to_hf)
+    if all(importing) and not any(exporting):
+        if os.path.isdir(args.out):
+            raise UsageError(f"--out {args.out} is a directory; give a file path")
+        model = hf.from_hf(args.from_hf, max_len=args.max_len)
+        if args.tokenizer:
+            tokenizer = load_tokenizer(args.tokenizer)
+        else:
+            tokenizer = hf.tokenizer_from_hf(args.from_hf, model.cfg.vocab_size)
+        files.save(model, args.out, tokenizer)
+        src, dst = args.from_hf, args.out
+    elif all(exporting) and not any(importing) and args.tokenizer is None \
+            and args.max_len is None:
+        model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
+        hf.to_hf(model, args.to_hf, tokenizer)
+        src, dst = args.model, args.to_hf
+    else:
+        raise UsageError("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T]"
+                         " or --model FILE --to-hf DIR")
+    cfg = model.cfg
+    print(f"{src} -> {dst}: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} layers, "
+          f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), vocab {cfg.vocab_size}, "
+          f"{sum(p.size for p in model.parameters()):,} parameters; tokenizer "
+          f"{json.loads(tokenizer.to_json())['type']}", flush=True)
+    return 0
+
+
+SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert]
 
 
 def build_parser() -> argparse.ArgumentParser:
