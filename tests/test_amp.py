@@ -286,3 +286,23 @@ def test_invalid_scaler_settings_raise():
         amp.GradScaler(backoff_factor=1.5)
     with pytest.raises(ValueError, match="growth_interval"):
         amp.GradScaler(growth_interval=0)
+
+
+def test_fast_float16_rounding_is_bit_identical_to_numpys_cast():
+    rng = np.random.default_rng(0)
+    random_bits = rng.integers(0, 2 ** 32, size=200_000, dtype=np.uint64).astype(np.uint32)
+    # every finite float16 value, the midpoints between neighbours (ties) and one float32 ulp
+    # either side of them, the overflow boundary, subnormals, zeros, infinities
+    h = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    h = np.sort(h[np.isfinite(h)])
+    mid = ((h[:-1].astype(np.float64) + h[1:]) / 2).astype(np.float32)
+    x = np.concatenate([random_bits.view(np.float32), h, mid,
+                        np.nextafter(mid, np.float32(np.inf)), np.nextafter(mid, np.float32(-np.inf)),
+                        np.float32([65504, 65519.996, 65520, -65520, 1e30, np.inf, -np.inf, np.nan,
+                                    0.0, -0.0, 2 ** -25, -(2 ** -25), 3 * 2 ** -26, 2 ** -24])])
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = x.astype(np.float16).astype(np.float32)
+    out = amp.round_to(x, np.dtype(np.float16))
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(out), nan)
+    np.testing.assert_array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32))

@@ -270,3 +270,16 @@ def test_skip_rate_alert_fires_on_forced_nonfinite_grads_and_not_on_a_clean_run(
     # rolling rate: step 3 -> 1/4 = 0.25 > 0.2 (first step above), 4 -> 2/5, 5 -> 3/5,
     # 6 -> 4/5, 7 -> 5/5 (window of 5): the 5th consecutive step above the limit is step 7
     assert err.value.step == 7 and err.value.rate == 1.0
+
+
+def test_amp_demo_prints_a_skip_where_the_scale_halves(capsys):
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "examples" / "amp_demo.py"
+    spec = importlib.util.spec_from_file_location("amp_demo", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.main(["--steps", "8", "--inject-step", "5"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line[:4] in ("STEP", "SKIP")]
+    assert [line[:4] for line in lines] == ["STEP"] * 5 + ["SKIP"] + ["STEP"] * 2
+    assert "scale 65536 -> 32768" in lines[5] and "unchanged: True" in lines[5]
+    assert lines[6].endswith("scale 32768")
