@@ -403,3 +403,120 @@ def test_config_defaults_and_rope_theta_sources():
     cfg = hf.config_from_hf(GPT2_BASE)
     assert (cfg.d_ff, cfg.norm_eps, cfg.tie_embeddings) == (256, 1e-5, True)
     assert hf.config_from_hf({**GPT2_BASE, "activation_function": "gelu_pytorch_tanh"}) == cfg
+
+
+# --------------------------------------------------------------------------- tokenizer and CLI
+WORDS = ("the model reads tokens and predicts the next one; attention mixes positions, "
+         "layers stack blocks, gradients flow backward through every fused operation while "
+         "weights load from checkpoints quickly").split()
+TEXT = " ".join(np.random.default_rng(0).choice(WORDS, 3000)) + "\n"
+PROMPT = "the model reads"
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    from glassllm.tokenizer import BPETokenizer
+    tok = BPETokenizer.train([TEXT], V)
+    assert tok.vocab_size == V
+    return tok
+
+
+@pytest.fixture
+def gpt2_dir_with_tokenizer(tmp_path, gpt2_checkpoint, bpe):
+    """The saved tiny GPT-2 plus GPT-2-style vocab.json + merges.txt of a 300-id BPE."""
+    _, model, _, glass = gpt2_checkpoint
+    directory = tmp_path / "gpt2_tok"
+    model.save_pretrained(directory)
+    bpe._tok.model.save(str(directory))  # the tokenizers library writes vocab.json, merges.txt
+    assert (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file()
+    return directory
+
+
+def run_cli(capsys, *argv):
+    from glassllm.cli import main
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tokenizer_from_hf_dir(gpt2_dir_with_tokenizer, bpe, tmp_path):
+    tok = hf.tokenizer_from_hf(gpt2_dir_with_tokenizer, vocab_size=V)
+    np.testing.assert_array_equal(tok.encode(TEXT), bpe.encode(TEXT))
+    with pytest.raises(ValueError, match="more than"):
+        hf.tokenizer_from_hf(gpt2_dir_with_tokenizer, vocab_size=V - 1)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        hf.tokenizer_from_hf(empty, vocab_size=V)
+    assert hf.tokenizer_from_hf(empty, vocab_size=257).vocab_size == 257  # byte tokenizer
+
+
+def test_cli_convert_both_ways(tmp_path, capsys, gpt2_dir_with_tokenizer, gpt2_checkpoint, bpe):
+    from glassllm import files
+    _, _, _, glass = gpt2_checkpoint
+    out = tmp_path / "imported.safetensors"
+    code, stdout, _ = run_cli(capsys, "convert", "--from-hf", gpt2_dir_with_tokenizer,
+                              "--out", out)
+    assert code == 0 and "gpt2 model" in stdout and "tokenizer bpe" in stdout
+    loaded = files.load(out).state_dict()
+    for name, value in glass.state_dict().items():
+        np.testing.assert_array_equal(loaded[name], value, err_msg=name)
+    np.testing.assert_array_equal(files.load_tokenizer(out).encode(TEXT), bpe.encode(TEXT))
+
+    exported = tmp_path / "exported"
+    code, stdout, _ = run_cli(capsys, "convert", "--model", out, "--to-hf", exported)
+    assert code == 0
+    assert sorted(p.name for p in exported.iterdir()) == \
+        ["config.json", "model.safetensors", "tokenizer.json"]
+    assert json.loads((exported / "config.json").read_text())["eos_token_id"] == bpe.eot_id
+    np.testing.assert_array_equal(hf.tokenizer_from_hf(exported, V).encode(TEXT),
+                                  bpe.encode(TEXT))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        exported, attn_implementation="eager").eval()
+    idx = batch(10)
+    want = glass(idx).data
+    assert np.abs(hf_logits(theirs, idx) - want).max() <= tolerance(want)
+
+
+def test_cli_generate_from_hf_directory(capsys, gpt2_dir_with_tokenizer, gpt2_checkpoint, bpe):
+    _, model, _, _ = gpt2_checkpoint
+    ids = [int(i) for i in bpe.encode(PROMPT)]
+    new = []
+    for _ in range(10):  # transformers' greedy choice, stopping at end-of-text as the CLI does
+        token = int(hf_logits(model, np.array([ids + new]))[0, -1].argmax())
+        if token == bpe.eot_id:
+            break
+        new.append(token)
+    assert len(new) >= 3, "greedy hit end-of-text at once: the test would check little"
+    code, stdout, _ = run_cli(capsys, "generate", "--model", gpt2_dir_with_tokenizer,
+                              "--prompt", PROMPT, "--max-new-tokens", 10, "--temperature", 0)
+    assert code == 0
+    assert stdout == PROMPT + bpe.decode(new) + "\n"
+
+
+def test_cli_byte_model_round_trip(tmp_path, capsys):
+    """A byte-level glassllm model exported to HF needs no tokenizer file to generate."""
+    from glassllm import files
+    model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)
+    files.save(model, tmp_path / "m.safetensors")
+    code, _, _ = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors",
+                         "--to-hf", tmp_path / "hf")
+    assert code == 0 and not (tmp_path / "hf" / "tokenizer.json").exists()
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == 256
+    args = ("--prompt", "ab", "--max-new-tokens", 6, "--temperature", 0)
+    code, from_file, _ = run_cli(capsys, "generate", "--model", tmp_path / "m.safetensors", *args)
+    code2, from_dir, _ = run_cli(capsys, "generate", "--model", tmp_path / "hf", *args)
+    assert code == code2 == 0 and from_dir == from_file and from_dir.startswith("ab")
+
+
+def test_cli_convert_errors(tmp_path, capsys, gpt2_checkpoint):
+    _, _, directory, _ = gpt2_checkpoint
+    code, _, err = run_cli(capsys, "convert", "--from-hf", directory)
+    assert code == 2 and "either --from-hf DIR --out FILE" in err
+    code, _, err = run_cli(capsys, "convert", "--from-hf", tmp_path, "--out", tmp_path / "x")
+    assert code == 2 and "config.json" in err
+    # vocab 300 and no tokenizer files: refused rather than saved with a wrong tokenizer
+    code, _, err = run_cli(capsys, "convert", "--from-hf", directory, "--out", tmp_path / "y")
+    assert code == 2 and "no tokenizer" in err and not (tmp_path / "y").exists()
+    code, _, err = run_cli(capsys, "generate", "--model", directory, "--prompt", "a")
+    assert code == 2 and "no tokenizer" in err

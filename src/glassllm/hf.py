@@ -35,6 +35,7 @@ from .model import Config, GlassLM
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILE = "tokenizer.json"
 
 # Buffers older transformers versions saved next to the weights; they hold no learned values
 # (GPT-2's causal mask, Llama's rotary frequencies), so reading skips them.
@@ -82,46 +83,80 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
     return model
 
 
-def to_hf(model: GlassLM, out_dir) -> Path:
+def to_hf(model: GlassLM, out_dir, tokenizer=None) -> Path:
     """Write `model` as a Hugging Face checkpoint: `out_dir/config.json` + `model.safetensors`.
 
     `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` then builds a
     `GPT2LMHeadModel` (family gpt2) or `LlamaForCausalLM` (family llama) with the same logits.
-    Each file is written to a temporary name and moved into place (atomic per file). Dropout
-    probabilities are written as 0, since glassllm has none: continued training in PyTorch
-    starts from the same function.
+    Dropout probabilities are written as 0, since glassllm has none: continued training in
+    PyTorch starts from the same function.
+
+    Args:
+        model: the GlassLM to export.
+        out_dir: directory, created if needed; its other files are left as they are.
+        tokenizer: optional. A `BPETokenizer` is written as `tokenizer.json` (the `tokenizers`
+            library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
+            it from vocab_size 257). Its `eot_id` becomes the config's bos/eos_token_id.
+
+    Each file is written to a temporary name and moved into place (atomic per file);
+    config.json comes last, so a directory with it holds a complete checkpoint.
 
     Returns:
-        Path of out_dir (created if needed).
+        Path of out_dir.
 
     Raises:
         ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none).
     """
     cfg = model.cfg
     hf_config = config_to_hf(cfg)
+    if tokenizer is not None:
+        hf_config["bos_token_id"] = hf_config["eos_token_id"] = int(tokenizer.eot_id)
     tensors = _state_to_hf(cfg, model.state_dict())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _atomic_write(out / WEIGHTS_FILE,
                   lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    spec = json.loads(tokenizer.to_json()) if tokenizer is not None else {}
+    if spec.get("type") == "bpe":  # glassllm wraps the tokenizers-library JSON; unwrap it
+        text = json.dumps(spec["tokenizer"], ensure_ascii=False)
+        _atomic_write(out / TOKENIZER_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
     _atomic_write(out / CONFIG_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return out
 
 
-def tokenizer_from_hf(path):
-    """The GPT-2 BPE tokenizer stored beside a checkpoint, or None if there is none.
+def tokenizer_from_hf(path, vocab_size: int | None = None):
+    """The tokenizer that goes with a checkpoint directory.
 
-    Looks for `vocab.json` + `merges.txt` (GPT-2's files) in the checkpoint directory and
-    builds `glassllm.tokenizer.BPETokenizer.from_gpt2_files` from them.
+    Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json` (a
+    byte-level BPE with an "<|endoftext|>" token, as `to_hf` writes), both read by
+    `glassllm.tokenizer.load_tokenizer`. With neither, a model of vocab_size 257 gets the
+    `ByteTokenizer` (a byte-level glassllm model exported by `to_hf` has no tokenizer file).
+
+    Args:
+        path: the checkpoint directory (or a file inside it).
+        vocab_size: the model's; checked against the tokenizer's (None: no check, and no
+            ByteTokenizer fallback).
+
+    Raises:
+        FileNotFoundError: no tokenizer files and vocab_size is not 257.
+        ValueError: unreadable tokenizer files, or a tokenizer with more ids than vocab_size.
     """
-    from .tokenizer import BPETokenizer  # written with the BPE trainer (issue 4)
+    from .tokenizer import ByteTokenizer, load_tokenizer
 
     directory = _checkpoint_dir(path)
-    vocab, merges = directory / "vocab.json", directory / "merges.txt"
-    if vocab.is_file() and merges.is_file():
-        return BPETokenizer.from_gpt2_files(vocab, merges)
-    return None
+    gpt2_files = (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file()
+    if gpt2_files or (directory / TOKENIZER_FILE).is_file():
+        tokenizer = load_tokenizer(directory)
+    elif vocab_size == ByteTokenizer.vocab_size:
+        tokenizer = ByteTokenizer()
+    else:
+        raise FileNotFoundError(f"{directory}: no tokenizer (vocab.json + merges.txt, or "
+                                f"{TOKENIZER_FILE}) for a model of vocab_size {vocab_size}")
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
+        raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids, more than "
+                         f"the model's vocab_size {vocab_size}")
+    return tokenizer
 
 
 # --------------------------------------------------------------------------- configs
