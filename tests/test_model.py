@@ -166,7 +166,8 @@ def test_ids_outside_vocab_raise_value_error_saying_which(family):
 def test_sequence_longer_than_max_len_raises_value_error_naming_max_len():
     cfg = small_config()
     model = GlassLM(cfg)
-    with pytest.raises(ValueError, match=rf"sequence length {cfg.max_len + 1}.*max_len={cfg.max_len}"):
+    too_long = rf"sequence length {cfg.max_len + 1}.*max_len={cfg.max_len}"
+    with pytest.raises(ValueError, match=too_long):
         model(np.zeros(cfg.max_len + 1, dtype=np.int64))
     model(np.zeros(cfg.max_len, dtype=np.int64))  # exactly max_len is fine
 

@@ -5,13 +5,11 @@ Each test is headed by the sentence of ../shared/spec/001_*.txt it checks. Model
 """
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 
 import glassllm.train as train_module
-from glassllm import Config, GlassLM, Tensor
+from glassllm import Config, GlassLM
 from glassllm.optim import AdamW, clip_grad_norm, lr_schedule
 from glassllm.tensor import is_grad_enabled
 from glassllm.train import evaluate, get_batch, train
