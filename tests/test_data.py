@@ -253,12 +253,12 @@ def test_prepare_without_validation_and_errors(tmp_path):
     with pytest.raises(ValueError, match="bpe:N"):
         prepare([src], tmp_path / "o", "bpe:many")
     bad = tmp_path / "bad.txt"
-    bad.write_bytes(b"good line\n" * 5 + b"\xff\xfe oops\n")
-    before = (tmp_path / "o" / "train.bin").read_bytes()
+    bad.write_bytes(b"good line\n" * 5 + b"\xff\xfe oops\n")  # the bad bytes land in val
+    before = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}
     with pytest.raises(ValueError, match="not UTF-8.*offset 50"):
-        prepare([bad], tmp_path / "o", val_fraction=0.0, chunk_bytes=16)
-    assert (tmp_path / "o" / "train.bin").read_bytes() == before  # old output kept
-    assert not list((tmp_path / "o").glob("*.tmp"))
+        prepare([bad], tmp_path / "o", val_fraction=0.2, chunk_bytes=16)
+    # Nothing published: train.bin (which had succeeded) and val.bin are the old ones.
+    assert {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()} == before
 
 
 def test_prepare_bpe_trains_saves_and_encodes(tmp_path):

@@ -536,17 +536,16 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
             raise ValueError(f"unknown tokenizer {tokenizer!r}: use byte, bpe:N or a path")
 
     os.makedirs(out_dir, exist_ok=True)
-    if isinstance(tokenizer, BPETokenizer):
-        tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
     eot = np.array([tokenizer.eot_id])
     done = 0
-    metas = {}
-    for name, ranges in (("train", [(p, 0, c) for p, c, _ in splits]),
-                         ("val", [(p, c, s) for p, c, s in splits])):
-        used = [r for r in ranges if r[2] > r[1]]
-        writer = TokenWriter(os.path.join(out_dir, f"{name}.bin"), tokenizer,
-                             sources=[p for p, _, _ in used])
-        try:
+    writers = []
+    try:  # both splits go to temp files; nothing is published unless both succeed
+        for name, ranges in (("train", [(p, 0, c) for p, c, _ in splits]),
+                             ("val", [(p, c, s) for p, c, s in splits])):
+            used = [r for r in ranges if r[2] > r[1]]
+            writer = TokenWriter(os.path.join(out_dir, f"{name}.bin"), tokenizer,
+                                 sources=[p for p, _, _ in used])
+            writers.append(writer)
             for k, (path, start, end) in enumerate(used):
                 if k:
                     writer.append(eot)
@@ -554,9 +553,12 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
                     writer.append(tokenizer.encode(text), text_bytes=n)
                     done += n
                     report(Progress("tokenize", done, total))
-        except BaseException:  # Ctrl-C included: leave no temp file, keep old outputs
+    except BaseException:  # Ctrl-C included: leave no temp file, keep old outputs
+        for writer in writers:
             writer.abort()
-            raise
-        metas[name] = writer.close()
+        raise
+    metas = {"train": writers[0].close(), "val": writers[1].close()}
+    if isinstance(tokenizer, BPETokenizer):
+        tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
     return {"train": metas["train"], "val": metas["val"], "tokenizer": tokenizer,
             "files": files}
