@@ -1,0 +1,69 @@
+"""The machine's float32 matrix-multiply speed, for NumPy and for torch, in GFLOP/s.
+
+    python bench/peak.py                 # square sizes 512..4096 plus the M config's shapes
+    python bench/peak.py --sizes 2048    # one size
+
+A GEMM of (m, k) @ (k, n) is 2 m k n FLOPs. Each timing is the best of `--repeats` calls
+(the best, not the median: this is the ceiling the training benches are compared with).
+The peak used for MFU is the best number either side reaches.
+"""
+from __future__ import annotations
+
+import common  # noqa: F401  (first: environment fix-up before numpy)
+
+import argparse
+import time
+
+import numpy as np
+
+
+def best_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: thread pools, page faults
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def gemm_gflops(m: int, k: int, n: int, repeats: int = 5) -> dict:
+    """GFLOP/s of float32 (m,k)@(k,n) for numpy and torch."""
+    import torch
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    out = np.empty((m, n), dtype=np.float32)
+    ta, tb, tout = torch.from_numpy(a.copy()), torch.from_numpy(b.copy()), torch.empty(m, n)
+    flops = 2.0 * m * k * n
+    t_np = best_seconds(lambda: np.matmul(a, b, out=out), repeats)
+    t_torch = best_seconds(lambda: torch.matmul(ta, tb, out=tout), repeats)
+    return {"numpy": flops / t_np / 1e9, "torch": flops / t_torch / 1e9}
+
+
+def measure_peak(sizes=(2048,), repeats: int = 5) -> float:
+    """Best GFLOP/s of either side over square GEMMs of `sizes`."""
+    return max(max(gemm_gflops(s, s, s, repeats).values()) for s in sizes)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    common.set_threads()
+    print(common.blas_report())
+    shapes = [(s, s, s) for s in args.sizes]
+    # The M config's training GEMMs (N = B*T = 2048 rows): MLP up/down, attention q.
+    shapes += [(2048, 384, 1024), (2048, 1024, 384), (2048, 384, 384)]
+    print(f"\n{'m x k x n':>20} {'numpy GFLOP/s':>14} {'torch GFLOP/s':>14}")
+    best = 0.0
+    for m, k, n in shapes:
+        r = gemm_gflops(m, k, n, args.repeats)
+        best = max(best, r["numpy"], r["torch"])
+        print(f"{f'{m}x{k}x{n}':>20} {r['numpy']:14.1f} {r['torch']:14.1f}")
+    print(f"\npeak float32 matmul: {best:.1f} GFLOP/s (best of both sides)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Where a glassllm training step spends its time: pyinstrument over a few steps.
+
+    python bench/profile_train.py --config M --steps 3            # call tree, all cores
+    python bench/profile_train.py --config S --threads 1 --ops    # per-op CPU-time table
+
+`--ops` times each fused op's forward and backward separately with the CPU clock of this
+process (time.process_time), which other processes on a shared machine disturb far less than
+wall time; with --threads 1 it is close to the single-core cost of each op.
+"""
+from __future__ import annotations
+
+import common  # noqa: F401  (first: environment fix-up before numpy)
+
+import argparse
+import collections
+import functools
+import time
+
+import threadpoolctl
+
+from glassllm import functional as F
+from glassllm.model import Config, GlassLM
+from train_speed import glassllm_stepper, make_batches
+
+OPS = ("linear", "unembed", "embedding", "rms_norm", "layer_norm", "swiglu", "gelu", "rope",
+       "causal_attention", "cross_entropy")
+
+
+def instrument_ops(totals):
+    """Wrap each fused op (and its backward closure) to add CPU seconds to totals[name]."""
+    from glassllm import tensor
+    original_from_op = tensor.Tensor.from_op
+    current = []
+
+    def timed(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            t0 = time.process_time()
+            current.append(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                current.pop()
+                totals[name] += time.process_time() - t0
+        return wrapper
+
+    def from_op(data, parents, backward):
+        if current:
+            backward = timed(current[-1] + " backward", backward)
+        return original_from_op(data, parents, backward)
+
+    tensor.Tensor.from_op = staticmethod(from_op)
+    import glassllm.model as model_module
+    import glassllm.nn as nn_module
+    for name in OPS:
+        if hasattr(F, name):
+            wrapped = timed(name, getattr(F, name))
+            setattr(F, name, wrapped)
+    # model.py and nn.py call F.<op> through the module, so patching F is enough.
+    assert model_module.F is F and nn_module.F is F
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=sorted(common.CONFIGS), default="M")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--ops", action="store_true", help="per-op CPU time instead of a tree")
+    args = parser.parse_args()
+    spec = common.CONFIGS[args.config]
+    cfg = Config(**spec["model"])
+    batches = make_batches(cfg, spec["batch"], spec["seq"], args.steps + 1)
+    with threadpoolctl.threadpool_limits(args.threads):
+        totals = collections.Counter()
+        if args.ops:
+            instrument_ops(totals)
+        model = GlassLM(cfg, seed=0)
+        step = glassllm_stepper(model)
+        step(*batches[0])  # warm-up
+        totals.clear()
+        if args.ops:
+            t_all = time.process_time()
+            for x, y in batches[1:]:
+                step(x, y)
+            t_all = time.process_time() - t_all
+            print(f"{args.config}: {t_all / args.steps:.3f} CPU s per step")
+            for name, t in totals.most_common():
+                print(f"  {name:28s} {t / args.steps:8.4f} s  {t / t_all:6.1%}")
+            rest = t_all - sum(totals.values())
+            print(f"  {'everything else':28s} {rest / args.steps:8.4f} s  {rest / t_all:6.1%}")
+            return
+        import pyinstrument
+        profiler = pyinstrument.Profiler(interval=0.001)
+        profiler.start()
+        for x, y in batches[1:]:
+            step(x, y)
+        profiler.stop()
+        print(profiler.output_text(unicode=False, color=False, show_all=False))
+
+
+if __name__ == "__main__":
+    main()
