@@ -263,6 +263,9 @@ def test_sharded_checkpoint(tmp_path, gpt2_checkpoint):
     sharded = hf.from_hf(tmp_path).state_dict()
     for name, value in glass.state_dict().items():
         np.testing.assert_array_equal(sharded[name], value, err_msg=name)
+    (tmp_path / shards[-1]).unlink()
+    with pytest.raises(FileNotFoundError, match=shards[-1]):
+        hf.from_hf(tmp_path)
 
 
 def test_bfloat16_checkpoint_is_upcast(tmp_path):
@@ -319,15 +322,15 @@ def test_directory_without_config(tmp_path):
         hf.from_hf(tmp_path / "nowhere")
 
 
-def test_config_without_weights(tmp_path, hf_checkpoint):
-    _, _, directory, _ = hf_checkpoint
+def test_config_without_weights(tmp_path, gpt2_checkpoint):
+    _, _, directory, _ = gpt2_checkpoint
     (tmp_path / "config.json").write_text((directory / "config.json").read_text())
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         hf.from_hf(tmp_path)
 
 
-def test_unknown_model_type(tmp_path, hf_checkpoint):
-    _, _, directory, _ = hf_checkpoint
+def test_unknown_model_type(tmp_path, gpt2_checkpoint):
+    _, _, directory, _ = gpt2_checkpoint
     bad = copy_checkpoint(directory, tmp_path / "m",
                           edit_config=lambda c: c.update(model_type="mistral"))
     with pytest.raises(ValueError, match="model_type 'mistral'"):
@@ -355,11 +358,11 @@ def test_missing_and_unexpected_tensors(tmp_path, hf_checkpoint):
         hf.from_hf(extra)
 
 
-def test_corrupt_weights_file(tmp_path, hf_checkpoint):
-    _, _, directory, _ = hf_checkpoint
+def test_corrupt_weights_file(tmp_path, gpt2_checkpoint):
+    _, _, directory, _ = gpt2_checkpoint
     (tmp_path / "config.json").write_text((directory / "config.json").read_text())
     (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    with pytest.raises(ValueError, match="safetensors"):
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
         hf.from_hf(tmp_path)
 
 

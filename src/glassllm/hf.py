@@ -67,18 +67,16 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
             a missing or unexpected tensor, a tensor whose shape differs from the config's.
     """
     directory = _checkpoint_dir(path)
-    hf_config = _read_config(directory)
-    cfg = config_from_hf(hf_config)
-    tensors = read_tensors(directory)
-    state = _state_from_hf(cfg, tensors, directory)
-    if max_len is not None and max_len != cfg.max_len:
-        if not 0 < max_len <= cfg.max_len:
-            raise ValueError(f"from_hf: max_len={max_len} must be in [1, {cfg.max_len}] "
-                             f"(the checkpoint's context length)")
-        cfg = Config.from_dict({**cfg.to_dict(), "max_len": max_len})
-        if cfg.family == "gpt2":
-            state["position_embedding.weight"] = state["position_embedding.weight"][:max_len]
+    cfg = config_from_hf(_read_config(directory))
+    stored_len = cfg.max_len
+    if max_len is not None and max_len != stored_len:
+        if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) \
+                or not 0 < max_len <= stored_len:
+            raise ValueError(f"from_hf: max_len={max_len!r} must be an integer in "
+                             f"[1, {stored_len}] (the checkpoint's context length)")
+        cfg = Config.from_dict({**cfg.to_dict(), "max_len": int(max_len)})
     model = GlassLM(cfg)
+    state = _state_from_hf(model, read_tensors(directory), directory, stored_len)
     model.load_state_dict(state)
     return model
 
@@ -318,14 +316,22 @@ def _qkv_names(i: int) -> list[str]:
     return [f"blocks.{i}.attention.{n}" for n in ("query", "key", "value")]
 
 
-def _state_from_hf(cfg: Config, tensors: dict[str, np.ndarray], where: Path) -> dict:
-    """glassllm state dict (float32, glassllm layouts) from HF tensors, checking every shape."""
+def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
+                   stored_len: int) -> dict:
+    """State dict for `model` (float32, glassllm layouts) from HF tensors, every shape checked.
+
+    stored_len: the checkpoint's context length; GPT-2 keeps the first model.cfg.max_len rows
+    of its stored position embeddings.
+    """
+    cfg = model.cfg
     if cfg.family == "gpt2":  # the original OpenAI upload has no "transformer." prefix
         tensors = {k.removeprefix("transformer."): v for k, v in tensors.items()}
     tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
     if cfg.tie_embeddings:  # transformers ties lm_head to the embedding; a stored copy is unused
         tensors.pop("lm_head.weight", None)
-    shapes = {name: p.shape for name, p in GlassLM(cfg).named_parameters()}  # expected shapes
+    shapes = {name: p.shape for name, p in model.named_parameters()}  # expected shapes
+    if cfg.family == "gpt2":
+        shapes["position_embedding.weight"] = (stored_len, cfg.d_model)
     used: set[str] = set()
 
     def take(name: str, shape: tuple) -> np.ndarray:
@@ -351,6 +357,8 @@ def _state_from_hf(cfg: Config, tensors: dict[str, np.ndarray], where: Path) -> 
             for ours, w, b in zip(_qkv_names(i), np.split(weight, 3, axis=1),
                                   np.split(bias, 3)):
                 state[f"{ours}.weight"], state[f"{ours}.bias"] = w, b
+    if cfg.family == "gpt2":
+        state["position_embedding.weight"] = state["position_embedding.weight"][:cfg.max_len]
     unexpected = sorted(set(tensors) - used)
     if unexpected:
         raise ValueError(f"{where}: unexpected tensor(s) {unexpected[:8]} for a "
@@ -426,17 +434,20 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
     for file in files:
         if not file.is_file():
             raise FileNotFoundError(f"{file} not found (named by {INDEX_FILE})")
-        try:
-            with safe_open(str(file), framework="numpy") as f:
-                for name in f.keys():
-                    if name in tensors:
-                        raise ValueError(f"{file}: tensor {name!r} is also in another shard")
-                    tensors[name] = f.get_tensor(name)
-        except ValueError:
-            raise
-        except Exception as e:  # safetensors raises its own SafetensorError on corrupt files
-            raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+        found = _read_safetensors(file)
+        twice = sorted(set(found) & set(tensors))
+        if twice:
+            raise ValueError(f"{file}: tensor(s) {twice[:8]} are also in another shard")
+        tensors.update(found)
     return tensors
+
+
+def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:  # noqa: BLE001 -- safetensors' SafetensorError, TypeError on dtypes
+        raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
 
 
 def _atomic_write(path: Path, write) -> None:
