@@ -13,7 +13,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 # --------------------------------------------------------------------------- autocast
 def test_matmul_outside_autocast_is_the_plain_float32_product():
     rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((5, 7), dtype=np.float32), rng.standard_normal((7, 3), dtype=np.float32)
+    a = rng.standard_normal((5, 7), dtype=np.float32)
+    b = rng.standard_normal((7, 3), dtype=np.float32)
     out = amp.matmul(a, b)
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, a @ b)
@@ -132,7 +133,8 @@ def test_model_under_autocast_keeps_float32_weights_loss_and_is_close_to_fp32():
         np.testing.assert_allclose(logits, ref, atol=tol * np.abs(ref).max())
         assert abs(loss.item() - ref_loss.item()) < tol * ref_loss.item()
         # the unembedding's output (logits) carries the low dtype's rounding exactly
-        np.testing.assert_array_equal(logits, logits.astype(amp.resolve_dtype(name)).astype(np.float32))
+        low = amp.resolve_dtype(name)
+        np.testing.assert_array_equal(logits, logits.astype(low).astype(np.float32))
     assert all(p.dtype == np.float32 for p in model.parameters())
 
 
@@ -297,7 +299,8 @@ def test_fast_float16_rounding_is_bit_identical_to_numpys_cast():
     h = np.sort(h[np.isfinite(h)])
     mid = ((h[:-1].astype(np.float64) + h[1:]) / 2).astype(np.float32)
     x = np.concatenate([random_bits.view(np.float32), h, mid,
-                        np.nextafter(mid, np.float32(np.inf)), np.nextafter(mid, np.float32(-np.inf)),
+                        np.nextafter(mid, np.float32(np.inf)),
+                        np.nextafter(mid, np.float32(-np.inf)),
                         np.float32([65504, 65519.996, 65520, -65520, 1e30, np.inf, -np.inf, np.nan,
                                     0.0, -0.0, 2 ** -25, -(2 ** -25), 3 * 2 ** -26, 2 ** -24])])
     with np.errstate(over="ignore", invalid="ignore"):

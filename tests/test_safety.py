@@ -1,7 +1,6 @@
 """glassllm.safety: TrainStep (skip on non-finite, clip, scaler), StepCSVLog, SkipRateMonitor."""
 import csv
 import math
-import os
 import signal
 import subprocess
 import sys
