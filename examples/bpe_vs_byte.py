@@ -9,15 +9,27 @@
 2. The same model (llama family, d_model 128, 4 layers, 4 heads, 2 KV heads, seq_len 128,
    batch 16; only the embedding table differs: 257 vs `--vocab` rows) trains for the same
    wall-clock budget. Both runs go at once, one process each with single-threaded BLAS, so
-   they share whatever else the machine is doing. Learning rate: linear warmup over 30
-   updates, then a cosine over the *time* left, down to 10% (the schedule needs an end, and
-   here the end is a time, not a step count).
+   they share whatever else the machine is doing. Learning rate 2e-3: linear warmup over 30
+   updates, then a cosine over the *time* left after warmup, down to 10% (the schedule needs
+   an end, and here the end is a time, not a step count).
 3. Each model is scored on its whole validation split, in consecutive windows of seq_len + 1
    tokens: bits per byte = (sum of nats over the predicted tokens) / (UTF-8 bytes of the
    validation text) / ln 2. For the byte model tokens are bytes; for BPE one token covers
    several bytes, which is what the ratio accounts for.
 
 Writes WORK/{byte,bpe}/history.csv, loss.png and result.json, and prints a table.
+
+Measured once (--minutes 4, tinyshakespeare, 2 CPU cores shared with other jobs, load
+average ~5, so few updates; both models are far from converged):
+
+                        byte      bpe-4096
+    updates              287       193
+    bytes of text seen   588k      1.29M
+    val nats/token       1.969     5.175
+    val bits/byte        2.841     2.572     (same 111,538 validation bytes)
+
+At equal time BPE wins here: fewer updates, but each covers ~3.3x more text. An earlier run
+with a cosine that restarted after warmup gave 2.990 vs 2.703, the same ordering.
 """
 from __future__ import annotations
 
@@ -49,11 +61,11 @@ MODEL = {"family": "llama", "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_h
 SEQ_LEN, BATCH, LR, WARMUP, MIN_RATIO, SEED = 128, 16, 2e-3, 30, 0.1, 0
 
 
-def time_lr(step: int, elapsed: float, budget: float) -> float:
-    """Warmup by steps, then cosine by the fraction of the wall-clock budget used."""
+def time_lr(step: int, elapsed: float, warmup_end: float, budget: float) -> float:
+    """Warmup by steps, then cosine over the time left after warmup (warmup_end seconds)."""
     if step < WARMUP:
         return LR * (step + 1) / WARMUP
-    progress = min(1.0, elapsed / budget)
+    progress = min(1.0, (elapsed - warmup_end) / max(budget - warmup_end, 1e-9))
     return LR * (MIN_RATIO + (1 - MIN_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -86,15 +98,17 @@ def train_one(data_dir: pathlib.Path, budget_s: float) -> dict:
     params = model.parameters()
     optimizer = AdamW(params, lr=LR)
     rng = np.random.default_rng(SEED)
-    history, step = [], 0
+    history, step, warmup_end = [], 0, 0.0
     started = time.monotonic()
     while (elapsed := time.monotonic() - started) < budget_s:
+        if step == WARMUP:
+            warmup_end = elapsed
         x, y = train.batch(rng, BATCH, SEQ_LEN)
         loss = model.loss(x, y)
         optimizer.zero_grad()
         loss.backward()
         clip_grad_norm(params, 1.0)
-        lr = time_lr(step, elapsed, budget_s)
+        lr = time_lr(step, elapsed, warmup_end, budget_s)
         optimizer.step(lr)
         history.append({"step": step, "train_loss": float(loss.item()), "lr": lr,
                         "elapsed_s": time.monotonic() - started})
