@@ -213,56 +213,88 @@ def rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
 
 
 # --------------------------------------------------------------------------- attention
+# Queries are processed in blocks of this many positions. A block's queries see only the keys up
+# to its last position, so the scores above the diagonal blocks -- almost half of the T x T
+# square in training -- are never computed, exponentiated, stored or differentiated.
+ATTENTION_BLOCK = 64
+
+
+def _causal_bias(n: int, G: int, dtype) -> np.ndarray:
+    """Additive mask of a diagonal block: (n*G, n), row t*G+g (time t, group head g) has
+    -inf on the keys after t, 0 elsewhere."""
+    upper = np.triu(np.full((n, n), -np.inf, dtype=dtype), 1)
+    return np.repeat(upper, G, axis=0)
+
+
+def _query_blocks(Tq: int, q_start: int):
+    """(first, end, keys) per block: query positions [first, end) see keys [0, keys)."""
+    return [(i, min(i + ATTENTION_BLOCK, Tq), q_start + min(i + ATTENTION_BLOCK, Tq))
+            for i in range(0, Tq, ATTENTION_BLOCK)]
+
+
 def causal_attention_forward(q, k, v, q_start: int = 0):
     """softmax(q k^T / sqrt(D) + causal mask) v, with grouped-query heads.
 
-    q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq a multiple of Hkv -> (B, Tq, Hq, D).
-    Query i sits at absolute position q_start + i and sees keys 0..q_start+i (q_start > 0 is
-    decoding against a KV cache). Query head h reads KV head h // (Hq/Hkv), as Hugging Face's
-    `repeat_kv`; instead of copying K/V per query head, the G = Hq/Hkv query heads of a group
-    are stacked into one (G*Tq)-row matrix, so each KV head is one batched GEMM.
+    q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq a multiple of Hkv and Tk = q_start + Tq
+    -> (B, Tq, Hq, D). Query i sits at absolute position q_start + i and sees keys
+    0..q_start+i (q_start > 0 is decoding against a KV cache). Query head h reads KV head
+    h // (Hq/Hkv), as Hugging Face's `repeat_kv`; instead of copying K/V per query head, the
+    G = Hq/Hkv query heads of a group are stacked into one (Tq*G)-row matrix (row t*G + g),
+    so each KV head is one batched GEMM, and a block of query positions is a slab of rows.
     """
     B, Tq, Hq, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
+    Hkv = k.shape[2]
     G = Hq // Hkv
-    # (B, Tq, Hq, D) -> (B, Hkv, G*Tq, D): the G query heads of a KV head, stacked
-    qg = np.ascontiguousarray(q.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 3, 1, 4))
-    qg = qg.reshape(B, Hkv, G * Tq, D)
-    kt = np.ascontiguousarray(k.transpose(0, 2, 3, 1))  # (B, Hkv, D, Tk)
-    vh = np.ascontiguousarray(v.transpose(0, 2, 1, 3))  # (B, Hkv, Tk, D)
     scale = 1.0 / math.sqrt(D)
-    scores = _mm(qg, kt)
-    scores *= scale
-    scores = scores.reshape(B, Hkv, G, Tq, Tk)
-    future = np.arange(Tk)[None, :] > (q_start + np.arange(Tq))[:, None]  # (Tq, Tk)
-    scores[..., future] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores, out=scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    probs = probs.reshape(B, Hkv, G * Tq, Tk)
-    out = _mm(probs, vh)  # (B, Hkv, G*Tq, D)
-    y = out.reshape(B, Hkv, G, Tq, D).transpose(0, 3, 1, 2, 4).reshape(B, Tq, Hq, D)
-    return y, (qg, kt, vh, probs, scale)
+    # One pass does the layout change and the 1/sqrt(D) scaling: (B, Tq, Hkv, G, D) ->
+    # (B, Hkv, Tq, G, D). Scaling q (T*D values) is cheaper than scaling scores (T*T).
+    qg = np.empty((B, Hkv, Tq, G, D), dtype=q.dtype)
+    np.multiply(q.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 1, 3, 4), scale, out=qg)
+    qg = qg.reshape(B, Hkv, Tq * G, D)
+    kh = np.ascontiguousarray(k.transpose(0, 2, 1, 3))  # (B, Hkv, Tk, D)
+    vh = np.ascontiguousarray(v.transpose(0, 2, 1, 3))
+    out = np.empty_like(qg)
+    probs = []  # one (B, Hkv, rows, keys) array per query block
+    for first, end, keys in _query_blocks(Tq, q_start):
+        rows = slice(first * G, end * G)
+        scores = _mm(qg[:, :, rows], kh[:, :, :keys].swapaxes(-1, -2))
+        diagonal = q_start + first  # keys from here on are in the future for some rows
+        if diagonal + 1 < keys:
+            scores[..., diagonal:] += _causal_bias(end - first, G, scores.dtype)
+        scores -= scores.max(axis=-1, keepdims=True)
+        p = np.exp(scores, out=scores)
+        p /= p.sum(axis=-1, keepdims=True)
+        out[:, :, rows] = _mm(p, vh[:, :, :keys])
+        probs.append(p)
+    y = out.reshape(B, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4).reshape(B, Tq, Hq, D)
+    return y, (qg, kh, vh, probs, scale, q_start)
 
 
 def causal_attention_backward(dy, saved):
-    qg, kt, vh, probs, scale = saved
-    B, Hkv, GT, D = qg.shape
+    qg, kh, vh, probs, scale, q_start = saved
+    B, Hkv, rows_total, D = qg.shape
     Tq = dy.shape[1]
-    G = GT // Tq
-    dout = np.ascontiguousarray(dy.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 3, 1, 4))
-    dout = dout.reshape(B, Hkv, GT, D)
-    dv = _mm(probs.swapaxes(-1, -2), dout)  # sums over the G heads sharing a KV head
-    dprobs = _mm(dout, vh.swapaxes(-1, -2))
-    # softmax backward: dS = P * (dP - rowsum(dP * P)); masked entries have P = 0
-    dscores = dprobs
-    dscores -= np.sum(dprobs * probs, axis=-1, keepdims=True)
-    dscores *= probs
-    dscores *= scale
-    dq = _mm(dscores, kt.swapaxes(-1, -2))  # (B, Hkv, G*Tq, D)
-    dk = _mm(dscores.swapaxes(-1, -2), qg)  # (B, Hkv, Tk, D)
-    dq = dq.reshape(B, Hkv, G, Tq, D).transpose(0, 3, 1, 2, 4).reshape(B, Tq, Hkv * G, D)
-    return dq, dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
+    G = rows_total // Tq
+    dout = np.ascontiguousarray(dy.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 1, 3, 4))
+    dout = dout.reshape(B, Hkv, rows_total, D)
+    dqg = np.empty_like(qg)
+    dk = np.zeros_like(kh)
+    dv = np.zeros_like(vh)
+    for (first, end, keys), p in zip(_query_blocks(Tq, q_start), probs):
+        rows = slice(first * G, end * G)
+        do = dout[:, :, rows]
+        dv[:, :, :keys] += _mm(p.swapaxes(-1, -2), do)  # sums over the G heads of a KV head
+        dscores = _mm(do, vh[:, :, :keys].swapaxes(-1, -2))
+        # softmax backward: dS = P * (dP - rowsum(dP * P)); masked entries have P = 0
+        dscores -= np.sum(dscores * p, axis=-1, keepdims=True)
+        dscores *= p
+        dqg[:, :, rows] = _mm(dscores, kh[:, :, :keys])
+        dk[:, :, :keys] += _mm(dscores.swapaxes(-1, -2), qg[:, :, rows])  # qg holds q*scale
+    # Back to (B, Tq, Hq, D), with the chain rule's 1/sqrt(D) in the same pass.
+    dq = np.empty((B, Tq, Hkv, G, D), dtype=qg.dtype)
+    np.multiply(dqg.reshape(B, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4), scale, out=dq)
+    return (dq.reshape(B, Tq, Hkv * G, D), np.ascontiguousarray(dk.transpose(0, 2, 1, 3)),
+            np.ascontiguousarray(dv.transpose(0, 2, 1, 3)))
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0) -> Tensor:
