@@ -114,6 +114,7 @@ def test_train_on_a_prepare_directory(tmp_path, text_file, capsys):
     (["--d-model", "30", "--n-heads", "4"], "divisible"),
     (["--seq-len", "5000"], "too little text"),
     (["--resume", "/nonexistent/ckpt"], "does not exist"),
+    (["--threads", "0"], "--threads"),
 ])
 def test_bad_paths_and_options_exit_2_with_one_line(tmp_path, text_file, capsys, argv, message):
     full = ["train", "--out", str(tmp_path / "m.safetensors")]
@@ -167,10 +168,9 @@ def test_ctrl_c_exits_130_with_checkpoint_and_csv_intact_then_resume_matches(tmp
     assert all(len(r) == 8 and None not in r.values() for r in rows)
     assert TrainSettings.from_dict(ckpt.settings).steps == int(steps)
 
-    # resume (data sources come from the checkpoint), then a straight run to compare
-    assert main(["train", "--resume", str(tmp_path / "a" / "checkpoint.safetensors"),
-                 "--out", str(tmp_path / "a" / "model.safetensors"),
-                 "--log-csv", str(log)]) == 0
+    # resume: data, --out and --log-csv come from the checkpoint; then a straight run
+    assert main(["train", "--resume", str(tmp_path / "a" / "checkpoint.safetensors")]) == 0
+    assert load_checkpoint(tmp_path / "a" / "checkpoint.safetensors").step == ckpt.step
     assert main(["train", *common, "--out", str(tmp_path / "b" / "model.safetensors"),
                  "--log-csv", str(tmp_path / "b.csv")]) == 0
     assert (tmp_path / "a" / "history.csv").read_text() == \
