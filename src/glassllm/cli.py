@@ -37,7 +37,7 @@ def add_train(sub) -> None:
     m = TRAIN_MODEL_DEFAULTS
     p = sub.add_parser(
         "train", help="train a model on text files",
-        description="Train a GlassLM on text, evaluating on the last 10%% of it, and save the "
+        description="Train a GlassLM on text, evaluating on the last 10% of it, and save the "
                     "best model. Without --data it trains on the Python standard library's own "
                     "source code. Ctrl-C writes a checkpoint that --resume continues exactly.")
     p.add_argument("--data", nargs="+", metavar="FILE_OR_DIR",
