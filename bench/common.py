@@ -52,9 +52,12 @@ def set_threads(n: int | None = None) -> int:
     A number below the core count is for profiling on a busy machine only."""
     import threadpoolctl
     import torch
+
+    from glassllm import parallel
     n = n or os.cpu_count() or 1
     torch.set_num_threads(n)
     threadpoolctl.threadpool_limits(n, user_api="blas")
+    parallel.set_num_threads(n)  # glassllm's elementwise passes
     return n
 
 
@@ -68,6 +71,8 @@ def blas_report() -> str:
             lines.append(f"  {info['internal_api']} {info.get('version')} "
                          f"({info.get('architecture')}), {info['num_threads']} threads, "
                          f"{os.path.basename(info['filepath'])}")
+    from glassllm import parallel
+    lines.append(f"glassllm elementwise passes: {parallel.get_num_threads()} threads")
     lines.append(f"torch {torch.__version__}: {torch.get_num_threads()} threads")
     config = torch.__config__.show()
     wanted = re.findall(r"\b(?:BLAS_INFO|LAPACK_INFO|USE_MKLDNN)=\w+", config)

@@ -70,6 +70,9 @@ def main():
     spec = common.CONFIGS[args.config]
     cfg = Config(**spec["model"])
     batches = make_batches(cfg, spec["batch"], spec["seq"], args.steps + 1)
+    if args.threads:
+        from glassllm import parallel
+        parallel.set_num_threads(args.threads)
     with threadpoolctl.threadpool_limits(args.threads):
         totals = collections.Counter()
         if args.ops:

@@ -94,7 +94,8 @@ def build_pair(cfg: Config, impl: str):
     return model, tmodel
 
 
-def time_config(name: str, steps: int, warmup: int, peak_gflops: float, impl: str) -> dict:
+def time_config(name: str, steps: int, warmup: int, peak_gflops: float, impl: str,
+                clock=time.perf_counter) -> dict:
     spec = common.CONFIGS[name]
     cfg = Config(**spec["model"])
     B, T = spec["batch"], spec["seq"]
@@ -104,11 +105,11 @@ def time_config(name: str, steps: int, warmup: int, peak_gflops: float, impl: st
     g_times, t_times, g_losses, t_losses = [], [], [], []
     for i, (x, y) in enumerate(batches):  # A/B/A/B: same batch, same moment, both sides
         gc.collect()
-        t0 = time.perf_counter()
+        t0 = clock()
         g_losses.append(g_step(x, y))
-        t1 = time.perf_counter()
+        t1 = clock()
         t_losses.append(t_step(x, y))
-        t2 = time.perf_counter()
+        t2 = clock()
         if i >= warmup:
             g_times.append(t1 - t0)
             t_times.append(t2 - t1)
@@ -164,6 +165,9 @@ def main():
                         help="torch side: bench/torch_lm.py (default) or tests/torch_reference.py")
     parser.add_argument("--threads", type=int,
                         help="threads per side (default: all cores; fewer only for profiling)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time steps with this process's CPU clock instead of the wall "
+                             "clock: with --threads 1 a busy machine disturbs it far less")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--memory-child", choices=["glassllm", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -175,13 +179,14 @@ def main():
     if args.peak is None:
         from peak import measure_peak
         args.peak = measure_peak((2048,), repeats=3)
-    print(f"torch side: {args.torch_impl}")
+    print(f"torch side: {args.torch_impl}; clock: {'CPU' if args.cpu_time else 'wall'}")
     print(f"threads {threads}; matmul peak {args.peak:.1f} GFLOP/s (float32, best of both)\n")
     rows = []
     for name in args.config:
         steps = args.steps or DEFAULT_STEPS[name]
         warmup = DEFAULT_WARMUP[name] if args.warmup is None else args.warmup
-        row = time_config(name, steps, warmup, args.peak, args.torch_impl)
+        clock = time.process_time if args.cpu_time else time.perf_counter
+        row = time_config(name, steps, warmup, args.peak, args.torch_impl, clock)
         if not args.no_memory:
             for side in ("glassllm", "torch"):
                 mem = common.run_child(["--memory-child", side, "--config", name,

@@ -11,6 +11,9 @@ temporaries per layer; here each op below is one node. The pattern (from llm.c's
 Every op's backward is checked against central finite differences in float64 and against
 torch autograd in `tests/test_functional.py`. Shapes use B batch, T time, C channels
 (d_model), H heads, D head_dim, V vocabulary, N = B*T rows.
+
+Matrix products run on all cores inside NumPy's BLAS; the elementwise passes of the ops are
+written per slice of rows and run on all cores by `glassllm.parallel.for_slices`.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import math
 
 import numpy as np
 
-from . import amp
+from . import amp, parallel
 from .tensor import Tensor
 
 _mm = amp.matmul  # every matrix product goes through the autocast hook
@@ -48,7 +51,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     parents = (x, weight) if bias is None else (x, weight, bias)
     # keep_autocast: the backward runs in the precision this forward ran in (as torch.autocast)
-    return Tensor.from_op(y, parents, amp.keep_autocast(backward))
+    return Tensor.from_op(y, parents, amp.keep_autocast(backward), fresh_grads=True)
 
 
 def unembed(x: Tensor, weight: Tensor) -> Tensor:
@@ -66,7 +69,7 @@ def unembed(x: Tensor, weight: Tensor) -> Tensor:
         dw = _mm(dy2.T, x2) if weight.requires_grad else None
         return dx, dw
 
-    return Tensor.from_op(y, (x, weight), amp.keep_autocast(backward))
+    return Tensor.from_op(y, (x, weight), amp.keep_autocast(backward), fresh_grads=True)
 
 
 # --------------------------------------------------------------------------- embedding
@@ -98,7 +101,7 @@ def embedding(ids: np.ndarray, weight: Tensor) -> Tensor:
         return (_scatter_add_rows(ids.reshape(-1), dy.reshape(-1, weight.shape[1]),
                                   weight.data),)
 
-    return Tensor.from_op(weight.data[ids], (weight,), backward)
+    return Tensor.from_op(weight.data[ids], (weight,), backward, fresh_grads=True)
 
 
 # --------------------------------------------------------------------------- norms
@@ -115,78 +118,117 @@ def _column_dot(a, b):
     return np.einsum("ij,ij->j", a.reshape(-1, c), b.reshape(-1, c))
 
 
+def _rows(a):
+    """a as a 2-D (rows, last axis) array: a view for the contiguous arrays ops make."""
+    return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+
+
 def rms_norm_forward(x, weight, eps):
     """y = x / sqrt(mean(x^2) + eps) * weight over the last axis (Zhang & Sennrich 2019)."""
-    rstd = 1.0 / np.sqrt(_row_dot(x, x) / x.shape[-1] + eps)
-    xhat = x * rstd
-    return xhat * weight, (xhat, rstd, weight)
+    x2 = _rows(x)
+    C = x2.shape[1]
+    xhat = np.empty_like(x2)
+    rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
+    y = np.empty(x2.shape, dtype=np.result_type(x2, weight))
+
+    def rows(r):
+        np.divide(1.0, np.sqrt(_row_dot(x2[r], x2[r]) / C + eps), out=rstd[r])
+        np.multiply(x2[r], rstd[r], out=xhat[r])
+        np.multiply(xhat[r], weight, out=y[r])
+
+    parallel.for_slices(rows, *x2.shape)
+    return y.reshape(x.shape), (xhat, rstd, weight)
 
 
 def rms_norm_backward(dy, saved):
     xhat, rstd, weight = saved
-    dw = _column_dot(dy, xhat)
-    dx = dy * weight  # dxhat, turned into dx in place:
-    # d/dx of x*rstd: rstd * (dxhat - xhat * mean(dxhat * xhat))
-    dx -= xhat * (_row_dot(dx, xhat) / xhat.shape[-1])
-    dx *= rstd
-    return dx, dw
+    dy2 = _rows(dy)
+    C = xhat.shape[1]
+    dw = _column_dot(dy2, xhat)
+    dx = np.empty(xhat.shape, dtype=np.result_type(dy2, weight))
+
+    def rows(r):
+        d = np.multiply(dy2[r], weight, out=dx[r])  # dxhat, turned into dx in place:
+        # d/dx of x*rstd: rstd * (dxhat - xhat * mean(dxhat * xhat))
+        d -= xhat[r] * (_row_dot(d, xhat[r]) / C)
+        d *= rstd[r]
+
+    parallel.for_slices(rows, *xhat.shape)
+    return dx.reshape(dy.shape), dw
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
     """RMSNorm (Llama): x (..., C), weight (C,) -> (..., C). Statistics in x's dtype."""
     y, saved = rms_norm_forward(x.data, weight.data, eps)
-    return Tensor.from_op(y, (x, weight), lambda dy: rms_norm_backward(dy, saved))
+    return Tensor.from_op(y, (x, weight), lambda dy: rms_norm_backward(dy, saved),
+                          fresh_grads=True)
 
 
 def layer_norm_forward(x, weight, bias, eps):
     """y = (x - mean) / sqrt(var + eps) * weight + bias (Ba et al. 2016; GPT-2 uses eps 1e-5)."""
-    xhat = x - x.mean(axis=-1, keepdims=True)  # centred, normalised in place below
-    rstd = 1.0 / np.sqrt(_row_dot(xhat, xhat) / x.shape[-1] + eps)
-    xhat *= rstd
-    y = xhat * weight
-    y += bias
-    return y, (xhat, rstd, weight)
+    x2 = _rows(x)
+    C = x2.shape[1]
+    xhat = np.empty_like(x2)
+    rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
+    y = np.empty(x2.shape, dtype=np.result_type(x2, weight, bias))
+
+    def rows(r):
+        xc = np.subtract(x2[r], x2[r].mean(axis=-1, keepdims=True), out=xhat[r])
+        np.divide(1.0, np.sqrt(_row_dot(xc, xc) / C + eps), out=rstd[r])
+        xc *= rstd[r]
+        np.multiply(xc, weight, out=y[r])
+        y[r] += bias
+
+    parallel.for_slices(rows, *x2.shape)
+    return y.reshape(x.shape), (xhat, rstd, weight)
 
 
 def layer_norm_backward(dy, saved):
     xhat, rstd, weight = saved
-    c = xhat.shape[-1]
-    dw = _column_dot(dy, xhat)
-    db = dy.reshape(-1, c).sum(axis=0)
-    dx = dy * weight  # dxhat, turned into dx in place:
-    # rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-    projection = xhat * (_row_dot(dx, xhat) / c)
-    dx -= dx.mean(axis=-1, keepdims=True)
-    dx -= projection
-    dx *= rstd
-    return dx, dw, db
+    dy2 = _rows(dy)
+    C = xhat.shape[1]
+    dw = _column_dot(dy2, xhat)
+    db = dy2.sum(axis=0)
+    dx = np.empty(xhat.shape, dtype=np.result_type(dy2, weight))
+
+    def rows(r):
+        d = np.multiply(dy2[r], weight, out=dx[r])  # dxhat, turned into dx in place:
+        # rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+        projection = xhat[r] * (_row_dot(d, xhat[r]) / C)
+        d -= d.mean(axis=-1, keepdims=True)
+        d -= projection
+        d *= rstd[r]
+
+    parallel.for_slices(rows, *xhat.shape)
+    return dx.reshape(dy.shape), dw, db
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
     """LayerNorm: x (..., C), weight (C,), bias (C,) -> (..., C)."""
     y, saved = layer_norm_forward(x.data, weight.data, bias.data, eps)
-    return Tensor.from_op(y, (x, weight, bias), lambda dy: layer_norm_backward(dy, saved))
+    return Tensor.from_op(y, (x, weight, bias), lambda dy: layer_norm_backward(dy, saved),
+                          fresh_grads=True)
 
 
 # --------------------------------------------------------------------------- activations
-def _sigmoid_inplace(z):
-    """z <- 1 / (1 + exp(-z)), in z's buffer; returns z.
+def _sigmoid(x, out):
+    """out = 1 / (1 + exp(-x)); out may be x itself. Returns out.
 
     One exp per element: NumPy's exp is about twice as fast as its tanh, and the passes run
-    in place, with no temporaries. exp(-z) overflows to inf for z < -88 (float32), where
+    in place, with no temporaries. exp(-x) overflows to inf for x < -88 (float32), where
     1 / (1 + inf) = 0 is the right value, hence the silenced warning. Unlike
-    0.5 * (1 + tanh(z / 2)), this keeps full relative precision for very negative z.
+    0.5 * (1 + tanh(x / 2)), this keeps full relative precision for very negative x.
     """
-    np.negative(z, out=z)
+    np.negative(x, out=out)
     with np.errstate(over="ignore"):
-        np.exp(z, out=z)
-    z += 1.0
-    return np.reciprocal(z, out=z)
+        np.exp(out, out=out)
+    out += 1.0
+    return np.reciprocal(out, out=out)
 
 
-def _silu_grad(x, s, dy):
-    """dy * d/dx[x * sigmoid(x)] = dy * s * (1 + x * (1 - s)), in one new buffer."""
-    d = 1.0 - s
+def _silu_grad(x, s, dy, out):
+    """out = dy * d/dx[x * sigmoid(x)] = dy * s * (1 + x * (1 - s)), with s = sigmoid(x)."""
+    d = np.subtract(1.0, s, out=out)
     d *= x
     d += 1.0
     d *= s
@@ -196,8 +238,20 @@ def _silu_grad(x, s, dy):
 
 def silu(x: Tensor) -> Tensor:
     """SiLU / swish: x * sigmoid(x) (Elfwing et al. 2017). Any shape."""
-    s = _sigmoid_inplace(np.array(x.data))
-    return Tensor.from_op(x.data * s, (x,), lambda dy: (_silu_grad(x.data, s, dy),))
+    x2 = _rows(x.data)
+    s, y = np.empty_like(x2), np.empty_like(x2)
+
+    def forward(r):
+        _sigmoid(x2[r], out=s[r])
+        np.multiply(x2[r], s[r], out=y[r])
+
+    def backward(dy):
+        dy2, dx = _rows(dy), np.empty(x2.shape, dtype=np.result_type(x2, dy))
+        parallel.for_slices(lambda r: _silu_grad(x2[r], s[r], dy2[r], out=dx[r]), *x2.shape)
+        return (dx.reshape(x.shape),)
+
+    parallel.for_slices(forward, *x2.shape)
+    return Tensor.from_op(y.reshape(x.shape), (x,), backward, fresh_grads=True)
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
@@ -206,19 +260,31 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     Saves only sigmoid(gate) for the backward pass; silu(gate) = gate * sigmoid(gate) is one
     multiply to recompute there, cheaper than keeping another (N, d_ff) array alive.
     """
-    g = gate.data
-    s = _sigmoid_inplace(np.array(g))
+    g, u = _rows(gate.data), _rows(up.data)
+    dtype = np.result_type(g, u)
+    s, y = np.empty_like(g), np.empty(g.shape, dtype=dtype)
+
+    def forward(r):
+        _sigmoid(g[r], out=s[r])
+        np.multiply(g[r], s[r], out=y[r])
+        y[r] *= u[r]
 
     def backward(dy):
-        dgate = _silu_grad(g, s, dy)
-        dgate *= up.data
-        dup = g * s
-        dup *= dy
-        return dgate, dup
+        dy2 = _rows(dy)
+        dgate = np.empty(g.shape, dtype=np.result_type(dtype, dy2))
+        dup = np.empty_like(dgate)
 
-    y = g * s
-    y *= up.data
-    return Tensor.from_op(y, (gate, up), backward)
+        def rows(r):
+            _silu_grad(g[r], s[r], dy2[r], out=dgate[r])
+            dgate[r] *= u[r]
+            np.multiply(g[r], s[r], out=dup[r])
+            dup[r] *= dy2[r]
+
+        parallel.for_slices(rows, *g.shape)
+        return dgate.reshape(gate.shape), dup.reshape(up.shape)
+
+    parallel.for_slices(forward, *g.shape)
+    return Tensor.from_op(y.reshape(gate.shape), (gate, up), backward, fresh_grads=True)
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -231,28 +297,41 @@ def gelu(x: Tensor) -> Tensor:
     x * sigmoid(2u): one exp instead of NumPy's slower tanh, and no cancellation in 1 + tanh
     for negative x. Only s = sigmoid(2u) is saved for the backward pass.
     """
-    xd = x.data
-    s = xd * xd  # becomes u, then sigmoid(2u), in place
-    s *= 0.044715
-    s += 1.0
-    s *= xd
-    s *= 2.0 * _GELU_C
-    _sigmoid_inplace(s)
+    x2 = _rows(x.data)
+    s, y = np.empty_like(x2), np.empty_like(x2)
+
+    def forward(r):
+        xr, sr = x2[r], s[r]
+        np.multiply(xr, xr, out=sr)  # becomes u, then sigmoid(2u), in place
+        sr *= 0.044715
+        sr += 1.0
+        sr *= xr
+        sr *= 2.0 * _GELU_C
+        _sigmoid(sr, out=sr)
+        np.multiply(xr, sr, out=y[r])
 
     def backward(dy):
-        # d/dx x s = s + 2 x s (1 - s) u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-        d = xd * xd
-        d *= 3 * 0.044715
-        d += 1.0
-        d *= 2.0 * _GELU_C
-        d *= xd
-        d *= 1.0 - s
-        d += 1.0
-        d *= s
-        d *= dy
-        return (d,)
+        dy2 = _rows(dy)
+        dx = np.empty(x2.shape, dtype=np.result_type(x2, dy2))
 
-    return Tensor.from_op(xd * s, (x,), backward)
+        def rows(r):
+            # d/dx x s = s + 2 x s (1 - s) u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+            xr, sr = x2[r], s[r]
+            d = np.multiply(xr, xr, out=dx[r])
+            d *= 3 * 0.044715
+            d += 1.0
+            d *= 2.0 * _GELU_C
+            d *= xr
+            d *= 1.0 - sr
+            d += 1.0
+            d *= sr
+            d *= dy2[r]
+
+        parallel.for_slices(rows, *x2.shape)
+        return (dx.reshape(x.shape),)
+
+    parallel.for_slices(forward, *x2.shape)
+    return Tensor.from_op(y.reshape(x.shape), (x,), backward, fresh_grads=True)
 
 
 # --------------------------------------------------------------------------- rotary embedding
@@ -285,8 +364,24 @@ def rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
     Shapes: x (B, T, H, D); cos, sin (T, D) -- rows for the positions of x's T steps.
     """
     c, s = cos[:, None, :], sin[:, None, :]  # broadcast over heads
-    y = x.data * c + _rotate_half(x.data) * s
-    return Tensor.from_op(y, (x,), lambda dy: (dy * c + _rotate_half_transposed(dy * s),))
+    xd = x.data
+    B, T = xd.shape[:2]
+    y = np.empty(xd.shape, dtype=np.result_type(xd, c))
+
+    def forward(t):  # a slice of time steps, all batch rows
+        y[:, t] = xd[:, t] * c[t] + _rotate_half(xd[:, t]) * s[t]
+
+    def backward(dy):
+        dx = np.empty(dy.shape, dtype=np.result_type(dy, c))
+
+        def rows(t):
+            dx[:, t] = dy[:, t] * c[t] + _rotate_half_transposed(dy[:, t] * s[t])
+
+        parallel.for_slices(rows, T, xd.size // max(1, T))
+        return (dx,)
+
+    parallel.for_slices(forward, T, xd.size // max(1, T))
+    return Tensor.from_op(y, (x,), backward, fresh_grads=True)
 
 
 # --------------------------------------------------------------------------- attention
@@ -301,6 +396,32 @@ def _causal_bias(n: int, G: int, dtype) -> np.ndarray:
     -inf on the keys after t, 0 elsewhere."""
     upper = np.triu(np.full((n, n), -np.inf, dtype=dtype), 1)
     return np.repeat(upper, G, axis=0)
+
+
+def _softmax_inplace(scores):
+    """Row softmax over the last axis, in scores' buffer, with the max shift; returns it."""
+    s2 = _rows(scores)
+
+    def rows(r):
+        block = s2[r]
+        block -= block.max(axis=-1, keepdims=True)
+        np.exp(block, out=block)
+        block /= block.sum(axis=-1, keepdims=True)
+
+    parallel.for_slices(rows, *s2.shape)
+    return scores
+
+
+def _softmax_backward_inplace(dprobs, probs):
+    """dprobs <- dscores = P * (dP - rowsum(dP * P)); masked entries have P = 0."""
+    d2, p2 = _rows(dprobs), _rows(probs)
+
+    def rows(r):
+        d = d2[r]
+        d -= _row_dot(d, p2[r])
+        d *= p2[r]
+
+    parallel.for_slices(rows, *d2.shape)
 
 
 def _query_blocks(Tq: int, q_start: int):
@@ -338,9 +459,7 @@ def causal_attention_forward(q, k, v, q_start: int = 0):
         diagonal = q_start + first  # keys from here on are in the future for some rows
         if diagonal + 1 < keys:
             scores[..., diagonal:] += _causal_bias(end - first, G, scores.dtype)
-        scores -= scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores, out=scores)
-        p /= p.sum(axis=-1, keepdims=True)
+        p = _softmax_inplace(scores)
         out[:, :, rows] = _mm(p, vh[:, :, :keys])
         probs.append(p)
     y = out.reshape(B, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4).reshape(B, Tq, Hq, D)
@@ -362,9 +481,7 @@ def causal_attention_backward(dy, saved):
         do = dout[:, :, rows]
         dv[:, :, :keys] += _mm(p.swapaxes(-1, -2), do)  # sums over the G heads of a KV head
         dscores = _mm(do, vh[:, :, :keys].swapaxes(-1, -2))
-        # softmax backward: dS = P * (dP - rowsum(dP * P)); masked entries have P = 0
-        dscores -= np.sum(dscores * p, axis=-1, keepdims=True)
-        dscores *= p
+        _softmax_backward_inplace(dscores, p)
         dqg[:, :, rows] = _mm(dscores, kh[:, :, :keys])
         dk[:, :, :keys] += _mm(dscores.swapaxes(-1, -2), qg[:, :, rows])  # qg holds q*scale
     # Back to (B, Tq, Hq, D), with the chain rule's 1/sqrt(D) in the same pass.
@@ -382,14 +499,11 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0) -> Tenso
     """
     y, saved = causal_attention_forward(q.data, k.data, v.data, q_start)
     return Tensor.from_op(y, (q, k, v),
-                          amp.keep_autocast(lambda dy: causal_attention_backward(dy, saved)))
+                          amp.keep_autocast(lambda dy: causal_attention_backward(dy, saved)),
+                          fresh_grads=True)
 
 
 # --------------------------------------------------------------------------- loss
-# Elements per slice of rows in cross_entropy's softmax (about 512 KiB of float32).
-_SOFTMAX_SLICE = 131072
-
-
 def _softmax_and_target_logprob(z: np.ndarray, targets: np.ndarray):
     """softmax(z) (N, V) and log_softmax(z)[row, target] (N,), with the log-sum-exp shift.
 
@@ -398,19 +512,18 @@ def _softmax_and_target_logprob(z: np.ndarray, targets: np.ndarray):
     temporaries are made (the direct form makes two, `shifted` and `exp`: 0.2 GB each for a
     GPT-2-sized vocabulary and 1024 positions).
     """
-    N, V = z.shape
     probs = np.empty_like(z)
-    logprob_target = np.empty(N, dtype=z.dtype)
-    rows_per_slice = max(1, _SOFTMAX_SLICE // V)
-    for start in range(0, N, rows_per_slice):
-        end = min(start + rows_per_slice, N)
-        zs, ps = z[start:end], probs[start:end]
-        np.subtract(zs, zs.max(axis=-1, keepdims=True), out=ps)
-        shifted_target = ps[np.arange(end - start), targets[start:end]]
+    logprob_target = np.empty(z.shape[0], dtype=z.dtype)
+
+    def rows(r):
+        ps = np.subtract(z[r], z[r].max(axis=-1, keepdims=True), out=probs[r])
+        shifted_target = ps[np.arange(len(ps)), targets[r]]
         np.exp(ps, out=ps)
         sumexp = ps.sum(axis=-1, keepdims=True)
-        logprob_target[start:end] = shifted_target - np.log(sumexp[:, 0])
+        logprob_target[r] = shifted_target - np.log(sumexp[:, 0])
         ps /= sumexp
+
+    parallel.for_slices(rows, *z.shape)
     return probs, logprob_target
 
 
@@ -447,4 +560,5 @@ def cross_entropy(logits: Tensor, targets: np.ndarray) -> Tensor:
         dz *= dloss / N
         return (dz.reshape(logits.shape),)
 
-    return Tensor.from_op(np.asarray(loss, dtype=z.dtype), (logits,), backward)
+    return Tensor.from_op(np.asarray(loss, dtype=z.dtype), (logits,), backward,
+                          fresh_grads=True)

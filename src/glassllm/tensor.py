@@ -90,7 +90,8 @@ class Tensor:
             reset to None (`AdamW.zero_grad()` does that).
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_fresh_grads",
+                 "__weakref__")
     __array_priority__ = 1000  # make `ndarray + Tensor` call Tensor.__radd__
 
     def __init__(self, data, requires_grad: bool = False):
@@ -99,20 +100,27 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self._parents: tuple[Tensor, ...] = ()
         self._backward: BackwardFn | None = None
+        self._fresh_grads = False
 
     # ----------------------------------------------------------------- graph construction
     @staticmethod
-    def from_op(data: np.ndarray, parents: Sequence["Tensor"], backward: BackwardFn) -> "Tensor":
+    def from_op(data: np.ndarray, parents: Sequence["Tensor"], backward: BackwardFn,
+                fresh_grads: bool = False) -> "Tensor":
         """Wrap the result of an op: a graph node if any parent needs a gradient.
 
         `backward(grad_out)` must return one gradient (or None) per parent, each with that
         parent's shape. Ops in `glassllm.functional` use this to add fused nodes.
+        fresh_grads=True promises that backward returns newly allocated arrays, distinct from
+        each other, that nothing else refers to (not grad_out, not a saved array that lives
+        on); `backward()` may then add into them in place and hand them to leaves as `.grad`
+        without a copy.
         """
         out = Tensor(data)
         if _grad_enabled and any(p.requires_grad for p in parents):
             out.requires_grad = True
             out._parents = tuple(parents)
             out._backward = backward
+            out._fresh_grads = fresh_grads
         return out
 
     @property
@@ -143,22 +151,33 @@ class Tensor:
             return
         order = self._topological_order()
         grads: dict[int, np.ndarray] = {id(self): grad}
-        for node in reversed(order):
-            g = grads.pop(id(node), None)
+        # owned[key]: grads[key] is an array only this loop refers to (a fresh op gradient or a
+        # sum made here), so it may be added into in place and given to a leaf uncopied.
+        owned: dict[int, bool] = {}
+        while order:
+            # pop, not iterate: once processed, a node (and its output array) is freed unless
+            # the caller holds it, so activations are released as the backward pass proceeds.
+            node = order.pop()
+            g, g_owned = grads.pop(id(node), None), owned.pop(id(node), False)
             if node._backward is None:  # a leaf reached through the graph
                 if g is not None:
-                    node._accumulate(g)
+                    node._accumulate(g, g_owned)
                 continue
             parent_grads = node._backward(g) if g is not None else ()
             for parent, pg in zip(node._parents, parent_grads):
                 if pg is None or not parent.requires_grad:
                     continue
                 key = id(parent)
-                # Never `+=` here: the first gradient may be a view of another buffer.
-                grads[key] = pg if key not in grads else grads[key] + pg
+                if key not in grads:
+                    grads[key], owned[key] = pg, node._fresh_grads
+                elif owned[key] and _can_add_into(grads[key], pg):
+                    grads[key] += pg
+                else:  # never `+=` into an array that may be a view of another buffer
+                    grads[key], owned[key] = grads[key] + pg, True
             # Free the graph as we go: saved activations are released right away.
             node._parents = ()
             node._backward = _consumed
+            del node
 
     def _topological_order(self) -> list["Tensor"]:
         order, visited = [], set()
@@ -180,9 +199,12 @@ class Tensor:
                     stack.append((parent, False))
         return order
 
-    def _accumulate(self, g: np.ndarray) -> None:
+    def _accumulate(self, g: np.ndarray, owned: bool = False) -> None:
         if self.grad is None:
-            self.grad = np.array(g, dtype=self.data.dtype)  # own copy: g may alias
+            if owned and g.dtype == self.data.dtype and g.shape == self.shape:
+                self.grad = g  # nothing else refers to g: adopt it, no copy
+            else:
+                self.grad = np.array(g, dtype=self.data.dtype)  # own copy: g may alias
         else:
             self.grad += g
 
@@ -359,6 +381,12 @@ class Tensor:
             return (full,)
 
         return Tensor.from_op(a.data[index], (a,), backward)
+
+
+def _can_add_into(total: np.ndarray, g: np.ndarray) -> bool:
+    """Whether `total += g` gives the same array `total + g` would (dtype and shape)."""
+    return (total.flags.writeable and total.shape == g.shape
+            and np.result_type(total, g) == total.dtype)
 
 
 def _consumed(_g):  # marker placed on nodes whose backward already ran

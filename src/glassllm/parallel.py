@@ -1,0 +1,94 @@
+"""Elementwise NumPy work on all cores.
+
+NumPy's BLAS runs a matrix product on every core, but its ufuncs (exp, multiply, ...) run on
+one. In a transformer step those passes -- activations, norms, softmax, the optimizer -- are a
+quarter to a half of the time once the matrix products are parallel. The fused ops therefore
+do their elementwise passes on slices of rows, and `for_slices` runs those slices in a small
+pool of threads: NumPy releases the GIL inside a ufunc loop, so the threads truly run at the
+same time. Slices of about 256K elements also keep the passes over a slice in cache.
+
+The work function must only write to its own slice of preallocated outputs. Calls from
+inside a worker run serially (no nested pools, no deadlock).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+# Elements per slice: big enough that handing it to a thread and taking the GIL back between
+# NumPy calls is cheap next to the work (64K-element slices were measurably slower on two
+# threads), small enough (1 MiB of float32, a core's L2 here) that a slice's passes mostly
+# stay in cache.
+SLICE_ELEMENTS = 1 << 18
+
+_num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    else (os.cpu_count() or 1)
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = None
+_in_worker = threading.local()
+
+
+def get_num_threads() -> int:
+    """Threads used for elementwise work (default: the CPUs this process may run on)."""
+    return _num_threads
+
+
+def set_num_threads(n: int) -> None:
+    """Use n threads for elementwise work (1 = everything on the calling thread).
+
+    Raises:
+        ValueError: n < 1.
+    """
+    global _num_threads, _pool
+    if int(n) < 1:
+        raise ValueError(f"set_num_threads: need n >= 1, got {n}")
+    _num_threads = int(n)
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool, _pool_pid
+    if _pool is None or _pool_pid != os.getpid():  # threads do not survive fork()
+        _pool = ThreadPoolExecutor(_num_threads - 1, thread_name_prefix="glassllm")
+        _pool_pid = os.getpid()
+    return _pool
+
+
+def _run_as_worker(fn, part):
+    _in_worker.active = True
+    try:
+        fn(part)
+    finally:
+        _in_worker.active = False
+
+
+def row_slices(n_rows: int, row_size: int) -> list[slice]:
+    """Consecutive slices covering range(n_rows), each about SLICE_ELEMENTS elements."""
+    rows = max(1, SLICE_ELEMENTS // max(1, row_size))
+    return [slice(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
+
+
+def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int) -> None:
+    """Call fn(rows) for row slices covering range(n_rows) (see `row_slices`), in parallel.
+
+    Runs serially when one thread is configured, when the work is a single slice, or when
+    called from inside a worker. Exceptions raised by fn propagate to the caller.
+    """
+    parts = row_slices(n_rows, row_size)
+    if _num_threads == 1 or len(parts) == 1 or getattr(_in_worker, "active", False):
+        for part in parts:
+            fn(part)
+        return
+    pool = _get_pool()
+    # The calling thread takes every n-th slice itself instead of idling.
+    n = _num_threads
+    futures = [pool.submit(_run_as_worker, fn, part)
+               for i, part in enumerate(parts) if i % n]
+    for part in parts[::n]:
+        _run_as_worker(fn, part)
+    for future in futures:
+        future.result()
