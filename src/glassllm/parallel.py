@@ -78,8 +78,12 @@ def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int) -> None:
     Runs serially when one thread is configured, when the work is a single slice, or when
     called from inside a worker. Exceptions raised by fn propagate to the caller.
     """
+    if n_rows * row_size <= SLICE_ELEMENTS:  # one slice: skip the bookkeeping (decoding)
+        if n_rows:
+            fn(slice(0, n_rows))
+        return
     parts = row_slices(n_rows, row_size)
-    if _num_threads == 1 or len(parts) == 1 or getattr(_in_worker, "active", False):
+    if _num_threads == 1 or getattr(_in_worker, "active", False):
         for part in parts:
             fn(part)
         return
