@@ -5,7 +5,8 @@
 
 `--ops` times each fused op's forward and backward separately with the CPU clock of this
 process (time.process_time), which other processes on a shared machine disturb far less than
-wall time; with --threads 1 it is close to the single-core cost of each op.
+wall time; with --threads 1 it is close to the single-core cost of each op. `--ops --wall`
+uses the wall clock instead (the one that matters with several threads on a quiet machine).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ OPS = ("linear", "unembed", "embedding", "rms_norm", "layer_norm", "swiglu", "ge
        "causal_attention", "cross_entropy")
 
 
-def instrument_ops(totals):
-    """Wrap each fused op (and its backward closure) to add CPU seconds to totals[name]."""
+def instrument_ops(totals, clock):
+    """Wrap each fused op (and its backward closure) to add clock() seconds to totals[name]."""
     from glassllm import tensor
     original_from_op = tensor.Tensor.from_op
     current = []
@@ -35,19 +36,19 @@ def instrument_ops(totals):
     def timed(name, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            t0 = time.process_time()
+            t0 = clock()
             current.append(name)
             try:
                 return fn(*args, **kwargs)
             finally:
                 current.pop()
-                totals[name] += time.process_time() - t0
+                totals[name] += clock() - t0
         return wrapper
 
-    def from_op(data, parents, backward):
+    def from_op(data, parents, backward, **kwargs):
         if current:
             backward = timed(current[-1] + " backward", backward)
-        return original_from_op(data, parents, backward)
+        return original_from_op(data, parents, backward, **kwargs)
 
     tensor.Tensor.from_op = staticmethod(from_op)
     import glassllm.model as model_module
@@ -66,6 +67,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--ops", action="store_true", help="per-op CPU time instead of a tree")
+    parser.add_argument("--wall", action="store_true", help="with --ops: wall-clock time")
     args = parser.parse_args()
     spec = common.CONFIGS[args.config]
     cfg = Config(**spec["model"])
@@ -73,20 +75,21 @@ def main():
     if args.threads:
         from glassllm import parallel
         parallel.set_num_threads(args.threads)
+    clock = time.perf_counter if args.wall else time.process_time
     with threadpoolctl.threadpool_limits(args.threads):
         totals = collections.Counter()
         if args.ops:
-            instrument_ops(totals)
+            instrument_ops(totals, clock)
         model = GlassLM(cfg, seed=0)
         step = glassllm_stepper(model)
         step(*batches[0])  # warm-up
         totals.clear()
         if args.ops:
-            t_all = time.process_time()
+            t_all = clock()
             for x, y in batches[1:]:
                 step(x, y)
-            t_all = time.process_time() - t_all
-            print(f"{args.config}: {t_all / args.steps:.3f} CPU s per step")
+            t_all = clock() - t_all
+            print(f"{args.config}: {t_all / args.steps:.3f} {'wall' if args.wall else 'CPU'} s per step")
             for name, t in totals.most_common():
                 print(f"  {name:28s} {t / args.steps:8.4f} s  {t / t_all:6.1%}")
             rest = t_all - sum(totals.values())

@@ -286,4 +286,5 @@ class GlassLM(Module):
         targets = self.check_ids(targets, what="targets")
         if targets.shape != idx.shape:
             raise ValueError(f"targets shape {targets.shape} differs from idx shape {idx.shape}")
-        return F.cross_entropy(self.forward(idx), targets)
+        # the logits never leave this method, so the loss may reuse their buffer
+        return F.cross_entropy(self.forward(idx), targets, overwrite_logits=True)
