@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -416,3 +417,36 @@ def test_export_float16_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="probe_ids"):
         files.export_float16(tiny(), tmp_path / "m.safetensors", probe_ids=[[1, 999]])
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("field,value", [("n_layers", 10 ** 9), ("d_ff", 10 ** 9),
+                                         ("vocab_size", 10 ** 9), ("n_kv_heads", 1)])
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_whole_config_is_checked_against_the_header_before_building(tmp_path, name, field,
+                                                                    value):
+    import time
+    state, config = state_and_config(name)
+    fields = dict(json.loads(config), **{field: value})
+    path = write_glassllm(tmp_path / "m.safetensors", state, json.dumps(fields))
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="tensors do not match|has shape") as e:
+        files.load(path)
+    assert time.perf_counter() - start < 1.0  # no walk over 10**9 layers, no allocation
+    assert str(path) in str(e.value)
+    if field == "n_layers":  # counted, not listed
+        assert re.search(r"missing tensor.*blocks\.2\..*and \d{9,} more", str(e.value))
+
+
+@pytest.mark.parametrize("field,value", [("rope_theta", "x"), ("norm_eps", float("inf")),
+                                         ("tie_embeddings", "no"), ("rope_theta", True)])
+def test_config_metadata_of_a_wrong_type_is_a_value_error(tmp_path, field, value):
+    state, config = state_and_config()
+    fields = dict(json.loads(config), **{field: value})
+    path = write_glassllm(tmp_path / "m.safetensors", state, json.dumps(fields))
+    with pytest.raises(ValueError, match=f"invalid model config.*{field}"):
+        files.load(path)
+
+
+def test_save_to_an_empty_path_is_a_clear_value_error():
+    with pytest.raises(ValueError, match="empty"):
+        files.save(tiny(), "")

@@ -330,3 +330,48 @@ def test_load_state_dict_is_strict_and_names_the_tensor():
         model.load_state_dict(bad)
     for name, p in model.named_parameters():  # a failed load changes nothing
         np.testing.assert_array_equal(p.data, before[name])
+
+
+# --------------------------------------------------------------------------- Config types
+def test_config_numpy_integers_and_floats_become_python_numbers():
+    import json
+    cfg = small_config(vocab_size=np.int64(257), d_model=np.int32(32), d_ff=np.int64(40),
+                       rope_theta=np.float32(500.0), norm_eps=np.float64(1e-6),
+                       tie_embeddings=np.bool_(False))
+    d = cfg.to_dict()
+    assert type(d["vocab_size"]) is int and type(d["d_model"]) is int
+    assert type(d["d_ff"]) is int and type(d["rope_theta"]) is float
+    assert type(d["tie_embeddings"]) is bool and d["tie_embeddings"] is False
+    assert Config.from_dict(json.loads(json.dumps(d))) == cfg  # JSON-saveable now
+
+
+@pytest.mark.parametrize("field,value", [
+    ("rope_theta", "x"), ("rope_theta", float("inf")), ("rope_theta", float("nan")),
+    ("rope_theta", True), ("norm_eps", "1e-5"), ("norm_eps", float("nan")),
+    ("norm_eps", -float("inf")), ("norm_eps", None),
+    ("tie_embeddings", "no"), ("tie_embeddings", 0), ("tie_embeddings", None),
+    ("family", ["llama"]), ("d_ff", 3.0), ("d_ff", "64"),
+])
+def test_config_rejects_wrong_types_with_value_error_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        small_config(**{field: value})
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(), dict(family="gpt2"), dict(tie_embeddings=False, n_kv_heads=1, n_layers=3)])
+def test_parameter_shapes_lists_named_parameters_without_building(overrides):
+    from glassllm.model import n_parameter_tensors, parameter_shape, parameter_shapes
+    cfg = small_config(**overrides)
+    real = [(n, tuple(p.shape)) for n, p in GlassLM(cfg).named_parameters()]
+    assert list(parameter_shapes(cfg)) == real
+    assert n_parameter_tensors(cfg) == len(real)
+    assert cfg.n_params() == sum(p.size for p in GlassLM(cfg).parameters())
+    for name, shape in real:
+        assert parameter_shape(cfg, name) == shape
+    for bogus in ("blocks.99.mlp.up.weight", "blocks.01.mlp.up.weight", "blocks.x.mlp.up.weight",
+                  "blocks.0.qkv.weight", "blocks", "lm_head.bias", "final_norm.weight.x"):
+        assert parameter_shape(cfg, bogus) is None, bogus
+    huge = Config.from_dict({**cfg.to_dict(), "n_layers": 10 ** 12})  # lazy: nothing built
+    assert n_parameter_tensors(huge) > 10 ** 12
+    assert parameter_shape(huge, f"blocks.{10 ** 12 - 1}.mlp.up.weight") == (cfg.d_model,
+                                                                             cfg.d_ff)

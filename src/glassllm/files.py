@@ -28,7 +28,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from .model import Config, GlassLM
+from .model import Config, GlassLM, n_parameter_tensors, parameter_shape, parameter_shapes
 from .tensor import no_grad
 from .tokenizer import ByteTokenizer, tokenizer_from_json
 
@@ -47,12 +47,13 @@ def save(model: GlassLM, path, tokenizer=None) -> None:
         tokenizer: any tokenizer with `to_json()` and `vocab_size`; default ByteTokenizer().
 
     Raises:
-        ValueError: a parameter holds NaN/inf (a broken model is never written), or the
-            tokenizer has more ids than the model's vocab_size.
+        ValueError: a parameter holds NaN/inf (a broken model is never written), the
+            tokenizer has more ids than the model's vocab_size, or `path` is empty.
         FileNotFoundError / PermissionError: the destination directory is missing / not writable.
     """
+    path = _destination(path)
     tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
-    _check_tokenizer_fits(tokenizer, model.cfg, where=os.fspath(path))
+    _check_tokenizer_fits(tokenizer, model.cfg, where=path)
     tensors = {}
     for name, p in model.named_parameters():
         _check_finite(name, p.data, where=os.fspath(path))
@@ -94,7 +95,7 @@ def export_float16(model: GlassLM, path, probe_ids=None, tolerance: float = 1e-2
         ValueError: a weight overflows float16 or is not finite, the logit check fails, bad
             probe ids or tolerance. No file is written in any of these cases.
     """
-    path = os.fspath(path)
+    path = _destination(path)
     if not tolerance > 0:
         raise ValueError(f"export_float16: tolerance must be > 0, got {tolerance!r}")
     tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
@@ -136,6 +137,13 @@ def export_float16(model: GlassLM, path, probe_ids=None, tolerance: float = 1e-2
                          f"max|logit| = {max_abs_logit:.3g})); nothing written")
     _atomic_save_file(tensors, _metadata(cfg, tokenizer, "float16"), path)
     return report
+
+
+def _destination(path) -> str:
+    path = os.fspath(path)
+    if not path:
+        raise ValueError("model file path is empty; give a file name such as model.safetensors")
+    return path
 
 
 def _metadata(cfg: Config, tokenizer, dtype: str) -> dict[str, str]:
@@ -192,13 +200,12 @@ def load(path) -> GlassLM:
         for name in f.keys():
             piece = f.get_slice(name)
             found[name] = (tuple(piece.get_shape()), piece.get_dtype())
-        _precheck_sizes(cfg, found, path)
+        _check_names_shapes_dtypes(cfg, found, path)  # the whole config, before allocating
         try:
             model = GlassLM(cfg)
         except MemoryError:
             raise ValueError(f"{path}: its config asks for a model too large to build "
                              f"({cfg.to_dict()})") from None
-        _check_names_shapes_dtypes(model, found, path)
         state = {}
         for name in found:
             try:
@@ -277,27 +284,28 @@ def _config_from(metadata: dict, path: str) -> Config:
         raise ValueError(f"{path}: invalid model config: {e}") from None
 
 
-def _precheck_sizes(cfg: Config, found: dict, path: str) -> None:
-    """Compare the config's big dimensions with the file's embedding shape before building the
-    model, so a corrupt config (say d_model = 10**9) fails fast instead of allocating."""
-    shape = found.get("token_embedding.weight", (None,))[0]
-    if shape != (cfg.vocab_size, cfg.d_model):
-        raise ValueError(f"{path}: tensor 'token_embedding.weight' has shape {shape}, the "
-                         f"config expects {(cfg.vocab_size, cfg.d_model)}")
-
-
-def _check_names_shapes_dtypes(model: GlassLM, found: dict, path: str) -> None:
-    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    missing = [n for n in expected if n not in found]
-    unexpected = [n for n in found if n not in expected]
+def _check_names_shapes_dtypes(cfg: Config, found: dict, path: str) -> None:
+    """The file's tensors (name -> (shape, dtype)) must be exactly those the config implies,
+    computed by `parameter_shape(s)` without allocating anything; the walk over expected names
+    stops once a few missing ones are known, so a corrupt config (n_layers = 10**9, d_model =
+    10**9) fails in microseconds instead of building the model."""
+    unexpected = [n for n in found if parameter_shape(cfg, n) is None]
+    n_missing = n_parameter_tensors(cfg) - (len(found) - len(unexpected))
+    missing = []
+    if n_missing:
+        for name, _ in parameter_shapes(cfg):  # at most len(found) + 6 steps
+            if name not in found:
+                missing.append(name)
+                if len(missing) > 5:
+                    break
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(f"missing tensor(s) {_few(missing)}")
+            parts.append(f"missing tensor(s) {_few(missing, total=n_missing)}")
         if unexpected:
             parts.append(f"unexpected tensor(s) {_few(unexpected)}")
         raise ValueError(f"{path}: tensors do not match the config: " + "; ".join(parts))
-    for name, want in expected.items():
+    for name, want in parameter_shapes(cfg):
         shape, dtype = found[name]
         if shape != want:
             raise ValueError(f"{path}: tensor {name!r} has shape {shape}, the config "
@@ -307,8 +315,9 @@ def _check_names_shapes_dtypes(model: GlassLM, found: dict, path: str) -> None:
                              f"{sorted(_LOADABLE_DTYPES)}")
 
 
-def _few(names: list[str], n: int = 5) -> str:
-    return str(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+def _few(names: list[str], n: int = 5, total: int | None = None) -> str:
+    total = len(names) if total is None else total
+    return str(names[:n]) + (f" and {total - n} more" if total > n else "")
 
 
 def _check_finite(name: str, array: np.ndarray, where: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -42,9 +43,14 @@ class Config:
         norm_eps: epsilon of RMSNorm / LayerNorm.
         tie_embeddings: output projection shares the token embedding (gpt2 always ties).
 
+    NumPy integers/floats are accepted and stored as Python int/float (so `to_dict()` is
+    plain JSON).
+
     Raises:
-        ValueError: non-positive sizes, d_model not divisible by n_heads, n_heads not divisible
-            by n_kv_heads, odd head_dim with RoPE, unknown family, untied gpt2.
+        ValueError: sizes that are not positive integers (bools refused), rope_theta/norm_eps
+            not finite positive numbers, tie_embeddings not a bool, d_model not divisible by
+            n_heads, n_heads not divisible by n_kv_heads, odd head_dim with RoPE, unknown
+            family, untied gpt2.
     """
 
     vocab_size: int = 257
@@ -63,11 +69,14 @@ class Config:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"Config.{name} must be a positive integer, got {value!r}")
-        if self.family not in FAMILIES:
+            setattr(self, name, _positive_int(name, getattr(self, name)))
+        if not isinstance(self.family, str) or self.family not in FAMILIES:
             raise ValueError(f"Config.family must be one of {FAMILIES}, got {self.family!r}")
+        if isinstance(self.tie_embeddings, np.bool_):
+            self.tie_embeddings = bool(self.tie_embeddings)
+        if not isinstance(self.tie_embeddings, bool):  # "no" would be truthy: refuse it
+            raise ValueError(f"Config.tie_embeddings must be True or False, got "
+                             f"{self.tie_embeddings!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"Config: d_model={self.d_model} is not divisible by "
                              f"n_heads={self.n_heads}")
@@ -82,11 +91,9 @@ class Config:
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model if self.family == "gpt2" else \
                 32 * math.ceil(8 * self.d_model / 3 / 32)
-        if isinstance(self.d_ff, bool) or not isinstance(self.d_ff, (int, np.integer)) \
-                or self.d_ff <= 0:
-            raise ValueError(f"Config.d_ff must be a positive integer, got {self.d_ff!r}")
-        if not self.rope_theta > 0 or not self.norm_eps > 0:
-            raise ValueError("Config: rope_theta and norm_eps must be positive")
+        self.d_ff = _positive_int("d_ff", self.d_ff)
+        for name in ("rope_theta", "norm_eps"):
+            setattr(self, name, _positive_real(name, getattr(self, name)))
 
     @property
     def head_dim(self) -> int:
@@ -105,8 +112,88 @@ class Config:
         return cls(**d)
 
     def n_params(self) -> int:
-        """Parameter count of a model with this config."""
-        return sum(p.size for p in GlassLM(self).parameters())
+        """Parameter count of a model with this config (computed, nothing allocated)."""
+        return sum(math.prod(shape) for _, shape in parameter_shapes(self))
+
+
+def _positive_int(name: str, value) -> int:
+    """value as a Python int (NumPy integers too, so the config saves as JSON), else
+    ValueError. bool is refused although Python counts it as an int."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"Config.{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _positive_real(name: str, value) -> float:
+    """value as a finite positive Python float, else ValueError (bools and strings refused)."""
+    if isinstance(value, (bool, np.bool_)) or \
+            not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not (math.isfinite(value) and value > 0):
+        raise ValueError(f"Config.{name} must be a finite positive number, got {value!r}")
+    return float(value)
+
+
+def parameter_shapes(cfg: Config) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter of `GlassLM(cfg)`, in `named_parameters()` order,
+    without building anything: files and checkpoints are checked against a config with it
+    before a possibly huge model is allocated. Lazy, so a corrupt n_layers costs nothing
+    until iterated."""
+    C, V = cfg.d_model, cfg.vocab_size
+    gpt2 = cfg.family == "gpt2"
+    yield "token_embedding.weight", (V, C)
+    if gpt2:
+        yield "position_embedding.weight", (cfg.max_len, C)
+    for i in range(cfg.n_layers):
+        yield from _block_shapes(cfg, i)
+    yield "final_norm.weight", (C,)
+    if gpt2:
+        yield "final_norm.bias", (C,)
+    if not cfg.tie_embeddings:
+        yield "lm_head.weight", (C, V)
+
+
+def n_parameter_tensors(cfg: Config) -> int:
+    """len(list(parameter_shapes(cfg))), in O(1)."""
+    gpt2 = cfg.family == "gpt2"
+    per_block = sum(1 for _ in _block_shapes(cfg, 0))
+    return 2 + 2 * gpt2 + (not cfg.tie_embeddings) + cfg.n_layers * per_block
+
+
+def parameter_shape(cfg: Config, name: str) -> tuple[int, ...] | None:
+    """Shape of parameter `name` in `GlassLM(cfg)`, or None if it has no such parameter.
+    O(1) whatever n_layers is (block names are matched against block 0's)."""
+    parts = name.split(".", 2)
+    if parts[0] == "blocks":
+        layer = parts[1] if len(parts) == 3 else ""
+        if not (layer.isdigit() and str(int(layer)) == layer and int(layer) < cfg.n_layers):
+            return None
+        return dict(_block_shapes(cfg, 0)).get(f"blocks.0.{parts[2]}")
+    return dict(parameter_shapes(dataclasses.replace(cfg, n_layers=1))).get(name)
+
+
+def _block_shapes(cfg: Config, i: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+    C, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+    bias = cfg.family == "gpt2"  # LayerNorm and biases (gpt2) vs RMSNorm, no biases (llama)
+    b = f"blocks.{i}."
+
+    def linear(name, d_in, d_out):
+        yield f"{b}{name}.weight", (d_in, d_out)
+        if bias:
+            yield f"{b}{name}.bias", (d_out,)
+
+    def norm(name):
+        yield f"{b}{name}.weight", (C,)
+        if bias:
+            yield f"{b}{name}.bias", (C,)
+
+    yield from norm("attention_norm")
+    for name, width in (("query", C), ("key", kv), ("value", kv), ("output", C)):
+        yield from linear(f"attention.{name}", C, width)
+    yield from norm("mlp_norm")
+    if not bias:
+        yield from linear("mlp.gate", C, cfg.d_ff)
+    yield from linear("mlp.up", C, cfg.d_ff)
+    yield from linear("mlp.down", cfg.d_ff, C)
 
 
 class KVCache:
