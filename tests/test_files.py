@@ -450,3 +450,12 @@ def test_config_metadata_of_a_wrong_type_is_a_value_error(tmp_path, field, value
 def test_save_to_an_empty_path_is_a_clear_value_error():
     with pytest.raises(ValueError, match="empty"):
         files.save(tiny(), "")
+
+
+def test_directory_error_explains_what_a_hugging_face_directory_needs(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(IsADirectoryError, match="config.json \\+ model.safetensors.*neither"):
+        files.load(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(IsADirectoryError, match="has model.safetensors\\)"):
+        files.load(tmp_path)

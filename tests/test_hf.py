@@ -523,3 +523,78 @@ def test_cli_convert_errors(tmp_path, capsys, gpt2_checkpoint):
     assert code == 2 and "no tokenizer" in err and not (tmp_path / "y").exists()
     code, _, err = run_cli(capsys, "generate", "--model", directory, "--prompt", "a")
     assert code == 2 and "no tokenizer" in err
+
+
+# --------------------------------------------------------------------------- overwriting, types
+def test_to_hf_refuses_an_existing_checkpoint_unless_overwrite(tmp_path):
+    model = glass_model("llama")
+    hf.to_hf(model, tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    other = glass_model("llama", seed=5)
+    with pytest.raises(FileExistsError, match="already holds model.safetensors and config.json"):
+        hf.to_hf(other, tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == before  # untouched
+    (tmp_path / "model.safetensors").unlink()  # a config.json alone is refused too
+    with pytest.raises(FileExistsError, match="already holds config.json"):
+        hf.to_hf(other, tmp_path)
+    hf.to_hf(other, tmp_path, overwrite=True)
+    np.testing.assert_array_equal(hf.from_hf(tmp_path).state_dict()["final_norm.weight"],
+                                  other.state_dict()["final_norm.weight"])
+
+
+def test_cli_convert_never_overwrites_the_source_and_needs_force(tmp_path, capsys):
+    from glassllm import files
+    model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)
+    source = tmp_path / "self" / "model.safetensors"
+    source.parent.mkdir()
+    files.save(model, source)
+    before = source.read_bytes()
+    for extra in ((), ("--force",)):  # the source itself: refused even with --force
+        code, _, err = run_cli(capsys, "convert", "--model", source, "--to-hf", source.parent,
+                               *extra)
+        assert code == 2 and "--to-hf" in err and "being converted" in err, err
+        assert source.read_bytes() == before and not (source.parent / "config.json").exists()
+    run_dir = tmp_path / "run"  # another model in the target: refused without --force
+    run_dir.mkdir()
+    files.save(GlassLM(model.cfg, 9), run_dir / "model.safetensors")
+    theirs = (run_dir / "model.safetensors").read_bytes()
+    code, _, err = run_cli(capsys, "convert", "--model", source, "--to-hf", run_dir)
+    assert code == 2 and "--force" in err and str(run_dir) in err
+    assert (run_dir / "model.safetensors").read_bytes() == theirs
+    code, _, _ = run_cli(capsys, "convert", "--model", source, "--to-hf", run_dir, "--force")
+    assert code == 0 and hf.is_hf_dir(run_dir)
+
+
+@pytest.mark.parametrize("base,field,value,message", [
+    (LLAMA_BASE, "rms_norm_eps", "x", "finite positive number"),
+    (LLAMA_BASE, "rms_norm_eps", float("nan"), "finite positive number"),
+    (LLAMA_BASE, "hidden_size", "128", "positive integer"),
+    (LLAMA_BASE, "num_hidden_layers", 2.0, "positive integer"),
+    (LLAMA_BASE, "num_key_value_heads", True, "positive integer"),
+    (LLAMA_BASE, "head_dim", "16", "positive integer"),
+    (LLAMA_BASE, "rope_theta", "1e4", "finite positive number"),
+    (LLAMA_BASE, "tie_word_embeddings", "no", "true or false"),
+    (LLAMA_BASE, "rope_parameters", "default", "must be an object"),
+    (GPT2_BASE, "n_embd", -64, "positive integer"),
+    (GPT2_BASE, "n_inner", "256", "positive integer"),
+    (GPT2_BASE, "layer_norm_epsilon", [1e-5], "finite positive number"),
+    (GPT2_BASE, "scale_attn_weights", 1, "not supported"),
+])
+def test_config_field_of_a_wrong_type_names_the_field_and_file(base, field, value, message):
+    with pytest.raises(ValueError, match=f"^my/config.json: .*{field}.*{message}"):
+        hf.config_from_hf({**base, field: value}, where="my/config.json")
+
+
+def test_from_hf_config_errors_name_the_file(tmp_path, gpt2_checkpoint):
+    _, _, directory, _ = gpt2_checkpoint
+    bad = tmp_path / "bad"
+    copy_checkpoint(directory, bad, edit_config=lambda c: c.update(n_head=5))
+    with pytest.raises(ValueError, match=f"{bad / 'config.json'}: .*not divisible by n_heads=5"):
+        hf.from_hf(bad)
+
+
+def test_cli_generate_on_a_tokenizer_only_directory_explains_hf_layout(tmp_path, capsys):
+    (tmp_path / "vocab.json").write_text("{}")
+    (tmp_path / "merges.txt").write_text("")
+    code, _, err = run_cli(capsys, "generate", "--model", tmp_path, "--prompt", "a")
+    assert code == 2 and "config.json + model.safetensors" in err and "neither" in err

@@ -247,7 +247,11 @@ def _open(path: str):
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such model file: {path}")
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a directory, not a glassllm model file")
+        has = [n for n in ("config.json", "model.safetensors")
+               if os.path.isfile(os.path.join(path, n))]
+        raise IsADirectoryError(f"{path} is a directory, not a glassllm model file; a Hugging "
+                                f"Face model directory needs config.json + model.safetensors "
+                                f"(this one has {' and '.join(has) or 'neither'})")
     try:
         return safe_open(path, framework="numpy")
     except (SafetensorError, UnicodeDecodeError, ValueError) as e:

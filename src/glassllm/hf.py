@@ -22,6 +22,7 @@ bfloat16 through `ml_dtypes`) become float32, glassllm's dtype.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
             a missing or unexpected tensor, a tensor whose shape differs from the config's.
     """
     directory = _checkpoint_dir(path)
-    cfg = config_from_hf(_read_config(directory))
+    cfg = config_from_hf(_read_config(directory), where=str(directory / CONFIG_FILE))
     stored_len = cfg.max_len
     if max_len is not None and max_len != stored_len:
         if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) \
@@ -81,7 +82,8 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
     return model
 
 
-def to_hf(model: GlassLM, out_dir, tokenizer=None) -> Path:
+def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
+          source=None) -> Path:
     """Write `model` as a Hugging Face checkpoint: `out_dir/config.json` + `model.safetensors`.
 
     `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` then builds a
@@ -92,9 +94,15 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None) -> Path:
     Args:
         model: the GlassLM to export.
         out_dir: directory, created if needed; its other files are left as they are.
+            A directory that already holds a model.safetensors or config.json is refused
+            unless `overwrite=True` (a checkpoint, or a training run's model, is never
+            replaced by accident).
         tokenizer: optional. A `BPETokenizer` is written as `tokenizer.json` (the `tokenizers`
             library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
             it from vocab_size 257). Its `eot_id` becomes the config's bos/eos_token_id.
+        overwrite: allow replacing an existing checkpoint in out_dir.
+        source: optional path of the file `model` was read from; writing over it is refused
+            even with overwrite=True (it would destroy the model being converted).
 
     Each file is written to a temporary name and moved into place (atomic per file);
     config.json comes last, so a directory with it holds a complete checkpoint.
@@ -104,13 +112,25 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None) -> Path:
 
     Raises:
         ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none).
+        FileExistsError: out_dir already holds model.safetensors or config.json (and
+            overwrite is False), or one of the files to write is `source` itself.
     """
+    out = Path(out_dir)
+    targets = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / TOKENIZER_FILE]
+    if source is not None:
+        for target in targets:
+            if target.exists() and os.path.samefile(target, source):
+                raise FileExistsError(f"{target} is the model being converted ({source}); "
+                                      f"choose another directory")
+    existing = [t.name for t in targets[:2] if t.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{out} already holds {' and '.join(existing)}; choose a new "
+                              f"directory or allow overwriting (overwrite=True, --force)")
     cfg = model.cfg
     hf_config = config_to_hf(cfg)
     if tokenizer is not None:
         hf_config["bos_token_id"] = hf_config["eos_token_id"] = int(tokenizer.eot_id)
     tensors = _state_to_hf(cfg, model.state_dict())
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _atomic_write(out / WEIGHTS_FILE,
                   lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
@@ -158,89 +178,127 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
 
 
 # --------------------------------------------------------------------------- configs
-def config_from_hf(hf: dict) -> Config:
+def config_from_hf(hf: dict, where: str = "config.json") -> Config:
     """glassllm Config from a transformers config.json dict (model_type gpt2 or llama).
 
+    Args:
+        hf: the parsed config.json.
+        where: the file's name, for messages (`from_hf` gives the full path).
+
     Raises:
-        ValueError: unknown model_type, a missing size field, or a field whose value
-            glassllm cannot reproduce (the message names it).
+        ValueError: unknown model_type, a missing size field, a field of the wrong type (sizes
+            must be positive integers, epsilons and rope_theta finite positive numbers,
+            tie_word_embeddings a bool), or a field whose value glassllm cannot reproduce. The
+            message names the field and `where`.
     """
     model_type = hf.get("model_type")
     if model_type == "gpt2":
-        return _gpt2_config(hf)
-    if model_type == "llama":
-        return _llama_config(hf)
-    raise ValueError(f"config.json: model_type {model_type!r} is not supported "
-                     f"(glassllm reads 'gpt2' and 'llama')")
+        fields = _gpt2_config(hf, where)
+    elif model_type == "llama":
+        fields = _llama_config(hf, where)
+    else:
+        raise ValueError(f"{where}: model_type {model_type!r} is not supported "
+                         f"(glassllm reads 'gpt2' and 'llama')")
+    try:
+        return Config(**fields)
+    except ValueError as e:  # e.g. hidden size not divisible by the number of heads
+        raise ValueError(f"{where}: {e}") from None
 
 
-def _field(hf: dict, name: str):
-    if name not in hf or hf[name] is None:
-        raise ValueError(f"config.json: field {name!r} is missing")
-    return hf[name]
+_REQUIRED = object()
 
 
-def _require(hf: dict, name: str, allowed, default) -> None:
+def _field(hf: dict, name: str, where: str, kind: type = int, default=_REQUIRED):
+    """hf[name] checked as a positive integer (kind int) or finite positive number (float);
+    `default` when absent or null, ValueError naming the field if required."""
+    value = hf.get(name)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"{where}: field {name!r} is missing")
+        return default
+    if kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value) and value > 0
+    if not ok:
+        what = "a positive integer" if kind is int else "a finite positive number"
+        raise ValueError(f"{where}: field {name!r} must be {what}, got {value!r}")
+    return kind(value)
+
+
+def _require(hf: dict, name: str, allowed, default, where: str) -> None:
     """Raise unless hf[name] (or its transformers default) is one of `allowed`."""
     value = hf.get(name, default)
-    if value not in allowed:
-        raise ValueError(f"config.json: {name}={value!r} is not supported by glassllm "
+    if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+        raise ValueError(f"{where}: {name}={value!r} is not supported by glassllm "
                          f"(supported: {list(allowed)})")
 
 
-def _gpt2_config(hf: dict) -> Config:
+def _gpt2_config(hf: dict, where: str) -> dict:
     # gelu_pytorch_tanh is the same tanh approximation as gelu_new, computed by torch.
-    _require(hf, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new")
-    _require(hf, "scale_attn_weights", (True,), True)
-    _require(hf, "scale_attn_by_inverse_layer_idx", (False,), False)
-    _require(hf, "reorder_and_upcast_attn", (False,), False)
-    _require(hf, "add_cross_attention", (False,), False)
-    _require(hf, "tie_word_embeddings", (True,), True)
-    return Config(family="gpt2", vocab_size=_field(hf, "vocab_size"),
-                  d_model=_field(hf, "n_embd"), n_layers=_field(hf, "n_layer"),
-                  n_heads=_field(hf, "n_head"), max_len=_field(hf, "n_positions"),
-                  d_ff=hf.get("n_inner"),  # None means 4 * n_embd in both libraries
-                  norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), tie_embeddings=True)
+    _require(hf, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new", where)
+    _require(hf, "scale_attn_weights", (True,), True, where)
+    _require(hf, "scale_attn_by_inverse_layer_idx", (False,), False, where)
+    _require(hf, "reorder_and_upcast_attn", (False,), False, where)
+    _require(hf, "add_cross_attention", (False,), False, where)
+    _require(hf, "tie_word_embeddings", (True,), True, where)
+    return dict(family="gpt2", vocab_size=_field(hf, "vocab_size", where),
+                d_model=_field(hf, "n_embd", where), n_layers=_field(hf, "n_layer", where),
+                n_heads=_field(hf, "n_head", where), max_len=_field(hf, "n_positions", where),
+                # None means 4 * n_embd in both libraries
+                d_ff=_field(hf, "n_inner", where, default=None),
+                norm_eps=_field(hf, "layer_norm_epsilon", where, float, 1e-5),
+                tie_embeddings=True)
 
 
-def _llama_config(hf: dict) -> Config:
-    _require(hf, "hidden_act", ("silu",), "silu")
-    _require(hf, "attention_bias", (False,), False)
-    _require(hf, "mlp_bias", (False,), False)
-    _require(hf, "rope_scaling", (None,), None)
-    _require(hf, "sliding_window", (None,), None)
-    d_model, n_heads = _field(hf, "hidden_size"), _field(hf, "num_attention_heads")
-    head_dim = hf.get("head_dim")
+def _llama_config(hf: dict, where: str) -> dict:
+    _require(hf, "hidden_act", ("silu",), "silu", where)
+    _require(hf, "attention_bias", (False,), False, where)
+    _require(hf, "mlp_bias", (False,), False, where)
+    _require(hf, "rope_scaling", (None,), None, where)
+    _require(hf, "sliding_window", (None,), None, where)
+    d_model = _field(hf, "hidden_size", where)
+    n_heads = _field(hf, "num_attention_heads", where)
+    head_dim = _field(hf, "head_dim", where, default=None)
     if head_dim is not None and head_dim * n_heads != d_model:
-        raise ValueError(f"config.json: head_dim={head_dim} differs from hidden_size / "
+        raise ValueError(f"{where}: head_dim={head_dim} differs from hidden_size / "
                          f"num_attention_heads = {d_model} / {n_heads}; glassllm needs them equal")
-    return Config(family="llama", vocab_size=_field(hf, "vocab_size"), d_model=d_model,
-                  n_layers=_field(hf, "num_hidden_layers"), n_heads=n_heads,
-                  n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-                  max_len=_field(hf, "max_position_embeddings"),
-                  d_ff=_field(hf, "intermediate_size"), rope_theta=_llama_rope_theta(hf),
-                  norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                  tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+    tie = hf.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ValueError(f"{where}: field 'tie_word_embeddings' must be true or false, "
+                         f"got {tie!r}")
+    return dict(family="llama", vocab_size=_field(hf, "vocab_size", where), d_model=d_model,
+                n_layers=_field(hf, "num_hidden_layers", where), n_heads=n_heads,
+                n_kv_heads=_field(hf, "num_key_value_heads", where, default=n_heads),
+                max_len=_field(hf, "max_position_embeddings", where),
+                d_ff=_field(hf, "intermediate_size", where),
+                rope_theta=_llama_rope_theta(hf, where),
+                norm_eps=_field(hf, "rms_norm_eps", where, float, 1e-6), tie_embeddings=tie)
 
 
-def _llama_rope_theta(hf: dict) -> float:
+def _llama_rope_theta(hf: dict, where: str) -> float:
     """RoPE base: `rope_parameters` (transformers 5) or `rope_theta` (transformers 4)."""
-    theta = hf.get("rope_theta")
+    theta = _field(hf, "rope_theta", where, float, None)
     params = hf.get("rope_parameters")
     if params is not None:
+        if not isinstance(params, dict):
+            raise ValueError(f"{where}: field 'rope_parameters' must be an object, got "
+                             f"{params!r}")
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type != "default":
-            raise ValueError(f"config.json: rope_parameters.rope_type={rope_type!r} is not "
+            raise ValueError(f"{where}: rope_parameters.rope_type={rope_type!r} is not "
                              f"supported by glassllm (only 'default', unscaled RoPE)")
         extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
         if extra:
-            raise ValueError(f"config.json: rope_parameters field(s) {extra} are not "
+            raise ValueError(f"{where}: rope_parameters field(s) {extra} are not "
                              f"supported by glassllm")
-        if theta is not None and params.get("rope_theta", theta) != theta:
-            raise ValueError(f"config.json: rope_theta={theta} and "
-                             f"rope_parameters.rope_theta={params['rope_theta']} disagree")
-        theta = params.get("rope_theta", theta)
-    return float(10000.0 if theta is None else theta)
+        inner = _field(params, "rope_theta", f"{where}: rope_parameters", float, theta)
+        if theta is not None and inner != theta:
+            raise ValueError(f"{where}: rope_theta={theta} and "
+                             f"rope_parameters.rope_theta={inner} disagree")
+        theta = inner
+    return 10000.0 if theta is None else theta
 
 
 def config_to_hf(cfg: Config) -> dict:
