@@ -176,3 +176,29 @@ def test_subprocess_end_to_end(model_path, tmp_path):
     assert bad.returncode == 2
     assert b"Traceback" not in bad.stderr and bad.stderr.count(b"\n") == 1
     assert b"no such model file" in bad.stderr
+
+
+def test_prompt_that_is_not_utf8_is_refused_before_loading(capsys, model_path):
+    bad = b"caf\xe9".decode("utf-8", "surrogateescape")  # as Python passes such argv bytes
+    code, out, err = run(capsys, "--model", model_path, "--prompt", bad)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--prompt is not valid UTF-8" in err and "character 3" in err
+
+
+def test_prompt_that_is_not_utf8_bpe_model(capsys, tmp_path):
+    from glassllm.tokenizer import BPETokenizer
+    tok = BPETokenizer.train(["a cafe sells coffee and tea " * 40], 300)
+    path = tmp_path / "bpe.safetensors"
+    files.save(GlassLM(Config(vocab_size=300, d_model=16, n_layers=1, n_heads=2,
+                              max_len=16)), path, tok)
+    code, out, err = run(capsys, "--model", path, "--prompt", "caf\udce9")
+    assert code == 2 and out == "" and "--prompt" in err and "Traceback" not in err
+
+
+def test_sampling_error_comes_before_any_output(capsys, monkeypatch, model_path):
+    import glassllm.cli as cli
+    model, tok = load_model_and_tokenizer(model_path)
+    model.final_norm.weight.data[:] = np.nan  # a diverged model: logits all NaN
+    monkeypatch.setattr(cli, "load_model_and_tokenizer", lambda path: (model, tok))
+    code, out, err = run(capsys, "--model", model_path, "--prompt", "abc", "--seed", 0)
+    assert code == 2 and out == "" and "NaN" in err and err.count("\n") == 1

@@ -323,3 +323,18 @@ def test_bad_push_and_max_new_tokens():
             gen.push(bad)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(tiny("llama"), [1], -1)
+
+
+def test_generate_accepts_an_int_seed_and_refuses_other_rngs():
+    model = tiny("llama")
+    by_seed = generate(model, [1, 2, 3], 8, Sampling(1.0), rng=42)
+    assert by_seed == generate(model, [1, 2, 3], 8, Sampling(1.0), np.random.default_rng(42))
+    assert by_seed == generate(model, [1, 2, 3], 8, Sampling(1.0), rng=np.int64(42))
+    assert by_seed != generate(model, [1, 2, 3], 8, Sampling(1.0), rng=43)
+    for bad in ("42", 4.2, True, np.random.RandomState(0)):
+        with pytest.raises(TypeError, match="np.random.Generator"):
+            generate(model, [1, 2, 3], 2, Sampling(1.0), rng=bad)
+    with pytest.raises(ValueError, match="seed"):
+        generate(model, [1, 2, 3], 2, Sampling(1.0), rng=-1)
+    with pytest.raises(TypeError, match="default_rng"):
+        sample_next(np.zeros(4), Sampling(1.0), 42)

@@ -431,6 +431,11 @@ def run_generate(args) -> int:
     from .generate import Generator, Sampling
     from .tokenizer import StreamDecoder
 
+    try:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(f"--prompt is not valid UTF-8 text (undecodable byte(s) at character "
+                         f"{e.start}); give the prompt in UTF-8") from None
     if args.max_new_tokens < 0:
         raise UsageError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     try:
@@ -444,10 +449,13 @@ def run_generate(args) -> int:
     generator = Generator(model, prompt_ids)
     rng = np.random.default_rng(args.seed)
     decoder = StreamDecoder(tokenizer)  # holds back bytes of a character not yet complete
+    # The first draw comes before any output, so an error (a model whose logits are NaN)
+    # is a clean one-line error rather than a prompt followed by a message.
+    first = generator.next_token(sampling, rng) if args.max_new_tokens > 0 else None
     try:
         print(args.prompt, end="", flush=True)
-        for _ in range(args.max_new_tokens):
-            token = generator.next_token(sampling, rng)
+        for i in range(args.max_new_tokens):
+            token = first if i == 0 else generator.next_token(sampling, rng)
             if token == tokenizer.eot_id:
                 break
             print(decoder.push(token), end="", flush=True)
@@ -546,6 +554,9 @@ def add_convert(sub) -> None:
                         "or a directory with vocab.json + merges.txt)")
     p.add_argument("--max-len", type=int, metavar="T",
                    help="with --from-hf: a shorter context than the checkpoint's")
+    p.add_argument("--force", action="store_true",
+                   help="with --to-hf: replace a checkpoint already in DIR (never the source "
+                        "model file itself)")
     p.set_defaults(func=run_convert)
 
 
@@ -568,7 +579,10 @@ def run_convert(args) -> int:
     elif all(exporting) and not any(importing) and args.tokenizer is None \
             and args.max_len is None:
         model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
-        hf.to_hf(model, args.to_hf, tokenizer)
+        try:
+            hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model)
+        except FileExistsError as e:
+            raise UsageError(f"--to-hf: {e}") from None
         src, dst = args.model, args.to_hf
     else:
         raise UsageError("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T]"

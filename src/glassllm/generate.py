@@ -124,6 +124,8 @@ def sample_next(logits, sampling: Sampling, rng: np.random.Generator | None = No
 
     Raises:
         ValueError: see `sampling_distribution`; no rng with temperature > 0.
+        TypeError: rng is not a np.random.Generator (an int seed belongs in `generate`, or
+            in np.random.default_rng(seed): reseeding at every call would repeat one draw).
     """
     probs = sampling_distribution(logits, sampling)
     if sampling.temperature == 0:
@@ -131,6 +133,9 @@ def sample_next(logits, sampling: Sampling, rng: np.random.Generator | None = No
     if rng is None:
         raise ValueError("sample_next: an rng (np.random.Generator) is needed when "
                          "temperature > 0")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"sample_next: rng must be a np.random.Generator, got "
+                        f"{type(rng).__name__} (use np.random.default_rng(seed))")
     cdf = np.cumsum(probs)
     u = rng.random() * cdf[-1]
     token = min(int(np.searchsorted(cdf, u, side="right")), probs.size - 1)
@@ -222,7 +227,8 @@ class Generator:
 
 
 def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling = Sampling(),
-             rng: np.random.Generator | None = None, stop_id: int | None = None) -> list[int]:
+             rng: np.random.Generator | int | None = None,
+             stop_id: int | None = None) -> list[int]:
     """Extend `prompt_ids` by up to `max_new_tokens` tokens; return the new tokens only.
 
     Args:
@@ -230,8 +236,9 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
         prompt_ids: 1-D int ids, non-empty (see `Generator`).
         max_new_tokens: how many tokens to draw (>= 0).
         sampling: temperature / top_k / top_p (default: temperature 1, no cut-off).
-        rng: numpy Generator for the draws; None makes a fresh unseeded one (not reproducible;
-            pass np.random.default_rng(seed) for that). Unused when greedy.
+        rng: numpy Generator for the draws, or an int seed (becomes
+            np.random.default_rng(seed): the same seed gives the same tokens); None makes a
+            fresh unseeded one (not reproducible). Unused when greedy.
         stop_id: if given (e.g. the tokenizer's eot_id), stop right after drawing it; it is
             the last element of the result.
 
@@ -239,8 +246,16 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
         list of max_new_tokens ints (fewer if stop_id was drawn).
 
     Raises:
-        ValueError: bad prompt ids, max_new_tokens < 0.
+        ValueError: bad prompt ids, max_new_tokens < 0, a negative seed.
+        TypeError: rng is neither a np.random.Generator, an int nor None.
     """
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        if rng < 0:
+            raise ValueError(f"generate: an int rng is a seed and must be >= 0, got {rng}")
+        rng = np.random.default_rng(int(rng))
+    elif rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"generate: rng must be a np.random.Generator, an int seed or None, "
+                        f"got {type(rng).__name__}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
             or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
