@@ -253,3 +253,35 @@ def test_accessors():
     assert Tensor(np.array([[4.5]])).item() == 4.5
     assert not Tensor(a).requires_grad
     assert t.detach().data is a and not t.detach().requires_grad
+
+
+@pytest.mark.parametrize("data", [np.array([1, 2, 3]), np.array([True, False]),
+                                  np.arange(4, dtype=np.uint8), np.int64(3)])
+def test_requires_grad_on_integer_or_bool_data_is_refused(data):
+    with pytest.raises(ValueError, match="floating-point"):
+        Tensor(data, requires_grad=True)
+    assert not Tensor(data).requires_grad  # without gradients, integers are fine (ids)
+
+
+def test_requires_grad_on_float_data_gives_exact_fractional_grads():
+    x = Tensor(np.array([1, 2, 3]).astype(np.float32), requires_grad=True)
+    (x * 0.5).sum().backward()
+    np.testing.assert_array_equal(x.grad, [0.5, 0.5, 0.5])
+    assert Tensor([1, 2, 3], requires_grad=True).data.dtype == np.float32  # lists: float32
+
+
+def test_tensor_of_none_is_a_type_error_not_nan():
+    with pytest.raises(TypeError, match="None"):
+        Tensor(None)
+
+
+@pytest.mark.parametrize("shape,axis", [((0,), None), ((0, 3), 0), ((2, 0), None),
+                                        ((2, 0), (0, 1))])
+def test_mean_over_zero_elements_is_a_value_error(shape, axis):
+    with pytest.raises(ValueError, match="zero elements"):
+        Tensor(np.zeros(shape, np.float32), requires_grad=True).mean(axis=axis)
+
+
+def test_mean_over_a_non_empty_axis_of_an_empty_tensor_is_fine():
+    x = Tensor(np.zeros((0, 3), np.float32), requires_grad=True)
+    assert x.mean(axis=1).shape == (0,)  # NumPy agrees: no element is averaged over nothing

@@ -69,6 +69,8 @@ def _as_array(value) -> np.ndarray:
         return value
     if isinstance(value, np.generic):
         return np.asarray(value)
+    if value is None:  # np.asarray(None, float32) would be a silent NaN
+        raise TypeError("Tensor(None): data must be a number, a list of numbers or an array")
     return np.asarray(value, dtype=np.float32)
 
 
@@ -82,6 +84,11 @@ class Tensor:
         data: array-like. Python floats, ints and (nested) lists become float32; a NumPy array
             keeps its dtype (float64 arrays give float64 tensors, used by gradient checks).
         requires_grad: if True this is a leaf whose gradient `backward()` accumulates in `.grad`.
+
+    Raises:
+        TypeError: data is None.
+        ValueError: requires_grad=True with integer or bool data (its gradient would be
+            truncated to integers).
 
     Attributes:
         data (np.ndarray): the value.
@@ -98,6 +105,10 @@ class Tensor:
         self.data = _as_array(data)
         self.grad: np.ndarray | None = None
         self.requires_grad = bool(requires_grad)
+        if self.requires_grad and self.data.dtype.kind in "biu":
+            # a gradient stored in an integer array would be truncated (0.5 -> 0)
+            raise ValueError(f"requires_grad=True needs a floating-point tensor, got dtype "
+                             f"{self.data.dtype} (convert with .astype(np.float32) first)")
         self._parents: tuple[Tensor, ...] = ()
         self._backward: BackwardFn | None = None
         self._fresh_grads = False
@@ -348,6 +359,9 @@ class Tensor:
     def mean(self, axis=None, keepdims: bool = False):
         axes = range(self.ndim) if axis is None else np.atleast_1d(axis)
         count = int(np.prod([self.shape[i] for i in axes]))
+        if count == 0:  # NumPy would warn and give NaN; a NaN loss is worse than an error
+            raise ValueError(f"mean over zero elements (shape {self.shape}, axis {axis}) is "
+                             f"undefined")
         return self.sum(axis=axis, keepdims=keepdims) * (1.0 / count)
 
     # ----------------------------------------------------------------- shape
