@@ -22,6 +22,9 @@ from typing import Callable
 # threads), small enough (1 MiB of float32, a core's L2 here) that a slice's passes mostly
 # stay in cache.
 SLICE_ELEMENTS = 1 << 18
+# Work smaller than this runs on the calling thread alone; from here up it is split evenly
+# over the threads (half of a 64K-element softmax still outweighs the hand-off).
+MIN_PARALLEL_ELEMENTS = 1 << 16
 
 _num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
     else (os.cpu_count() or 1)
@@ -66,24 +69,34 @@ def _run_as_worker(fn, part):
         _in_worker.active = False
 
 
-def row_slices(n_rows: int, row_size: int) -> list[slice]:
-    """Consecutive slices covering range(n_rows), each about SLICE_ELEMENTS elements."""
-    rows = max(1, SLICE_ELEMENTS // max(1, row_size))
+def row_slices(n_rows: int, row_size: int, n_threads: int = 1) -> list[slice]:
+    """Consecutive slices covering range(n_rows): about SLICE_ELEMENTS elements each, and, for
+    work of at least MIN_PARALLEL_ELEMENTS, a multiple of n_threads slices of equal size, so
+    every thread gets the same share."""
+    if n_rows <= 0:
+        return []
+    total = n_rows * row_size
+    n_slices = max(1, -(-total // SLICE_ELEMENTS))
+    if n_threads > 1 and total >= MIN_PARALLEL_ELEMENTS:
+        n_slices = -(-n_slices // n_threads) * n_threads
+    n_slices = min(n_slices, max(1, n_rows))
+    rows = -(-n_rows // n_slices)
     return [slice(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
 
 
 def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int) -> None:
     """Call fn(rows) for row slices covering range(n_rows) (see `row_slices`), in parallel.
 
-    Runs serially when one thread is configured, when the work is a single slice, or when
-    called from inside a worker. Exceptions raised by fn propagate to the caller.
+    Runs serially when one thread is configured, when the work is small, or when called from
+    inside a worker. Exceptions raised by fn propagate to the caller.
     """
-    if n_rows * row_size <= SLICE_ELEMENTS:  # one slice: skip the bookkeeping (decoding)
-        if n_rows:
+    serial = _num_threads == 1 or getattr(_in_worker, "active", False)
+    if n_rows * row_size < (SLICE_ELEMENTS if serial else MIN_PARALLEL_ELEMENTS):
+        if n_rows:  # one slice: skip the bookkeeping (decoding)
             fn(slice(0, n_rows))
         return
-    parts = row_slices(n_rows, row_size)
-    if _num_threads == 1 or getattr(_in_worker, "active", False):
+    parts = row_slices(n_rows, row_size, 1 if serial else _num_threads)
+    if serial or len(parts) == 1:
         for part in parts:
             fn(part)
         return
