@@ -329,3 +329,19 @@ def test_schedule_progress_capped_at_minimum():
     last = lr_schedule(99, 100, 1.0, warmup=10)
     assert 0.1 < last < 0.1 + 1e-3
     assert lr_schedule(12, 5, 1.0, warmup=10) == pytest.approx(0.1)  # total < warmup
+
+
+def test_step_with_a_grad_of_the_wrong_shape_raises_and_changes_nothing():
+    a = Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    b = Tensor(np.ones(4, np.float32), requires_grad=True)
+    opt = AdamW([a, b], lr=0.1)
+    a.grad = np.ones((2, 3), np.float32)
+    b.grad = np.ones((1, 4), np.float32)  # broadcastable, so NumPy would silently accept it
+    with pytest.raises(ValueError, match=r"parameter 1 has shape \(4,\) but its grad has "
+                                         r"shape \(1, 4\)"):
+        opt.step()
+    np.testing.assert_array_equal(a.data, 1.0)  # the good parameter was not updated either
+    assert opt.t == 0
+    b.grad = np.ones(4, np.float32)
+    opt.step()
+    assert opt.t == 1 and np.all(a.data < 1.0) and np.all(b.data < 1.0)

@@ -52,7 +52,15 @@ class AdamW:
 
         lr overrides the base rate for this update only. Parameters whose grad is None are
         skipped entirely: no decay, no moment update, their count does not advance.
+
+        Raises:
+            ValueError: a grad whose shape differs from its parameter's (checked for all
+                parameters before any is updated, so nothing changes).
         """
+        for i, p in enumerate(self.params):  # before any change, so a bad step changes nothing
+            if p.grad is not None and p.grad.shape != p.data.shape:
+                raise ValueError(f"AdamW.step: parameter {i} has shape {p.data.shape} but its "
+                                 f"grad has shape {p.grad.shape}")
         lr = self.lr if lr is None else lr
         beta1, beta2 = self.betas
         self.t += 1
