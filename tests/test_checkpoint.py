@@ -183,3 +183,28 @@ def test_the_checkpoint_state_is_plain_json(tmp_path):
     assert {"model.token_embedding.weight", "optimizer.m.token_embedding.weight",
             "optimizer.v.token_embedding.weight"} <= names
     assert state["optimizer"]["t"] == 3 and state["settings"]["steps"] == 3
+
+
+def small_checkpoint():
+    model = GlassLM(Config(**CFG), seed=1)
+    opt = AdamW(model.parameters(), lr=0.01)
+    return Checkpoint(step=0, config=model.cfg.to_dict(), weights=model.state_dict(),
+                      optimizer=optimizer_state(model, opt),
+                      rng_state=np.random.default_rng(0).bit_generator.state,
+                      settings={"steps": 5})
+
+
+def test_unwritable_checkpoint_paths_name_the_path_not_a_temporary(tmp_path):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    ckpt = small_checkpoint()
+    with pytest.raises(IsADirectoryError) as info:
+        save_checkpoint(tmp_path / "adir", ckpt)
+    assert info.value.filename == str(tmp_path / "adir") and ".tmp" not in str(info.value)
+    for target in (tmp_path / "afile" / "c.ckpt", tmp_path / "afile" / "sub" / "c.ckpt"):
+        with pytest.raises(OSError) as info:  # FileExistsError / NotADirectoryError
+            save_checkpoint(target, ckpt)
+        assert info.value.filename == str(target) and ".tmp" not in str(info.value)
+        assert "cannot write the checkpoint" in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["adir", "afile"]
+    assert os.listdir(tmp_path / "adir") == []

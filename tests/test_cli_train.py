@@ -161,6 +161,7 @@ def test_ctrl_c_exits_130_with_checkpoint_and_csv_intact_then_resume_matches(tmp
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    assert err.count("interrupted") == 1, err  # one line, not run_train's and main()'s
     ckpt = load_checkpoint(tmp_path / "a" / "checkpoint.safetensors")
     rows = read_csv(log)
     assert 8 <= ckpt.step < int(steps)
@@ -193,3 +194,217 @@ def test_readme_main_job_tinyshakespeare_defaults(tmp_path, capsys):
     best = min(float(r["val_loss"]) for r in rows if r["val_loss"])
     assert best <= 2.0, best
     assert elapsed < 15 * 60, elapsed
+
+
+# ------------------------------------------------------------ fresh-user findings (regressions)
+TINY_ARGS = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "2",
+             "--seq-len", "16", "--batch-size", "2", "--eval-batches", "1", "--steps", "2"]
+
+
+def one_error_line(err: str) -> str:
+    """The error printed by main() after a progress bar: it must start on a line of its own."""
+    lines = [line for line in err.split("\n") if line.strip()]
+    assert "Traceback" not in err
+    error_lines = [line for line in lines if "error:" in line]
+    assert len(error_lines) == 1, err
+    assert error_lines[0].startswith("glassllm train: error:"), err
+    return error_lines[0]
+
+
+@pytest.mark.parametrize("lr", ["1e10", "1e300"])
+def test_a_diverged_run_exits_1_and_writes_no_model(tmp_path, text_file, capsys, lr):
+    out = tmp_path / "r" / "m.safetensors"
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "5", "--lr", lr,
+               "--warmup", "0", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    line = one_error_line(captured.err)
+    assert "not finite" in line and "no model file was written" in line
+    assert "saved (best so far)" not in captured.out and "val nan" not in captured.out
+    assert not out.exists() and not (tmp_path / "r" / "history.csv").exists()
+    assert "RuntimeWarning" not in captured.err
+
+
+def test_gpt2_default_kv_heads_follow_the_family(tmp_path, text_file, capsys):
+    args = ["train", "--data", str(text_file), "--d-model", "16", "--n-layers", "1",
+            "--n-heads", "4", "--seq-len", "16", "--batch-size", "2", "--eval-batches", "1",
+            "--steps", "1"]
+    assert main([*args, "--family", "gpt2", "--out", str(tmp_path / "g.st")]) == 0
+    assert files.load(tmp_path / "g.st").cfg.n_kv_heads == 4
+    assert main([*args, "--out", str(tmp_path / "l.st")]) == 0  # llama keeps GQA, 2 KV heads
+    assert files.load(tmp_path / "l.st").cfg.n_kv_heads == 2
+    assert main([*args, "--n-heads", "1", "--out", str(tmp_path / "one.st")]) == 0
+    assert files.load(tmp_path / "one.st").cfg.n_kv_heads == 1
+    capsys.readouterr()
+    rc = main([*args, "--family", "gpt2", "--n-kv-heads", "2", "--out", str(tmp_path / "x.st")])
+    assert rc == 2 and "--family gpt2 has no grouped-query attention" in capsys.readouterr().err
+
+
+def test_data_must_be_utf8_text(tmp_path, text_file, capsys):
+    binary = tmp_path / "latin1.txt"
+    binary.write_bytes("caf\xe9 ".encode("latin-1") * 400)
+    out = tmp_path / "m.st"
+    rc = main(["train", "--data", str(text_file), str(binary), *TINY_ARGS, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{binary}: not UTF-8 text (invalid byte at offset 3)" in err
+    assert err.count("\n") == 1 and not out.exists()
+
+
+def test_a_directory_gives_only_its_text_files(tmp_path, text_file, capsys):
+    folder = tmp_path / "mixed"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_bytes(text_file.read_bytes())
+    (folder / "sub" / "b.md").write_text("# notes\n" * 40)
+    (folder / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    (folder / "tokens.bin").write_bytes(np.arange(300, dtype=np.uint16).tobytes())  # NULs
+    from glassllm.cli import load_corpus
+    corpus = load_corpus([str(folder)], seq_len=16)
+    assert corpus.sources == [str(folder / "a.txt"), str(folder / "sub" / "b.md")]
+    assert corpus.train.token_count() + corpus.val.token_count() == \
+        len(text_file.read_bytes()) + 8 * 40
+    assert "skipped 2 file(s)" in corpus.notes[0][1] and "img.png" in corpus.notes[0][1]
+    rc = main(["train", "--data", str(folder), *TINY_ARGS, "--out", str(tmp_path / "m.st")])
+    assert rc == 0 and "skipped 2 file(s) that are not UTF-8 text" in capsys.readouterr().err
+    (folder / "a.txt").unlink()
+    (folder / "sub" / "b.md").unlink()
+    rc = main(["train", "--data", str(folder), *TINY_ARGS, "--out", str(tmp_path / "n.st")])
+    assert rc == 2 and "no UTF-8 text files" in capsys.readouterr().err
+
+
+def test_a_prepare_directory_cannot_be_mixed_with_files(tmp_path, text_file, capsys):
+    from glassllm.data import prepare
+    prepare([str(text_file)], tmp_path / "p1")
+    rc = main(["train", "--data", str(tmp_path / "p1"), str(text_file), *TINY_ARGS,
+               "--out", str(tmp_path / "m.st")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "`glassllm prepare` directory" in err and "alone" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--checkpoint", "{out}"], "--out and --checkpoint are the same file"),
+    (["--log-csv", "{out}"], "--out and --log-csv are the same file"),
+    (["--log-csv", "{dir}/history.csv"], "--log-csv and history.csv (next to --out)"),
+    (["--checkpoint", "{dir}/./loss.png"], "--checkpoint and loss.png (next to --out)"),
+    (["--checkpoint", "{dir}"], "is a directory"),
+    (["--log-csv", "{dir}/afile/x.csv"], "afile is a file, not a directory"),
+    (["--out", "{dir}/afile/m.st"], "afile is a file, not a directory"),
+    (["--out", "{data}"], "is one of the --data files"),
+])
+def test_conflicting_or_bad_output_paths_fail_before_training(tmp_path, text_file, capsys,
+                                                             flags, message):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "afile").write_text("x")
+    out = run_dir / "m.st"
+    fill = dict(out=out, dir=run_dir, data=text_file)
+    argv = ["train", "--data", str(text_file), *TINY_ARGS, "--out", str(out)]
+    argv += [f.format(**fill) for f in flags]
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert rc == 2 and message in captured.err and captured.err.count("\n") == 1
+    assert ".tmp" not in captured.err and "initial val loss" not in captured.out
+    assert sorted(os.listdir(run_dir)) == ["afile"]
+
+
+def test_missing_log_csv_directories_are_created(tmp_path, text_file):
+    log = tmp_path / "logs" / "deep" / "steps.csv"
+    assert main(["train", "--data", str(text_file), *TINY_ARGS, "--log-csv", str(log),
+                 "--out", str(tmp_path / "m.st")]) == 0
+    assert [int(r["step"]) for r in read_csv(log)] == [0, 1]
+
+
+def test_os_errors_and_memory_errors_are_one_line(tmp_path, text_file, capsys, monkeypatch):
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--batch-size", "1000000000000",
+               "--out", str(tmp_path / "m.st")])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert "not enough memory for this train run" in one_error_line(captured.err)
+    assert not (tmp_path / "m.st").exists()
+
+    import errno
+    from glassllm import train as train_module
+
+    def full_disk(self, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m.st"))
+    monkeypatch.setattr(train_module.Trainer, "run", full_disk)
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--out", str(tmp_path / "m.st")])
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 2 and line == f"glassllm train: error: {tmp_path / 'm.st'}: No space left " \
+                               f"on device"
+
+
+def test_broken_stdout_pipe_ends_quietly(tmp_path, text_file):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "glassllm.cli", "train", "--data", str(text_file), *TINY_ARGS,
+         "--steps", "2000", "--eval-every", "1", "--out", str(tmp_path / "m.st")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("glassllm train:")
+    proc.stdout.close()  # as `| head -1` does
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err and "BrokenPipe" not in err
+    assert "error" not in err
+
+
+def test_resume_refuses_other_data_of_the_same_length(tmp_path, text_file, capsys):
+    ckpt = tmp_path / "c.st"
+    assert main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "4",
+                 "--checkpoint-every", "2", "--checkpoint", str(ckpt),
+                 "--out", str(tmp_path / "m.st")]) == 0
+    saved = load_checkpoint(ckpt).extra["data"]
+    import hashlib
+    assert len(saved["sha256"]) == 64 and saved["sha256"] != hashlib.sha256(b"").hexdigest()
+    text = text_file.read_bytes()
+    text_file.write_bytes(text.replace(b"quick", b"QUICK"))  # same length, other content
+    capsys.readouterr()
+    rc = main(["train", "--resume", str(ckpt)])
+    assert rc == 2 and "the data differs from the checkpoint's (content)" in \
+        capsys.readouterr().err
+    text_file.write_bytes(text)
+    assert main(["train", "--resume", str(ckpt)]) == 0
+
+
+def test_resume_from_another_directory_writes_the_same_log_csv(tmp_path, text_file,
+                                                               monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    # 3 steps, a checkpoint after 2: resuming it redoes update 2
+    assert main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "3",
+                 "--checkpoint-every", "2", "--log-csv", "steps.csv",
+                 "--out", "m.st"]) == 0
+    ckpt = load_checkpoint(tmp_path / "a" / "checkpoint.safetensors")
+    assert ckpt.step == 2 and ckpt.settings["log_csv"] == str(tmp_path / "a" / "steps.csv")
+    straight = (tmp_path / "a" / "steps.csv").read_text()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["train", "--resume", str(tmp_path / "a" / "checkpoint.safetensors")]) == 0
+    assert os.listdir(tmp_path / "elsewhere") == []
+    assert (tmp_path / "a" / "steps.csv").read_text() == straight
+    assert [int(r["step"]) for r in read_csv(tmp_path / "a" / "steps.csv")] == [0, 1, 2]
+
+
+def test_settings_errors_use_the_flag_spelling(tmp_path, text_file, capsys):
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--batch-size", "0",
+               "--out", str(tmp_path / "m.st")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--batch-size must be positive, got 0" in err and "batch_size" not in err
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--eval-every", "0",
+               "--out", str(tmp_path / "m.st")])
+    assert rc == 2 and "--eval-every must be positive" in capsys.readouterr().err
+
+
+def test_resume_refuses_more_steps_and_says_why(tmp_path, text_file, capsys):
+    ckpt = tmp_path / "c.st"
+    assert main(["train", "--data", str(text_file), *TINY_ARGS, "--checkpoint-every", "1",
+                 "--checkpoint", str(ckpt), "--out", str(tmp_path / "m.st")]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ckpt), "--steps", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--steps 5 (checkpoint: 2)" in err and "schedule" in err
+
+
+def test_generate_seed_must_be_non_negative(capsys):
+    # (add_generate's --seed type lives in cli.py; glassllm.generate itself is untouched)
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--model", "x", "--prompt", "a", "--seed", "-1"])
+    assert info.value.code == 2
+    assert "argument --seed: must be an integer >= 0, got -1" in capsys.readouterr().err

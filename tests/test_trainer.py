@@ -266,3 +266,89 @@ def test_data_and_model_mismatches_are_clear_errors():
         Trainer(settings(), ArrayBatches(train_ids), ArrayBatches(val_ids[:8])).run(model)
     with pytest.raises(ValueError, match="checkpoint_path"):
         Trainer(settings(checkpoint_every=2), ArrayBatches(train_ids), ArrayBatches(val_ids))
+
+
+class NaNAtEval(Trainer):
+    """A Trainer whose evaluations number `bad` (0 = the one before training) return `value`,
+    optionally after breaking a weight first: divergence seen only at validation."""
+
+    def __init__(self, *a, bad=(), value=float("nan"), break_weights=False, **kw):
+        super().__init__(*a, **kw)
+        self.bad, self.value, self.break_weights, self.calls = set(bad), value, \
+            break_weights, 0
+
+    def _evaluate(self, model):
+        self.calls += 1
+        if self.calls - 1 not in self.bad:
+            return super()._evaluate(model)
+        if self.break_weights:
+            model.token_embedding.weight.data[0, 0] = np.inf
+        return self.value
+
+
+def run_nan_eval(tmp_path, **kw):
+    train_ids, val_ids = corpus()
+    trainer = NaNAtEval(settings(), ArrayBatches(train_ids), ArrayBatches(val_ids),
+                        model_path=tmp_path / "model.safetensors", **kw)
+    events = []
+    with pytest.raises(NonFiniteLossError) as info:
+        trainer.run(GlassLM(Config(**CFG), seed=0), on_event=events.append)
+    return info.value, events
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_validation_loss_is_never_saved_nor_best(tmp_path, value):
+    """Evaluations run after updates 0, 4, 8, 9 (calls 1..4); call 1 is bad: nothing saved."""
+    err, events = run_nan_eval(tmp_path, bad={1}, value=value)
+    assert err.step == 0 and err.reason == "nonfinite_val_loss"
+    assert "validation loss is not finite" in str(err)
+    assert "no model file was written" in str(err) and err.kept_path is None
+    assert not any(isinstance(e, (Saved, Evaluated)) for e in events)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_later_non_finite_validation_loss_keeps_the_earlier_best_file(tmp_path):
+    err, events = run_nan_eval(tmp_path, bad={2})
+    assert err.step == 4
+    assert [e.step for e in events if isinstance(e, Saved)] == [0]
+    path = str(tmp_path / "model.safetensors")
+    assert err.kept_path == path and err.kept_step == 0
+    assert f"{path} keeps the best model, from step 0" in str(err)
+    assert np.isfinite(files.load(path).token_embedding.weight.data).all()
+
+
+def test_non_finite_weights_with_a_finite_validation_loss_are_never_saved(tmp_path):
+    """The weights are checked before the model file is written: a diverged model must end
+    the run as NonFiniteLossError, not as files.save's ValueError."""
+    err, events = run_nan_eval(tmp_path, bad={1}, value=1.0, break_weights=True)
+    assert err.step == 0 and err.reason == "nonfinite_weights"
+    assert "weights are not finite" in str(err)
+    assert os.listdir(tmp_path) == [] and not any(isinstance(e, Saved) for e in events)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("batch_size", True, "batch_size must be an integer, got True"),
+    ("steps", 2.5, "steps must be an integer, got 2.5"),
+    ("steps", 3.0, "steps must be an integer"),
+    ("seq_len", "8", "seq_len must be an integer, got '8'"),
+    ("seed", None, "seed must be an integer"),
+    ("checkpoint_every", 1.5, "checkpoint_every must be an integer"),
+    ("lr", "0.01", "lr must be a number, got '0.01'"),
+    ("lr", True, "lr must be a number"),
+    ("lr", float("inf"), "lr must be a finite number"),
+    ("clip", float("nan"), "clip must be a finite number"),
+    ("max_skip_rate", float("nan"), "max_skip_rate must be a finite number"),
+    ("weight_decay", float("inf"), "weight_decay must be a finite number"),
+    ("min_lr_ratio", complex(0.1, 0), "min_lr_ratio must be a number"),
+])
+def test_settings_reject_wrong_types_naming_the_field(field, value, message):
+    with pytest.raises(ValueError) as info:
+        settings(**{field: value})
+    assert f"TrainSettings.{message}" in str(info.value)
+
+
+def test_settings_take_numpy_numbers_as_plain_python_ones():
+    s = settings(steps=np.int64(10), batch_size=np.int32(4), lr=np.float32(0.5), warmup=1)
+    assert type(s.steps) is int and type(s.batch_size) is int and type(s.lr) is float
+    assert s.steps == 10 and s.lr == 0.5 and s.warmup == 1
+    assert TrainSettings.from_dict(s.to_dict()) == s

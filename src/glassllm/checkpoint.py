@@ -20,6 +20,7 @@ that never stopped. Writes are atomic: a temporary file in the same directory, f
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -129,8 +130,12 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
 
     Raises:
         ValueError: a weight or moment is not a float array, or `state` is not JSON-able.
+        IsADirectoryError / OSError: `path` is a directory or cannot be written; the message
+            names `path`, never the temporary file.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "the checkpoint path is a directory", str(path))
     tensors = {}
     for prefix, arrays in (("model.", ckpt.weights), ("optimizer.m.", ckpt.optimizer["m"]),
                            ("optimizer.v.", ckpt.optimizer["v"])):
@@ -154,19 +159,31 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint: state is not JSON-serialisable: {e}") from None
     metadata = {"format": FORMAT, "version": VERSION, "state": state_json}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _about(e, path, "cannot write the checkpoint") from None
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # Ctrl-C included: never leave a half-written temporary behind
+    except BaseException as e:  # Ctrl-C included: never leave a half-written temporary behind
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):  # the temporary's name would only confuse
+            raise _about(e, path, "cannot write the checkpoint") from None
         raise
     return path
+
+
+def _about(e: OSError, path: Path, doing: str) -> OSError:
+    """The same kind of OSError (errno kept), naming `path` instead of whatever file failed."""
+    reason = e.strerror or str(e)
+    return type(e)(e.errno, f"{doing}: {reason}", str(path)) if e.errno is not None \
+        else type(e)(f"{doing} {str(path)!r}: {reason}")
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:

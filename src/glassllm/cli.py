@@ -22,8 +22,8 @@ class UsageError(Exception):
 # ----------------------------------------------------------------------------------- train
 # The default model of `glassllm train`, chosen with TrainSettings' defaults so that the README's
 # run on tinyshakespeare ends below 2.0 nats per byte (1.75) in minutes on two CPU cores.
-TRAIN_MODEL_DEFAULTS = {"family": "llama", "d_model": 128, "n_layers": 4, "n_heads": 4,
-                        "n_kv_heads": 2}
+# n_kv_heads is not here: its default depends on the family and n_heads (_default_kv_heads).
+TRAIN_MODEL_DEFAULTS = {"family": "llama", "d_model": 128, "n_layers": 4, "n_heads": 4}
 STDLIB_CORPUS_BYTES = 4 << 20  # the default corpus: the first 4 MiB of the stdlib's .py files
 VAL_FRACTION = 0.1             # held out: the last 10% of the token stream
 _MODEL_FLAGS = ("family", "d_model", "n_layers", "n_heads", "n_kv_heads")
@@ -41,18 +41,24 @@ def add_train(sub) -> None:
                     "best model. Without --data it trains on the Python standard library's own "
                     "source code. Ctrl-C writes a checkpoint that --resume continues exactly.")
     p.add_argument("--data", nargs="+", metavar="FILE_OR_DIR",
-                   help="text files or directories of them (read as UTF-8 bytes, byte "
-                        "tokenizer), or one directory written by `glassllm prepare` "
-                        "(train.bin/val.bin). Default: the stdlib's .py files, first 4 MiB")
+                   help="UTF-8 text files or directories (read as bytes, byte tokenizer; a "
+                        "directory gives its files that are UTF-8 text without NUL bytes, "
+                        "others are skipped with a note), or one directory written by "
+                        "`glassllm prepare` (train.bin/val.bin), alone. Default: the stdlib's "
+                        ".py files, first 4 MiB")
     p.add_argument("--out", default=None, metavar="PATH",
                    help="best model file (default runs/model.safetensors, or the resumed "
                         "run's); its directory also gets history.csv, loss.png and "
                         "checkpoint.safetensors")
     g = p.add_argument_group("model (with --resume the checkpoint's; other values are refused)")
     g.add_argument("--family", choices=["llama", "gpt2"], help=f"default {m['family']}")
-    for flag in ("d_model", "n_layers", "n_heads", "n_kv_heads"):
+    for flag in ("d_model", "n_layers", "n_heads"):
         g.add_argument("--" + flag.replace("_", "-"), type=int, metavar="N",
                        help=f"default {m[flag]}")
+    g.add_argument("--n-kv-heads", type=int, metavar="N",
+                   help="key/value heads; default: 2 for llama (grouped-query attention) when "
+                        "--n-heads is even, else --n-heads; gpt2: --n-heads (GPT-2 has no "
+                        "grouped-query attention)")
     g = p.add_argument_group("training")
     g.add_argument("--seq-len", type=int, metavar="T",
                    help=f"tokens per window, also the model's max_len (default {d.seq_len})")
@@ -80,7 +86,9 @@ def add_train(sub) -> None:
                    help="checkpoint file (default: checkpoint.safetensors next to --out; "
                         "with --resume, the resumed file)")
     g.add_argument("--resume", metavar="CKPT",
-                   help="continue the run saved in CKPT; the result equals an uninterrupted run")
+                   help="continue the run saved in CKPT with the same data and settings; the "
+                        "result equals an uninterrupted run. --steps cannot grow: the "
+                        "learning-rate schedule depends on it")
     p.add_argument("--threads", type=int, metavar="N",
                    help="threads for matrix products (default 1, or the resumed run's: on a "
                         "busy machine more threads can make each step many times slower)")
@@ -88,8 +96,9 @@ def add_train(sub) -> None:
 
 
 def run_train(args) -> int:
-    import math
     import time
+
+    import numpy as np
 
     from . import checkpoint
     from .model import Config, GlassLM
@@ -103,8 +112,6 @@ def run_train(args) -> int:
     # A resumed run keeps writing where the interrupted one did, unless told otherwise.
     out = args.out or (resume.extra.get("out") if resume else None) or \
         os.path.join("runs", "model.safetensors")
-    if os.path.isdir(out):
-        raise UsageError(f"--out {out} is a directory; give a file path")
     run_dir = os.path.dirname(os.path.abspath(out))
     ckpt_path = args.checkpoint or args.resume or os.path.join(run_dir, "checkpoint.safetensors")
     threads = args.threads if args.threads is not None else \
@@ -118,26 +125,42 @@ def run_train(args) -> int:
         sources = args.data or resume.extra.get("data", {}).get("sources")
     else:
         try:
-            settings = TrainSettings(**{k: v for k, v in given.items() if k in _SETTING_FLAGS},
-                                     log_csv=args.log_csv,
-                                     checkpoint_every=args.checkpoint_every)
+            settings = TrainSettings(
+                **{k: v for k, v in given.items() if k in _SETTING_FLAGS},
+                log_csv=None if args.log_csv is None else os.path.abspath(args.log_csv),
+                checkpoint_every=args.checkpoint_every)
         except (TypeError, ValueError) as e:
-            raise UsageError(str(e).replace("TrainSettings.", "--")) from None
+            raise UsageError(_flag_spelling(str(e))) from None
         cfg = None
         sources = args.data
+    history_csv = os.path.join(run_dir, "history.csv")
+    outputs = {"--out": out, "--checkpoint": ckpt_path, "--log-csv": settings.log_csv,
+               "history.csv (next to --out)": history_csv,
+               "loss.png (next to --out)": os.path.join(run_dir, "loss.png")}
+    _check_distinct_outputs(outputs)
     corpus = load_corpus(sources, settings.seq_len)
+    for name, note in corpus.notes:
+        print(f"note: {name}: {note}", file=sys.stderr, flush=True)
+    _check_outputs_spare_data(outputs, corpus)
     if resume is not None:
         _check_same_data(resume, corpus)
     else:
         model_args = {**TRAIN_MODEL_DEFAULTS, **{k: v for k, v in given.items()
                                                  if k in _MODEL_FLAGS}}
+        model_args.setdefault("n_kv_heads", _default_kv_heads(model_args))
+        if model_args["family"] == "gpt2" and model_args["n_kv_heads"] != model_args["n_heads"]:
+            raise UsageError(f"--family gpt2 has no grouped-query attention: --n-kv-heads "
+                             f"{model_args['n_kv_heads']} must equal --n-heads "
+                             f"{model_args['n_heads']} (or be left out)")
         try:
             cfg = Config(vocab_size=corpus.tokenizer.vocab_size, max_len=settings.seq_len,
                          **model_args)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    for flag, path in outputs.items():  # before any training: a bad path fails in a second
+        if path is not None:
+            _prepare_output(flag, path)
     model = GlassLM(cfg, seed=settings.seed)
-    os.makedirs(run_dir, exist_ok=True)
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
                       checkpoint_path=ckpt_path, tokenizer=corpus.tokenizer,
                       extra={"data": corpus.describe(), "out": os.path.abspath(out),
@@ -177,23 +200,26 @@ def run_train(args) -> int:
             bar.write(f"{'':14}checkpoint after {event.step} steps -> {event.path}")
 
     try:
-        with _blas_threads(threads):
+        # A diverging run overflows inside NumPy; the loop itself detects and reports
+        # non-finite losses, so NumPy's RuntimeWarnings would only garble the bar.
+        with _blas_threads(threads), np.errstate(over="ignore", invalid="ignore",
+                                                 divide="ignore"):
             summary = trainer.run(model, resume=resume, on_event=on_event)
     except TrainingInterrupted as e:
-        bar.close()
+        bar.close()  # ends the bar's line: the message starts on a fresh one
         if e.history:
-            _write_history_csv(os.path.join(run_dir, "history.csv"), e.history)
+            _write_history_csv(history_csv, e.history)
         where = (f"checkpoint after {e.step} steps: {e.checkpoint_path}; continue with "
                  f"`glassllm train --resume {e.checkpoint_path}`" if e.checkpoint_path
                  else "no checkpoint written")
-        print(f"\nglassllm train: interrupted; {where}", file=sys.stderr, flush=True)
-        raise
+        print(f"glassllm train: interrupted; {where}", file=sys.stderr, flush=True)
+        return 130
     except (NonFiniteLossError, SkipRateExceeded) as e:
         bar.close()
         print(f"glassllm train: error: {e}", file=sys.stderr, flush=True)
         return 1
-    bar.close()
-    history_csv = os.path.join(run_dir, "history.csv")
+    finally:
+        bar.close()  # any other error: main() prints it, on a line of its own
     _write_history_csv(history_csv, summary.history)
     plot = _plot(history_csv, os.path.join(run_dir, "loss.png"))
     elapsed = time.monotonic() - started
@@ -206,13 +232,82 @@ def run_train(args) -> int:
     print(f"{summary.steps - (resume.step if resume else 0)} steps in {elapsed:.1f} s "
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
           + (f", {summary.skipped_steps} skipped" if summary.skipped_steps else ""), flush=True)
-    return 0 if all(math.isfinite(h["val_loss"]) for h in summary.history
-                    if "val_loss" in h) else 1
+    return 0
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0 (argparse names the flag in its one-line error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
+def _flag_spelling(message: str) -> str:
+    """"TrainSettings.batch_size must ..." -> "--batch-size must ...": the user typed flags."""
+    import re
+    return re.sub(r"TrainSettings\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"),
+                  message)
+
+
+def _default_kv_heads(model_args: dict) -> int:
+    """Grouped-query attention with 2 KV heads for llama when n_heads is even (the default
+    4 heads -> 2), else plain multi-head attention; GPT-2 never groups its heads."""
+    n_heads = model_args["n_heads"]
+    if model_args["family"] == "llama" and isinstance(n_heads, int) and n_heads % 2 == 0:
+        return 2
+    return n_heads
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
+
+
+def _check_distinct_outputs(outputs: dict) -> None:
+    """Two outputs of one run on the same path would overwrite each other mid-run."""
+    named = [(flag, path) for flag, path in outputs.items() if path is not None]
+    for i, (flag_a, a) in enumerate(named):
+        for flag_b, b in named[i + 1:]:
+            if _same_file(a, b):
+                raise UsageError(f"{flag_a} and {flag_b} are the same file ({b}); give "
+                                 f"them different paths")
+
+
+def _check_outputs_spare_data(outputs: dict, corpus) -> None:
+    for flag, path in outputs.items():
+        if path is not None and any(_same_file(path, src) for src in corpus.sources or ()):
+            raise UsageError(f"{flag} {path} is one of the --data files; training would "
+                             f"overwrite its own data")
+
+
+def _prepare_output(flag: str, path: str) -> None:
+    """Fail before training if `path` cannot be written: it is a directory, a file stands
+    where a parent directory should, or the directory is not writable. Creates missing parent
+    directories (as --out always did)."""
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a directory; give a file path")
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = parent
+        while not os.path.exists(blocker):
+            blocker = os.path.dirname(blocker)
+        raise UsageError(f"{flag} {path}: {blocker} is a file, not a directory") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: no permission to write in {parent}")
 
 
 def _resumed_settings(resume, given: dict, args):
     """The checkpoint's settings; flags that would change them are refused (the result would
-    no longer equal an uninterrupted run), output flags may change."""
+    no longer equal an uninterrupted run), output flags may change.
+
+    --steps cannot grow either: lr_schedule(step, steps, ...) decays over the whole run, so
+    the updates already done used a schedule that a longer run would not have used; a
+    "continued" run would equal no uninterrupted run."""
     from .train import TrainSettings
     saved = dict(resume.settings)
     conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.get(k)})"
@@ -220,32 +315,41 @@ def _resumed_settings(resume, given: dict, args):
     conflicts += [f"--{k.replace('_', '-')} {v} (checkpoint: {resume.config.get(k)})"
                   for k, v in given.items() if k in _MODEL_FLAGS and resume.config.get(k) != v]
     if conflicts:
+        why = ("; the learning-rate schedule spans --steps, so a longer run is a new run"
+               if "steps" in given and saved.get("steps") != given["steps"] else "")
         raise UsageError("--resume continues the saved run unchanged; drop "
-                         + ", ".join(conflicts))
+                         + ", ".join(conflicts) + why)
     if args.log_csv is not None:
-        saved["log_csv"] = args.log_csv
+        saved["log_csv"] = os.path.abspath(args.log_csv)
     if args.checkpoint_every is not None:
         saved["checkpoint_every"] = args.checkpoint_every
-    return TrainSettings.from_dict(saved)
+    try:
+        return TrainSettings.from_dict(saved)
+    except (TypeError, ValueError) as e:
+        raise UsageError(_flag_spelling(str(e))) from None
 
 
 def _check_same_data(resume, corpus) -> None:
     saved = resume.extra.get("data", {})
     now = corpus.describe()
-    for key in ("train_tokens", "val_tokens"):
+    for key in ("train_tokens", "val_tokens", "sha256"):
         if key in saved and saved[key] != now[key]:
-            raise UsageError(f"--resume: the data differs from the checkpoint's ({key} "
-                             f"{now[key]} vs {saved[key]}); pass the same --data")
+            what = "content" if key == "sha256" else f"{key} {now[key]} vs {saved[key]}"
+            raise UsageError(f"--resume: the data differs from the checkpoint's ({what}); "
+                             f"pass the same --data")
 
 
 class Corpus:
     """Training and validation `Batches`, the tokenizer, and how to turn nats/token into
-    bits/byte: bpb = nats * tokens / bytes / ln 2 (tokens/bytes of the validation text)."""
+    bits/byte: bpb = nats * tokens / bytes / ln 2 (tokens/bytes of the validation text).
+    `notes`: (path, remark) pairs for the user, e.g. files of a directory that were skipped."""
 
-    def __init__(self, name, sources, train, val, tokenizer, val_text_bytes):
+    def __init__(self, name, sources, train, val, tokenizer, val_text_bytes, notes=()):
         self.name, self.sources = name, sources
         self.train, self.val, self.tokenizer = train, val, tokenizer
         self.val_text_bytes = val_text_bytes
+        self.notes = list(notes)
+        self._sha256 = None
 
     def bits_per_byte(self, nats_per_token: float) -> float:
         import math
@@ -253,34 +357,66 @@ class Corpus:
                            if self.val_text_bytes else 1.0)
         return nats_per_token * tokens_per_byte / math.log(2)
 
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of what the model sees: the tokenizer's JSON, then the training and
+        the validation token ids as stored (read in 16 MiB pieces, so a memory-mapped
+        multi-GB file is hashed without loading it: about a second per GB). Computed once.
+        A resumed run must see the same fingerprint: equal token counts alone would let
+        other text of the same length through."""
+        if self._sha256 is None:
+            import hashlib
+
+            import numpy as np
+            h = hashlib.sha256(self.tokenizer.to_json().encode("utf-8"))
+            for part in (self.train, self.val):
+                ids = getattr(part, "ids", None)
+                ids = part.tokens if ids is None else ids  # ArrayBatches / TokenFile
+                h.update(f"|{ids.dtype.str}:{len(ids)}|".encode())
+                step = (16 << 20) // max(ids.itemsize, 1)
+                for start in range(0, len(ids), step):
+                    piece = np.ascontiguousarray(ids[start:start + step])
+                    h.update(memoryview(piece).cast("B"))
+            self._sha256 = h.hexdigest()
+        return self._sha256
+
     def describe(self) -> dict:
         return {"sources": self.sources, "train_tokens": int(self.train.token_count()),
-                "val_tokens": int(self.val.token_count())}
+                "val_tokens": int(self.val.token_count()), "sha256": self.fingerprint()}
 
 
 def load_corpus(sources, seq_len: int) -> Corpus:
     """Read --data: one `glassllm prepare` directory, text files/directories (bytes, byte
     tokenizer, last 10% held out), or None for the standard-library corpus.
 
+    Which files are text: a file named in `sources` must be UTF-8 (checked as `glassllm
+    prepare` checks it, `glassllm.data`); a directory contributes the files below it that
+    are UTF-8 and hold no NUL byte (text never does; token .bin files, safetensors, images
+    do), and the others are skipped and listed in `Corpus.notes`.
+
     Raises:
-        FileNotFoundError: a path does not exist. UsageError: no text, or too little of it
-            for seq_len.
+        FileNotFoundError: a path does not exist. ValueError: a named file is not UTF-8 text
+            (path and byte offset in the message). UsageError: a prepare directory mixed
+            with other data, no text, or too little of it for seq_len.
     """
     import numpy as np
 
-    from .data import ArrayBatches, TokenFile, list_text_files
+    from .data import ArrayBatches, TokenFile
     from .tokenizer import ByteTokenizer
 
-    if sources and len(sources) == 1 and os.path.isdir(sources[0]) and \
-            os.path.exists(os.path.join(sources[0], "train.bin")):
+    prepared = [s for s in sources or () if _is_prepared_dir(s)]
+    if prepared and len(sources) > 1:
+        raise UsageError(f"--data {prepared[0]} is a `glassllm prepare` directory (its own "
+                         f"tokens and split); give it alone, not with other --data")
+    if prepared:
         train = TokenFile(os.path.join(sources[0], "train.bin"))
         val = TokenFile(os.path.join(sources[0], "val.bin"))
         _check_long_enough(train.token_count(), val.token_count(), seq_len, sources[0])
         return Corpus(sources[0], [os.path.abspath(sources[0])], train, val, train.tokenizer(),
                       val.text_bytes)
+    notes = []
     if sources:
-        files = list_text_files(sources)
-        text = b"".join(_read_bytes(f) for f in files)
+        files, chunks, notes = _read_text_files(sources)
+        text = b"".join(chunks)
         name = files[0] if len(files) == 1 else f"{len(files)} files"
     else:
         files, text = stdlib_corpus()
@@ -290,7 +426,48 @@ def load_corpus(sources, seq_len: int) -> Corpus:
     _check_long_enough(len(ids) - n_val, n_val, seq_len, name)
     return Corpus(name, [os.path.abspath(f) for f in files] if sources else None,
                   ArrayBatches(ids[:len(ids) - n_val]), ArrayBatches(ids[len(ids) - n_val:]),
-                  ByteTokenizer(), n_val)
+                  ByteTokenizer(), n_val, notes)
+
+
+def _is_prepared_dir(path) -> bool:
+    return os.path.isdir(path) and os.path.exists(os.path.join(path, "train.bin"))
+
+
+def _read_text_files(sources) -> tuple[list[str], list[bytes], list[tuple[str, str]]]:
+    """(files, their bytes, notes) for --data FILE_OR_DIR...; see load_corpus."""
+    from .data import _decode  # prepare's UTF-8 check: one rule, one message
+    from .data import list_text_files
+
+    files, chunks, skipped = [], [], []
+    for source in sources:
+        named = os.path.isfile(source)
+        try:
+            found = list_text_files([source])
+        except ValueError:  # an empty directory: nothing to take from it
+            found = []
+        for path in found:
+            data = _read_bytes(path)
+            if named:
+                _decode(path, data, 0)  # ValueError "PATH: not UTF-8 text (... offset N)"
+            else:
+                try:
+                    _decode(path, data, 0)
+                    if b"\0" in data:
+                        raise ValueError("holds NUL bytes")
+                except ValueError:
+                    skipped.append(path)
+                    continue
+            files.append(path)
+            chunks.append(data)
+    notes = []
+    if skipped:
+        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3
+                                          else "")
+        notes.append(("--data", f"skipped {len(skipped)} file(s) that are not UTF-8 text: "
+                                f"{shown}"))
+    if not files:
+        raise UsageError(f"--data {' '.join(map(str, sources))}: no UTF-8 text files")
+    return files, chunks, notes
 
 
 def _read_bytes(path: str) -> bytes:
@@ -418,8 +595,8 @@ def add_generate(sub) -> None:
     p.add_argument("--top-p", type=float, default=None, metavar="P",
                    help="sample only among the most probable tokens whose probabilities "
                         "add up to P, 0 < P <= 1 (default: all)")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="random seed, for a reproducible text (default: a fresh one)")
+    p.add_argument("--seed", type=_non_negative_int, default=None, metavar="S",
+                   help="random seed >= 0, for a reproducible text (default: a fresh one)")
     p.set_defaults(func=run_generate)
 
 
@@ -612,11 +789,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("\nglassllm: interrupted", file=sys.stderr, flush=True)
+        # "\n": the terminal echoed ^C on the current line
+        print(f"\nglassllm {args.command}: interrupted", file=sys.stderr, flush=True)
         return 130
-    except (UsageError, FileNotFoundError, IsADirectoryError, PermissionError, ValueError) as e:
-        print(f"glassllm {args.command}: error: {e}", file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        # The reader of stdout left (`glassllm train ... | head -1`): stop quietly, as Unix
+        # tools do; stdout -> devnull so the interpreter's final flush does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except MemoryError as e:  # NumPy's _ArrayMemoryError says which array did not fit
+        detail = f" ({e})" if str(e) else ""
+        print(f"glassllm {args.command}: error: not enough memory for this {args.command} "
+              f"run{detail}; use smaller sizes", file=sys.stderr, flush=True)
         return 2
+    except (UsageError, OSError, ValueError) as e:
+        print(f"glassllm {args.command}: error: {_one_line(e)}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _one_line(e: Exception) -> str:
+    """An error as one line: OSErrors as "PATH: reason" (the path the user gave, without
+    Python's "[Errno N]"), others as their message."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        text = f"{e.filename}: {e.strerror}"
+    else:
+        text = str(e)
+    return " ".join(text.split("\n"))
 
 
 if __name__ == "__main__":

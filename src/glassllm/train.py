@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import numbers
 import os
 import signal
 import threading
@@ -199,18 +200,34 @@ class TrainSettings:
     min_lr_ratio: float = 0.1
     eval_seed: int = EVAL_SEED
 
+    # Field types, checked strictly: int(2.7) == 2 and int(True) == 1 would let a float or a
+    # bool through, and a NumPy integer would not survive the checkpoint's JSON.
+    INT_FIELDS = ("steps", "batch_size", "seq_len", "warmup", "eval_every", "eval_batches",
+                  "seed", "checkpoint_every", "eval_seed")
+    FLOAT_FIELDS = ("lr", "clip", "max_skip_rate", "weight_decay", "min_lr_ratio")
+
     def __post_init__(self):
+        for name in self.INT_FIELDS + self.FLOAT_FIELDS:
+            value = getattr(self, name)
+            if value is None and name in ("checkpoint_every", "max_skip_rate"):
+                continue
+            setattr(self, name, _checked_number(name, value, integer=name in self.INT_FIELDS))
+        if self.log_csv is not None:
+            if not isinstance(self.log_csv, (str, os.PathLike)):
+                raise ValueError(f"TrainSettings.log_csv must be a path or None, "
+                                 f"got {self.log_csv!r}")
+            self.log_csv = os.fspath(self.log_csv)
         positive = ("batch_size", "seq_len", "eval_every", "eval_batches")
         for name in positive:
-            if int(getattr(self, name)) <= 0:
+            if getattr(self, name) <= 0:
                 raise ValueError(f"TrainSettings.{name} must be positive, "
                                  f"got {getattr(self, name)}")
-        for name in ("steps", "warmup", "seed"):
-            if int(getattr(self, name)) < 0:
+        for name in ("steps", "warmup", "seed", "eval_seed"):
+            if getattr(self, name) < 0:
                 raise ValueError(f"TrainSettings.{name} must be >= 0, got {getattr(self, name)}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
+        if not self.lr > 0:
             raise ValueError(f"TrainSettings.lr must be a positive number, got {self.lr}")
-        if not (math.isfinite(self.clip) and self.clip > 0):
+        if not self.clip > 0:
             raise ValueError(f"TrainSettings.clip must be positive, got {self.clip}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainSettings.precision must be one of {sorted(PRECISIONS)}, "
@@ -218,12 +235,14 @@ class TrainSettings:
         if self.max_skip_rate is not None and not 0.0 <= self.max_skip_rate < 1.0:
             raise ValueError(f"TrainSettings.max_skip_rate must be in [0, 1), "
                              f"got {self.max_skip_rate}")
-        if self.checkpoint_every is not None and int(self.checkpoint_every) <= 0:
+        if self.checkpoint_every is not None and self.checkpoint_every <= 0:
             raise ValueError(f"TrainSettings.checkpoint_every must be positive, "
                              f"got {self.checkpoint_every}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0 or self.weight_decay < 0:
-            raise ValueError("TrainSettings: min_lr_ratio must be in [0, 1] and "
-                             "weight_decay >= 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"TrainSettings.min_lr_ratio must be in [0, 1], "
+                             f"got {self.min_lr_ratio}")
+        if self.weight_decay < 0:
+            raise ValueError(f"TrainSettings.weight_decay must be >= 0, got {self.weight_decay}")
 
     # Fields that only say where output goes: a resumed run may change them.
     OUTPUT_FIELDS = ("log_csv", "checkpoint_every")
@@ -337,14 +356,26 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class NonFiniteLossError(FloatingPointError, ValueError):
-    """The training loss (or gradient) became inf/NaN in a run that does not skip such steps
-    (fp32 without max_skip_rate). Nothing is written when it is raised. `step` names it."""
+    """The run diverged: the training loss (or gradient) became inf/NaN in a run that does not
+    skip such steps (fp32 without max_skip_rate), or the validation loss or the weights did
+    (in any run: the weights themselves are broken). Nothing is written when it is raised; a
+    model file saved at an earlier, finite evaluation stays as it was (`kept_path`, the update
+    `kept_step` it holds). `step` names the update."""
 
-    def __init__(self, step: int, loss: float, reason: str):
-        what = "loss" if reason == "nonfinite_loss" else "gradient norm"
-        super().__init__(f"step {step}: the training {what} is not finite (loss {loss}); "
-                         f"training stopped, nothing was written")
-        self.step, self.loss = step, loss
+    _WHAT = {"nonfinite_loss": "training loss", "nonfinite_grad": "training gradient norm",
+             "nonfinite_val_loss": "validation loss", "nonfinite_weights": "model's weights"}
+
+    def __init__(self, step: int, loss: float, reason: str, kept_path: str | None = None,
+                 kept_step: int | None = None):
+        what = self._WHAT.get(reason, "training gradient norm")
+        found = "are not finite" if reason == "nonfinite_weights" else \
+            f"is not finite ({loss})"
+        kept = (f"{kept_path} keeps the best model, from step {kept_step}"
+                if kept_path is not None else "no model file was written")
+        super().__init__(f"step {step}: the {what} {found}; the run diverged (a lower "
+                         f"learning rate may help); training stopped, {kept}")
+        self.step, self.loss, self.reason = step, loss, reason
+        self.kept_path, self.kept_step = kept_path, kept_step
 
 
 class _DeferredInterrupt:
@@ -468,7 +499,7 @@ class Trainer:
                     record = train_step(x, y, lr, step)
                     dt = time.perf_counter() - t0
                     if record.skipped and not self._skips_allowed():
-                        raise NonFiniteLossError(step, record.loss, record.skip_reason)
+                        raise self._diverged(step, record.loss, record.skip_reason, best_step)
                     if csv_log is not None:
                         csv_log.write(record)
                     if monitor is not None:
@@ -483,6 +514,8 @@ class Trainer:
                                           record.skipped))
                     if step % s.eval_every == 0 or step == s.steps - 1:
                         val = self._evaluate(model)
+                        if not math.isfinite(val):  # never saved, never "best"
+                            raise self._diverged(step, val, "nonfinite_val_loss", best_step)
                         train_loss = _mean_since_last_eval(history, entry)
                         entry["train_loss"] = _json_float(train_loss)
                         entry["val_loss"] = val
@@ -490,10 +523,13 @@ class Trainer:
                                                 interval_tokens / max(interval_time, 1e-9)))
                         interval_time, interval_tokens = 0.0, 0
                         if best_val is None or val < best_val:
-                            best_val, best_step = val, step
                             if self.model_path is not None:
+                                if not _weights_finite(model):
+                                    raise self._diverged(step, val, "nonfinite_weights",
+                                                         best_step)
                                 self._save_model(model)
                                 events.append(Saved(step, self.model_path, val))
+                            best_val, best_step = val, step
                     history.append(entry)
                     in_step = False
                     for event in events:
@@ -524,6 +560,12 @@ class Trainer:
         return summary
 
     # ------------------------------------------------------------------ pieces
+    def _diverged(self, step: int, loss: float, reason: str,
+                  best_step: int | None) -> NonFiniteLossError:
+        kept = self.model_path if best_step is not None and self.model_path is not None \
+            and os.path.exists(self.model_path) else None
+        return NonFiniteLossError(step, loss, reason, kept, best_step if kept else None)
+
     def _skips_allowed(self) -> bool:
         # Mixed precision expects the odd overflow (the scaler backs off and the step is
         # skipped); in fp32 a non-finite loss means the run diverged, unless the user asked
@@ -595,6 +637,24 @@ class Trainer:
         rng.bit_generator.state = state.rng_state
         if state.scaler:
             train_step.load_state_dict(state.scaler)
+
+
+def _checked_number(name: str, value, integer: bool):
+    """value as a Python int (integer=True) or finite float; ValueError naming the field for a
+    bool, a float where an int belongs, a string, inf or NaN."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            (integer and not isinstance(value, numbers.Integral)):
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"TrainSettings.{name} must be {kind}, got {value!r}")
+    if integer:
+        return int(value)
+    if not math.isfinite(value):
+        raise ValueError(f"TrainSettings.{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _weights_finite(model: GlassLM) -> bool:
+    return all(np.isfinite(p.data).all() for p in model.parameters())
 
 
 def _json_float(x: float):
