@@ -117,7 +117,8 @@ def _in_slices(update, p, g, m, v) -> None:
 def _sum_of_squares(g: np.ndarray) -> float:
     """sum(g**2) accumulated in float64, converting one cache-sized slice at a time (on all
     cores) rather than making float64 copies of the whole gradient. Partial sums are added
-    in slice order, so the result does not depend on thread timing."""
+    in slice order over slices that do not depend on the thread count, so the result is the
+    same to the last bit on any number of threads."""
     flat = np.ravel(g)
     partial = {}
 
@@ -126,7 +127,7 @@ def _sum_of_squares(g: np.ndarray) -> float:
         # einsum, not np.dot: BLAS's ddot would start its own threads inside our workers
         partial[r.start] = float(np.einsum("i,i->", chunk, chunk))
 
-    parallel.for_slices(add, flat.size, 1)
+    parallel.for_slices(add, flat.size, 1, balanced=False)  # same slices on any thread count
     return sum(partial[start] for start in sorted(partial))
 
 

@@ -84,19 +84,24 @@ def row_slices(n_rows: int, row_size: int, n_threads: int = 1) -> list[slice]:
     return [slice(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
 
 
-def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int) -> None:
+def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
+               balanced: bool = True) -> None:
     """Call fn(rows) for row slices covering range(n_rows) (see `row_slices`), in parallel.
 
     Runs serially when one thread is configured, when the work is small, or when called from
-    inside a worker. Exceptions raised by fn propagate to the caller.
+    inside a worker. Exceptions raised by fn propagate to the caller. balanced=False cuts the
+    slices by SLICE_ELEMENTS alone, the same on any thread count: for per-slice partial sums,
+    whose total must not depend on how many threads there are.
     """
-    serial = _num_threads == 1 or getattr(_in_worker, "active", False)
-    if n_rows * row_size < (SLICE_ELEMENTS if serial else MIN_PARALLEL_ELEMENTS):
-        if n_rows:  # one slice: skip the bookkeeping (decoding)
+    total = n_rows * row_size
+    parallel = (_num_threads > 1 and total >= MIN_PARALLEL_ELEMENTS
+                and not getattr(_in_worker, "active", False))
+    if not parallel and total <= SLICE_ELEMENTS:  # one slice: skip the bookkeeping (decoding)
+        if n_rows:
             fn(slice(0, n_rows))
         return
-    parts = row_slices(n_rows, row_size, 1 if serial else _num_threads)
-    if serial or len(parts) == 1:
+    parts = row_slices(n_rows, row_size, _num_threads if parallel and balanced else 1)
+    if not parallel or len(parts) == 1:
         for part in parts:
             fn(part)
         return

@@ -1,0 +1,140 @@
+"""glassllm.parallel and the speed paths of the core: same numbers on any thread count, no
+aliased gradients, intermediate results freed during backward."""
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+from glassllm import Config, GlassLM, Tensor, parallel
+from glassllm import functional as F
+from glassllm.optim import AdamW, clip_grad_norm
+
+
+@pytest.fixture
+def threads():
+    """Restore the thread count (and slice size) after the test."""
+    before, size = parallel.get_num_threads(), parallel.SLICE_ELEMENTS
+    yield
+    parallel.set_num_threads(before)
+    parallel.SLICE_ELEMENTS = size
+
+
+@pytest.mark.parametrize("n_rows,row_size", [(0, 5), (1, 3), (7, 1), (1000, 300), (3, 10**6)])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_slices_cover_every_row_once(n_rows, row_size, n_threads, threads):
+    parallel.set_num_threads(n_threads)
+    parallel.SLICE_ELEMENTS = 1000  # many slices even for small work
+    hits = np.zeros(n_rows, dtype=int)
+    lock = threading.Lock()
+
+    def fn(rows):
+        with lock:
+            hits[rows] += 1
+
+    parallel.for_slices(fn, n_rows, row_size)
+    assert (hits == 1).all()
+
+
+def test_large_work_is_split_evenly_over_threads():
+    slices = parallel.row_slices(2048, 384, n_threads=2)
+    sizes = {s.stop - s.start for s in slices}
+    assert len(slices) % 2 == 0 and len(sizes) == 1
+
+
+def test_errors_in_a_slice_reach_the_caller(threads):
+    parallel.set_num_threads(2)
+    parallel.SLICE_ELEMENTS = 10
+
+    def fn(rows):
+        if rows.start > 0:
+            raise KeyError("slice failed")
+
+    with pytest.raises(KeyError, match="slice failed"):
+        parallel.for_slices(fn, 10**5, 1)
+
+
+def test_nested_calls_run_serially_without_deadlock(threads):
+    parallel.set_num_threads(2)
+    parallel.SLICE_ELEMENTS = 100
+    total = np.zeros(4)
+
+    def inner(rows):
+        total[rows] += 1
+
+    def outer(_rows):
+        parallel.for_slices(inner, 4, 10**5)  # called from a worker: serial
+
+    parallel.for_slices(outer, 10**5, 1)
+    assert (total == len(parallel.row_slices(10**5, 1, 2))).all()
+
+
+def test_set_num_threads_rejects_zero():
+    with pytest.raises(ValueError, match="n >= 1"):
+        parallel.set_num_threads(0)
+
+
+def _train_step(cfg, n_threads):
+    parallel.set_num_threads(n_threads)
+    model = GlassLM(cfg, seed=3)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, cfg.vocab_size, (4, 32))
+    y = rng.integers(0, cfg.vocab_size, (4, 32))
+    opt = AdamW(model.parameters(), lr=1e-2)
+    loss = model.loss(x, y)
+    loss.backward()
+    norm = clip_grad_norm(model.parameters(), 0.5)
+    grads = {n: p.grad.copy() for n, p in model.named_parameters()}
+    opt.step()
+    weights = {n: p.data.copy() for n, p in model.named_parameters()}
+    return loss.item(), norm, grads, weights
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_training_step_gives_identical_bits_on_one_and_two_threads(family, threads):
+    cfg = Config(vocab_size=50, d_model=64, n_layers=2, n_heads=4,
+                 n_kv_heads=2 if family == "llama" else None, max_len=32, family=family)
+    parallel.SLICE_ELEMENTS = 512  # force many slices on this small model
+    one = _train_step(cfg, 1)
+    two = _train_step(cfg, 2)
+    assert one[0] == two[0] and one[1] == two[1]
+    for name in one[2]:
+        np.testing.assert_array_equal(one[2][name], two[2][name], err_msg=name)
+        np.testing.assert_array_equal(one[3][name], two[3][name], err_msg=name)
+
+
+def test_gradients_are_never_shared_between_parameters():
+    model = GlassLM(Config(vocab_size=20, d_model=16, n_layers=2, n_heads=2, max_len=8))
+    ids = np.arange(16).reshape(2, 8) % 20
+    model.loss(ids, ids).backward()
+    grads = [p.grad for p in model.parameters()]
+    for i, a in enumerate(grads):
+        for b in grads[i + 1:]:
+            assert not np.shares_memory(a, b)
+
+
+def test_a_gradient_used_twice_is_summed_not_aliased():
+    w = Tensor(np.ones((3, 4), np.float32), requires_grad=True)
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    h = F.linear(x, w)
+    (F.linear(x, w) * 2.0 + h).sum().backward()  # w reached by two fused ops
+    np.testing.assert_allclose(w.grad, 3.0 * x.data.sum(axis=0)[:, None] * np.ones((1, 4)))
+    np.testing.assert_allclose(x.grad, 3.0 * np.full((2, 3), 4.0))
+    assert not np.shares_memory(w.grad, x.grad)
+
+
+def test_backward_frees_intermediate_results_as_it_goes():
+    x = Tensor(np.ones((4, 8), np.float32), requires_grad=True)
+    w = Tensor(np.full((8, 8), 0.1, np.float32), requires_grad=True)
+    hidden = F.silu(F.linear(x, w))
+    ref = weakref.ref(hidden)
+    out = F.linear(hidden, w).sum()
+    del hidden
+    gc.collect()
+    assert ref() is not None  # the graph still needs it
+    out.backward()
+    gc.collect()
+    assert ref() is None
