@@ -75,3 +75,26 @@ def test_prepare_errors_are_one_line(corpus, tmp_path, capsys, argv, message):
     err = capsys.readouterr().err.strip()
     assert err.startswith("glassllm prepare: error:") and message in err
     assert len(err.splitlines()) == 1
+
+
+def test_missing_tokenizer_file_names_the_flag_and_path(corpus, tmp_path, capsys):
+    missing = tmp_path / "nonexist.json"
+    assert main(["prepare", str(corpus), "--out", str(tmp_path / "o"),
+                 "--tokenizer", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer {missing}: no such tokenizer file" in err and "[Errno" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_failed_prepare_leaves_no_directory_it_created(corpus, tmp_path, capsys):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(TEXT.encode() + b"caf\xe9\n")  # not UTF-8: tokenizing fails midway
+    out = tmp_path / "new" / "out"
+    assert main(["prepare", str(corpus), str(bad), "--out", str(out)]) == 2
+    assert "latin1.txt" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # both levels it made are gone
+    existing = tmp_path / "existing"  # a directory that was there before stays, untouched
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    assert main(["prepare", str(corpus), str(bad), "--out", str(existing)]) == 2
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]

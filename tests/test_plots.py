@@ -74,3 +74,50 @@ def test_cli_plot_reads_run_dir_and_writes_loss_png(tmp_path, capsys):
     assert "no history.csv or history.jsonl" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "missing")]) == 2
     assert "run directory not found" in capsys.readouterr().err
+
+
+def write_csv(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    (run / "history.csv").write_text(CSV)
+    return run
+
+
+@pytest.mark.parametrize("suffix,magic", [(".svg", b"<?xml"), (".pdf", b"%PDF"),
+                                          (".PNG", PNG_SIGNATURE), ("", PNG_SIGNATURE)])
+def test_image_format_follows_the_suffix(tmp_path, suffix, magic):
+    run = write_csv(tmp_path)
+    out = tmp_path / f"curves{suffix}"
+    assert plot_history(run / "history.csv", out) == str(out)
+    assert out.read_bytes().startswith(magic)
+    if suffix == ".svg":
+        assert b"<svg" in out.read_bytes()[:1000]
+
+
+def test_unknown_image_suffix_is_refused_before_writing(tmp_path, capsys):
+    run = write_csv(tmp_path)
+    with pytest.raises(ValueError, match=r"curves\.xyz: cannot write \.xyz.*\.svg"):
+        plot_history(run / "history.csv", tmp_path / "curves.xyz")
+    assert not (tmp_path / "curves.xyz").exists()
+
+
+def test_binary_history_error_names_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "history.csv").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=f"{run / 'history.csv'}: not a UTF-8"):
+        read_history(run / "history.csv")
+    assert main(["plot", str(run)]) == 2
+    assert "history.csv: not a UTF-8" in capsys.readouterr().err
+    assert not (run / "loss.png").exists()
+
+
+@pytest.mark.parametrize("where", ["missing_dir/loss.png", "a_directory"])
+def test_write_errors_name_the_users_path_not_a_temporary(tmp_path, capsys, where):
+    run = write_csv(tmp_path)
+    (tmp_path / "a_directory").mkdir()
+    out = tmp_path / where
+    assert main(["plot", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and ".tmp" not in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_directory", "run"]

@@ -668,7 +668,13 @@ def run_prepare(args) -> int:
 
     tokenizer = args.tokenizer
     if tokenizer != "byte" and not tokenizer.startswith("bpe:"):
-        tokenizer = load_tokenizer(tokenizer)
+        try:
+            tokenizer = load_tokenizer(tokenizer)
+        except FileNotFoundError as e:
+            raise UsageError(f"--tokenizer {args.tokenizer}: {e} (expected byte, bpe:N or "
+                             f"the path of a tokenizer)") from None
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--tokenizer {args.tokenizer}: {e}") from None
     bars = {}
 
     def on_progress(p):
@@ -696,10 +702,12 @@ def run_prepare(args) -> int:
 
 
 def add_plot(sub) -> None:
-    p = sub.add_parser("plot", help="draw a run's loss and learning-rate curves to a PNG")
+    p = sub.add_parser("plot", help="draw a run's loss and learning-rate curves to an image")
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="directory holding history.csv (or history.jsonl)")
-    p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/loss.png)")
+    p.add_argument("--out", default=None,
+                   help="image path; its suffix picks the format (.png, .svg, .pdf, ...; "
+                        "default RUN_DIR/loss.png)")
     p.set_defaults(func=run_plot)
 
 

@@ -475,6 +475,19 @@ def _split_offset(path: str, val_fraction: float) -> int:
             pos += len(block)
 
 
+def _missing_dirs(path) -> list[str]:
+    """The directories `os.makedirs(path)` would create, innermost first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
 def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
             chunk_bytes: int = CHUNK_BYTES,
             on_progress: Callable[[Progress], None] | None = None) -> dict:
@@ -499,7 +512,8 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
 
     Raises:
         FileNotFoundError: an input is missing. ValueError: val_fraction outside [0, 1),
-            a file that is not UTF-8, a bad tokenizer spec.
+            a file that is not UTF-8, a bad tokenizer spec. On any failure, no output file
+            is left, and directories this call created are removed again.
     """
     from .tokenizer import BPETokenizer
     if not 0.0 <= val_fraction < 1.0:
@@ -535,6 +549,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         else:
             raise ValueError(f"unknown tokenizer {tokenizer!r}: use byte, bpe:N or a path")
 
+    created = _missing_dirs(out_dir)  # removed again if this call fails
     os.makedirs(out_dir, exist_ok=True)
     eot = np.array([tokenizer.eot_id])
     done = 0
@@ -556,6 +571,11 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
     except BaseException:  # Ctrl-C included: leave no temp file, keep old outputs
         for writer in writers:
             writer.abort()
+        for directory in created:  # and no empty directory this call made
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
         raise
     metas = {"train": writers[0].close(), "val": writers[1].close()}
     if isinstance(tokenizer, BPETokenizer):

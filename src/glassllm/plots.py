@@ -1,4 +1,4 @@
-"""Loss curves: a training history -> a PNG of loss and learning rate against step.
+"""Loss curves: a training history -> an image (PNG, SVG, PDF...) of loss and learning rate against step.
 
 matplotlib is imported inside the functions, and only its object API with the Agg canvas is
 used (no pyplot): importing glassllm stays fast, and a caller's own matplotlib backend and
@@ -63,21 +63,28 @@ def read_history(path) -> dict[str, list[float]]:
         {"step", "train_loss", "val_loss", "lr"} -> lists of floats, NaN where missing.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: a bad JSON line, or no row with a step.
+        FileNotFoundError: no such file. ValueError: a bad JSON line, a file that is not
+        UTF-8 text / CSV (the message names the file), or no row with a step.
     """
     path = os.fspath(path)
     with open(path, newline="", encoding="utf-8") as f:
-        if path.endswith((".jsonl", ".json")):
-            rows = []
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not a JSON line: {e}") from None
-        else:
-            rows = list(csv.DictReader(f))
+        try:
+            if path.endswith((".jsonl", ".json")):
+                rows = []
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{n}: not a JSON line: {e}") from None
+            else:
+                rows = list(csv.DictReader(f))
+        except UnicodeDecodeError as e:  # a binary file: say which one
+            raise ValueError(f"{path}: not a UTF-8 text history file (byte {e.start} of a "
+                             f"read block cannot be decoded)") from None
+        except csv.Error as e:  # e.g. NUL bytes
+            raise ValueError(f"{path}: not a CSV history file ({e})") from None
     try:
         return _normalize(rows)
     except ValueError as e:
@@ -98,21 +105,28 @@ def find_history(run_dir) -> str:
 
 
 def plot_history(history, path) -> str:
-    """Draw train/val loss (nats per token) and learning rate against step; write a PNG.
+    """Draw train/val loss (nats per token) and learning rate against step; write an image.
 
     Args:
         history: a list of dicts (as `glassllm.train.train` returns: step, loss or
             train_loss, val_loss, lr) or the path of a CSV / JSON-lines history file.
-        path: the PNG to write, atomically (temp file + os.replace).
+        path: the image to write, atomically (temp file + os.replace); its suffix picks the
+            format (.png, .svg, .pdf, ... any format matplotlib's Agg canvas writes; no suffix
+            means PNG).
 
     Returns:
         path.
 
     Raises:
-        ValueError: the history has no row with a step. FileNotFoundError: no such file.
+        ValueError: the history has no row with a step; an image suffix matplotlib cannot
+            write. FileNotFoundError: no such history file, or the image's directory is
+            missing. IsADirectoryError: `path` is a directory. Messages name the user's paths.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    path = os.fspath(path)
+    image_format = _image_format(path, FigureCanvasAgg.get_supported_filetypes())
 
     series = (read_history(history) if isinstance(history, (str, os.PathLike))
               else _normalize(history))
@@ -138,12 +152,31 @@ def plot_history(history, path) -> str:
     lr_ax.grid(alpha=0.3)
     fig.tight_layout()
 
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format=image_format)
         os.replace(tmp, path)
+    except OSError as e:  # report the user's path, never the temporary name
+        raise type(e)(e.errno, f"cannot write {path}: {e.strerror}") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def _image_format(path: str, supported: dict) -> str:
+    """The matplotlib format for `path`'s suffix; checks the destination before drawing."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory; give an image file path such as "
+                                f"{os.path.join(path, 'loss.png')}")
+    directory = os.path.dirname(path)
+    if directory and not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot write {path}: directory {directory} does not exist")
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if not suffix:
+        return "png"
+    if suffix not in supported:
+        raise ValueError(f"{path}: cannot write .{suffix} images; use one of "
+                         f"{', '.join('.' + k for k in sorted(supported))}")
+    return suffix

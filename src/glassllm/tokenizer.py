@@ -349,8 +349,13 @@ def load_tokenizer(path):
         if os.path.isfile(os.path.join(path, "tokenizer.json")):
             return load_tokenizer(os.path.join(path, "tokenizer.json"))
         raise FileNotFoundError(f"{path}: no vocab.json + merges.txt or tokenizer.json in it")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such tokenizer file or directory: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a tokenizer JSON file (not UTF-8 text)") from None
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as e:
