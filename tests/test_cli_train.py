@@ -408,3 +408,14 @@ def test_generate_seed_must_be_non_negative(capsys):
         main(["generate", "--model", "x", "--prompt", "a", "--seed", "-1"])
     assert info.value.code == 2
     assert "argument --seed: must be an integer >= 0, got -1" in capsys.readouterr().err
+
+
+def test_main_turns_any_os_error_into_one_line(tmp_path, text_file, capsys):
+    """FileExistsError / NotADirectoryError (not only FileNotFoundError...) from any
+    subcommand: here `prepare --out` onto an existing file."""
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    rc = main(["prepare", str(text_file), "--out", str(blocker)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("glassllm prepare: error:") and str(blocker) in err
+    assert err.count("\n") == 1 and "Traceback" not in err and blocker.read_text() == "x"
