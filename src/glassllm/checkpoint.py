@@ -15,7 +15,8 @@ A checkpoint is one safetensors file (no pickle, so loading one cannot run code)
 JSON keeps Python floats exactly (shortest round-trip repr) and integers of any size (PCG64's
 128-bit state), so a restored run draws the same batches and makes the same updates as one
 that never stopped. Writes are atomic: a temporary file in the same directory, fsync, then
-`os.replace`, so a crash or Ctrl-C mid-write leaves the previous checkpoint intact.
+`os.replace` (`glassllm.atomic`), so a crash or Ctrl-C mid-write leaves the previous
+checkpoint intact; the file gets ordinary (umask) permissions.
 """
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ import errno
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from .atomic import atomic_replace
 from .model import Config, GlassLM
 from .optim import AdamW
 
@@ -159,31 +160,9 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint: state is not JSON-serialisable: {e}") from None
     metadata = {"format": FORMAT, "version": VERSION, "state": state_json}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise _about(e, path, "cannot write the checkpoint") from None
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:  # Ctrl-C included: never leave a half-written temporary behind
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(e, OSError):  # the temporary's name would only confuse
-            raise _about(e, path, "cannot write the checkpoint") from None
-        raise
+    atomic_replace(path, lambda tmp: save_file(tensors, tmp, metadata=metadata),
+                   doing="cannot write the checkpoint", make_parents=True)
     return path
-
-
-def _about(e: OSError, path: Path, doing: str) -> OSError:
-    """The same kind of OSError (errno kept), naming `path` instead of whatever file failed."""
-    reason = e.strerror or str(e)
-    return type(e)(e.errno, f"{doing}: {reason}", str(path)) if e.errno is not None \
-        else type(e)(f"{doing} {str(path)!r}: {reason}")
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:

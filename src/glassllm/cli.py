@@ -542,14 +542,14 @@ def _write_history_csv(path: str, history: list[dict]) -> None:
     """history.csv (step,train_loss,val_loss,lr), one row per update, written atomically:
     train_loss is that update's batch loss, val_loss is empty except at evaluations."""
     import csv
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="") as f:
+
+    from .atomic import atomic_write
+    with atomic_write(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", "train_loss", "val_loss", "lr"])
         for h in history:
             w.writerow([h["step"], "" if h["loss"] is None else repr(h["loss"]),
                         repr(h["val_loss"]) if "val_loss" in h else "", repr(h["lr"])])
-    os.replace(tmp, path)
 
 
 def _plot(history_csv: str, png: str) -> str | None:

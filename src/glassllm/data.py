@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
+from .atomic import AtomicFile, atomic_write
 from .tokenizer import ByteTokenizer, tokenizer_from_json
 
 TOKEN_FILE_FORMAT = "glassllm-tokens"
@@ -250,7 +251,8 @@ def _read_sidecar(side: str) -> dict:
 class TokenWriter:
     """Appends ids to a new token file; `close()` publishes it with its sidecar.
 
-    Ids go to `<path>.tmp` as they arrive (bounded memory); `close()` renames it to `path`
+    Ids go to a temporary file beside `path` as they arrive (bounded memory; see
+    `glassllm.atomic`); `close()` renames it to `path`
     (os.replace, atomic) and then writes the sidecar atomically, so a reader never sees a
     half-written file under its final name. Used as a context manager, an exception discards
     the temp file and leaves any previous file untouched.
@@ -267,8 +269,8 @@ class TokenWriter:
         self.sources = [os.fspath(s) for s in sources]
         self.token_count = 0
         self.text_bytes = 0
-        self._tmp = f"{self.path}.tmp"
-        self._file = open(self._tmp, "wb")
+        self._out = AtomicFile(self.path, "wb")  # ids stream to its temporary file
+        self._file = self._out.file
 
     def append(self, ids, text_bytes: int = 0) -> None:
         """Write ids (any integer dtype); text_bytes: the UTF-8 bytes of text they encode."""
@@ -285,10 +287,7 @@ class TokenWriter:
 
     def close(self) -> dict:
         """Publish the file and its sidecar; returns the sidecar dict."""
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp, self.path)
+        self._out.commit()
         meta = {"format": TOKEN_FILE_FORMAT, "version": TOKEN_FILE_VERSION,
                 "dtype": self.dtype.name, "vocab_size": self.vocab_size,
                 "token_count": self.token_count, "text_bytes": self.text_bytes,
@@ -298,10 +297,7 @@ class TokenWriter:
 
     def abort(self) -> None:
         """Discard the temp file; the final path is not touched."""
-        if not self._file.closed:
-            self._file.close()
-        if os.path.exists(self._tmp):
-            os.remove(self._tmp)
+        self._out.discard()
 
     def __enter__(self) -> "TokenWriter":
         return self
@@ -314,16 +310,9 @@ class TokenWriter:
 
 
 def _write_json_atomic(path: str, obj) -> None:
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    text = json.dumps(obj, ensure_ascii=False)
+    with atomic_write(path, "w") as f:
+        f.write(text)
 
 
 # --- prepare: text files -> train.bin / val.bin ------------------------------------------------

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from .atomic import atomic_replace
 from .model import Config, GlassLM, n_parameter_tensors, parameter_shape, parameter_shapes
 from .tensor import no_grad
 from .tokenizer import ByteTokenizer, tokenizer_from_json
@@ -152,26 +152,8 @@ def _metadata(cfg: Config, tokenizer, dtype: str) -> dict[str, str]:
 
 
 def _atomic_save_file(tensors: dict, metadata: dict, path) -> None:
-    """safetensors' save_file to a temporary sibling, fsync, then os.replace onto `path`.
-
-    The temporary file lives in the destination directory because os.replace is only atomic
-    within one filesystem. On any failure (including Ctrl-C) the temporary file is removed.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    open(tmp, "xb").close()  # "x": a fresh name; its mode is the user's usual (umask)
-    try:
-        mode = os.stat(tmp).st_mode & 0o777
-        save_file(tensors, tmp, metadata=metadata)
-        os.chmod(tmp, mode)  # safetensors leaves 0600; give the file ordinary permissions
-        with open(tmp, "rb") as f:  # save_file does not fsync; do it before the rename
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    # save_file takes a path, so the temporary-file dance is atomic_replace's.
+    atomic_replace(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 # --------------------------------------------------------------------------- reading

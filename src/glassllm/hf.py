@@ -31,6 +31,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from .atomic import atomic_replace, atomic_write
 from .model import Config, GlassLM
 
 CONFIG_FILE = "config.json"
@@ -132,14 +133,16 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
         hf_config["bos_token_id"] = hf_config["eos_token_id"] = int(tokenizer.eot_id)
     tensors = _state_to_hf(cfg, model.state_dict())
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / WEIGHTS_FILE,
-                  lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    atomic_replace(out / WEIGHTS_FILE,
+                   lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     spec = json.loads(tokenizer.to_json()) if tokenizer is not None else {}
     if spec.get("type") == "bpe":  # glassllm wraps the tokenizers-library JSON; unwrap it
         text = json.dumps(spec["tokenizer"], ensure_ascii=False)
-        _atomic_write(out / TOKENIZER_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        with atomic_write(out / TOKENIZER_FILE, "w") as f:
+            f.write(text)
     text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
-    _atomic_write(out / CONFIG_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    with atomic_write(out / CONFIG_FILE, "w") as f:
+        f.write(text)
     return out
 
 
@@ -506,14 +509,3 @@ def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
             return {name: f.get_tensor(name) for name in f.keys()}
     except Exception as e:  # noqa: BLE001 -- safetensors' SafetensorError, TypeError on dtypes
         raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Call write(tmp) on a temporary file beside `path`, then rename it over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

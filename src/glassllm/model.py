@@ -105,15 +105,24 @@ class Config:
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
         """Build from `to_dict()` output. Raises ValueError on unknown or invalid fields."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"Config: unknown field(s) {unknown}")
-        return cls(**d)
+        return dataclass_from_dict(cls, d)
 
     def n_params(self) -> int:
         """Parameter count of a model with this config (computed, nothing allocated)."""
         return sum(math.prod(shape) for _, shape in parameter_shapes(self))
+
+
+def dataclass_from_dict(cls, d: dict):
+    """cls(**d) for a dataclass, refusing keys that are not its fields.
+
+    Raises:
+        ValueError: "<cls name>: unknown field(s) [...]" (a TypeError from cls(**d) would not
+            say which file or setting was wrong); the constructor's own ValueErrors pass through.
+    """
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {unknown}")
+    return cls(**d)
 
 
 def _positive_int(name: str, value) -> int:

@@ -11,6 +11,8 @@ import json
 import math
 import os
 
+from .atomic import atomic_replace
+
 HISTORY_NAMES = ("history.csv", "history.jsonl")
 
 # Column names accepted for each series; the first is the canonical one.
@@ -152,16 +154,8 @@ def plot_history(history, path) -> str:
     lr_ax.grid(alpha=0.3)
     fig.tight_layout()
 
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        fig.savefig(tmp, format=image_format)
-        os.replace(tmp, path)
-    except OSError as e:  # report the user's path, never the temporary name
-        raise type(e)(e.errno, f"cannot write {path}: {e.strerror}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    # OSErrors name the user's path, never the temporary's (see glassllm.atomic).
+    atomic_replace(path, lambda tmp: fig.savefig(tmp, format=image_format))
     return path
 
 

@@ -18,6 +18,8 @@ import os
 
 import numpy as np
 
+from .atomic import atomic_write
+
 
 class ByteTokenizer:
     """One id per UTF-8 byte (0-255) plus end-of-text (256): vocab_size 257.
@@ -319,7 +321,9 @@ class BPETokenizer:
 
     def save(self, path) -> None:
         """Write `to_json()` to `path` atomically (temp file + os.replace)."""
-        _write_text_atomic(path, self.to_json())
+        text = self.to_json()
+        with atomic_write(path, "w") as f:
+            f.write(text)
 
     @classmethod
     def load(cls, path) -> "BPETokenizer":
@@ -363,17 +367,3 @@ def load_tokenizer(path):
     if isinstance(spec, dict) and "type" in spec:
         return tokenizer_from_json(text)
     return BPETokenizer.from_json(text)
-
-
-def _write_text_atomic(path, text: str) -> None:
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

@@ -27,8 +27,9 @@ from typing import Callable
 import numpy as np
 
 from . import checkpoint as ckpt_io
+from .atomic import atomic_write
 from .data import get_batch  # the one batch sampler; re-exported here for spec 001
-from .model import GlassLM
+from .model import GlassLM, dataclass_from_dict
 from .optim import AdamW, clip_grad_norm, lr_schedule
 from .safety import PRECISIONS, SkipRateMonitor, StepCSVLog, TrainStep
 from .tensor import no_grad
@@ -253,11 +254,7 @@ class TrainSettings:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainSettings":
         """Inverse of to_dict. Raises ValueError on unknown or invalid fields."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"TrainSettings: unknown field(s) {unknown}")
-        return cls(**d)
+        return dataclass_from_dict(cls, d)
 
 
 # Events: what the loop reports. The loop never prints; the caller decides (004).
@@ -681,7 +678,5 @@ def _truncate_csv_rows(path: str, start: int) -> None:
     kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) < start]
     if len(kept) == len(rows):
         return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", newline="") as f:
+    with atomic_write(path, "w", newline="") as f:
         csv.writer(f).writerows(kept)
-    os.replace(tmp, path)

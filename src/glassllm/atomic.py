@@ -1,0 +1,165 @@
+"""Atomic file writes: the one place glassllm replaces a file on disk.
+
+A new file is written under a fresh temporary name in the destination's directory, flushed and
+fsync'ed, then renamed over the destination with `os.replace`. A reader therefore sees either
+the old file or the complete new one, never half of it; a crash, an error or Ctrl-C mid-write
+leaves the old file untouched and removes the temporary. The temporary lives beside the
+destination because a rename is only atomic within one filesystem (POSIX rename(2)).
+
+Two forms:
+    with atomic_write(path, "w") as f:      # we open the file
+        f.write(text)
+    atomic_replace(path, lambda tmp: save_file(tensors, tmp))   # a library writes a path
+
+`AtomicFile` is the object behind `atomic_write`, for writers that stay open across calls
+(streaming token files).
+
+Errors: any OSError while writing is re-raised as the same type with the same errno, but naming
+the user's `path` (its `filename`) and saying what was being done; the temporary's name would
+only confuse. The new file gets the permissions an ordinary new file gets under the umask
+(some libraries, safetensors among them, create 0600 files).
+
+This module imports nothing from glassllm, so every module may use it.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Callable
+
+
+def atomic_replace(path, write: Callable[[str], object], *, doing: str = "cannot write",
+                   make_parents: bool = False) -> None:
+    """Call `write(tmp)` to write a temporary file beside `path`, then publish it as `path`.
+
+    Args:
+        path: the destination (str or os.PathLike); replaced if it exists.
+        write: writes the whole file at the str path it is given (e.g. safetensors'
+            save_file, matplotlib's savefig); the file already exists, empty.
+        doing: what the error message says failed, e.g. "cannot write the checkpoint".
+        make_parents: create missing parent directories first.
+
+    Raises:
+        OSError (its subclass kept): naming `path`, see the module docstring. Whatever `write`
+        raises otherwise passes through; in every case the temporary is removed.
+    """
+    path = os.fspath(path)
+    tmp, mode = _new_temporary(path, doing, make_parents)
+    try:
+        write(tmp)
+        os.chmod(tmp, mode)  # the library may have recreated the file with its own mode
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # libraries rarely fsync; the data must be on disk before the rename
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as e:  # Ctrl-C included: never leave a temporary behind
+        _remove(tmp)
+        if isinstance(e, OSError):
+            raise about(e, path, doing) from None
+        raise
+
+
+class AtomicFile:
+    """An open temporary file beside `path`; `commit()` publishes it as `path`, `discard()`
+    drops it. As a context manager it yields the file object and commits on a clean exit,
+    discards on an exception.
+
+    Args:
+        path: the destination (str or os.PathLike); replaced if it exists.
+        mode: "w" (text, `encoding`, `newline` as for open) or "wb".
+        doing / make_parents: as for `atomic_replace`.
+
+    Raises:
+        OSError naming `path` (see the module docstring), from the constructor or `commit`.
+        ValueError: a mode other than "w" or "wb".
+    """
+
+    def __init__(self, path, mode: str = "wb", *, encoding: str = "utf-8",
+                 newline: str | None = None, doing: str = "cannot write",
+                 make_parents: bool = False):
+        if mode not in ("w", "wb"):
+            raise ValueError(f"AtomicFile: mode must be 'w' or 'wb', got {mode!r}")
+        self.path = os.fspath(path)
+        self.doing = doing
+        self.tmp, _ = _new_temporary(self.path, doing, make_parents)
+        try:
+            self.file = open(self.tmp, mode, encoding=None if "b" in mode else encoding,
+                             newline=newline)
+        except BaseException as e:
+            _remove(self.tmp)
+            if isinstance(e, OSError):
+                raise about(e, self.path, doing) from None
+            raise
+
+    def commit(self) -> None:
+        """Flush, fsync, close and rename over `path`. On failure the temporary is removed."""
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.replace(self.tmp, self.path)
+        except BaseException as e:
+            self.discard()
+            if isinstance(e, OSError):
+                raise about(e, self.path, self.doing) from None
+            raise
+
+    def discard(self) -> None:
+        """Close and remove the temporary; `path` is not touched. Safe to call twice."""
+        try:
+            self.file.close()
+        except OSError:  # a failed flush of data we are throwing away anyway
+            pass
+        _remove(self.tmp)
+
+    def __enter__(self):
+        return self.file
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+def atomic_write(path, mode: str = "wb", **options) -> AtomicFile:
+    """`with atomic_write(path, "w") as f: ...`: write `path` atomically through a file
+    object. Options and errors as `AtomicFile`."""
+    return AtomicFile(path, mode, **options)
+
+
+def about(e: OSError, path, doing: str) -> OSError:
+    """The same kind of OSError (errno kept) saying `doing`, naming `path` instead of whatever
+    file failed."""
+    reason = e.strerror or str(e)
+    path = os.fspath(path)
+    return type(e)(e.errno, f"{doing}: {reason}", path) if e.errno is not None \
+        else type(e)(f"{doing} {path!r}: {reason}")
+
+
+def _new_temporary(path: str, doing: str, make_parents: bool) -> tuple[str, int]:
+    """Create a fresh empty file beside `path`; returns its name and its permission bits."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    try:
+        if make_parents:
+            os.makedirs(directory, exist_ok=True)
+        # O_EXCL: never reuse another writer's file; 0o666 under the umask is what open() gives.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        raise about(e, path, doing) from None
+    try:
+        mode = os.fstat(fd).st_mode & 0o777
+    finally:
+        os.close(fd)
+    return tmp, mode
+
+
+def _remove(tmp: str) -> None:
+    """Remove a temporary if it is there; a failure here must not hide the error being raised."""
+    try:
+        os.remove(tmp)
+    except OSError:
+        pass
