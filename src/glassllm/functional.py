@@ -368,14 +368,17 @@ def rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
     B, T = xd.shape[:2]
     y = np.empty(xd.shape, dtype=np.result_type(xd, c))
 
-    def forward(t):  # a slice of time steps, all batch rows
-        y[:, t] = xd[:, t] * c[t] + _rotate_half(xd[:, t]) * s[t]
+    def forward(t):  # a slice of time steps, all batch rows; products land in y directly
+        rotated = _rotate_half(xd[:, t])
+        rotated *= s[t]
+        np.add(np.multiply(xd[:, t], c[t], out=y[:, t]), rotated, out=y[:, t])
 
     def backward(dy):
         dx = np.empty(dy.shape, dtype=np.result_type(dy, c))
 
         def rows(t):
-            dx[:, t] = dy[:, t] * c[t] + _rotate_half_transposed(dy[:, t] * s[t])
+            rotated = _rotate_half_transposed(dy[:, t] * s[t])
+            np.add(np.multiply(dy[:, t], c[t], out=dx[:, t]), rotated, out=dx[:, t])
 
         parallel.for_slices(rows, T, xd.size // max(1, T))
         return (dx,)
