@@ -452,8 +452,9 @@ def causal_attention_forward(q, k, v, q_start: int = 0):
     qg = np.empty((B, Hkv, Tq, G, D), dtype=q.dtype)
     np.multiply(q.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 1, 3, 4), scale, out=qg)
     qg = qg.reshape(B, Hkv, Tq * G, D)
-    kh = np.ascontiguousarray(k.transpose(0, 2, 1, 3))  # (B, Hkv, Tk, D)
-    vh = np.ascontiguousarray(v.transpose(0, 2, 1, 3))
+    # K and V are used in place: (B, Hkv, Tk, D) views whose rows are D contiguous values
+    # Hkv*D apart, a layout BLAS reads directly (no copy; in decoding, none of the cache).
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     out = np.empty_like(qg)
     probs = []  # one (B, Hkv, rows, keys) array per query block
     for first, end, keys in _query_blocks(Tq, q_start):
@@ -477,21 +478,23 @@ def causal_attention_backward(dy, saved):
     dout = np.ascontiguousarray(dy.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 1, 3, 4))
     dout = dout.reshape(B, Hkv, rows_total, D)
     dqg = np.empty_like(qg)
-    dk = np.zeros_like(kh)
-    dv = np.zeros_like(vh)
+    # dk, dv are made in the (B, Tk, Hkv, D) layout they are returned in; the loop adds into
+    # their (B, Hkv, Tk, D) views
+    dk = np.zeros((B, kh.shape[2], Hkv, D), dtype=np.result_type(qg, dout))
+    dv = np.zeros_like(dk)
+    dkh, dvh = dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
     for (first, end, keys), p in zip(_query_blocks(Tq, q_start), probs):
         rows = slice(first * G, end * G)
         do = dout[:, :, rows]
-        dv[:, :, :keys] += _mm(p.swapaxes(-1, -2), do)  # sums over the G heads of a KV head
+        dvh[:, :, :keys] += _mm(p.swapaxes(-1, -2), do)  # sums over the G heads of a KV head
         dscores = _mm(do, vh[:, :, :keys].swapaxes(-1, -2))
         _softmax_backward_inplace(dscores, p)
         dqg[:, :, rows] = _mm(dscores, kh[:, :, :keys])
-        dk[:, :, :keys] += _mm(dscores.swapaxes(-1, -2), qg[:, :, rows])  # qg holds q*scale
+        dkh[:, :, :keys] += _mm(dscores.swapaxes(-1, -2), qg[:, :, rows])  # qg holds q*scale
     # Back to (B, Tq, Hq, D), with the chain rule's 1/sqrt(D) in the same pass.
     dq = np.empty((B, Tq, Hkv, G, D), dtype=qg.dtype)
     np.multiply(dqg.reshape(B, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4), scale, out=dq)
-    return (dq.reshape(B, Tq, Hkv * G, D), np.ascontiguousarray(dk.transpose(0, 2, 1, 3)),
-            np.ascontiguousarray(dv.transpose(0, 2, 1, 3)))
+    return dq.reshape(B, Tq, Hkv * G, D), dk, dv
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0) -> Tensor:
