@@ -183,6 +183,9 @@ class Tensor:
                     grads[key], owned[key] = pg, node._fresh_grads
                 elif owned[key] and _can_add_into(grads[key], pg):
                     grads[key] += pg
+                elif node._fresh_grads and _can_add_into(pg, grads[key]):
+                    pg += grads[key]  # the new one is ours: add the other into it
+                    grads[key], owned[key] = pg, True
                 else:  # never `+=` into an array that may be a view of another buffer
                     grads[key], owned[key] = grads[key] + pg, True
             # Free the graph as we go: saved activations are released right away.
