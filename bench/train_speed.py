@@ -178,7 +178,7 @@ def main():
     print(common.blas_report())
     if args.peak is None:
         from peak import measure_peak
-        args.peak = measure_peak((2048,), repeats=3)
+        args.peak = measure_peak((1024, 2048), repeats=5)
     print(f"torch side: {args.torch_impl}; clock: {'CPU' if args.cpu_time else 'wall'}")
     print(f"threads {threads}; matmul peak {args.peak:.1f} GFLOP/s (float32, best of both)\n")
     rows = []
