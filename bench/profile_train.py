@@ -58,6 +58,16 @@ def instrument_ops(totals, clock):
             wrapped = timed(name, getattr(F, name))
             setattr(F, name, wrapped)
     # model.py and nn.py call F.<op> through the module, so patching F is enough.
+    matmul = F._mm
+
+    def timed_matmul(a, b):  # every GEMM of the ops: time and FLOPs, counted apart
+        t0 = clock()
+        out = matmul(a, b)
+        totals["matrix products"] += clock() - t0
+        totals["matrix FLOPs"] += 2.0 * out.size * a.shape[-1]
+        return out
+
+    F._mm = timed_matmul
     assert model_module.F is F and nn_module.F is F
 
 
@@ -89,11 +99,15 @@ def main():
             for x, y in batches[1:]:
                 step(x, y)
             t_all = clock() - t_all
-            print(f"{args.config}: {t_all / args.steps:.3f} {'wall' if args.wall else 'CPU'} s per step")
+            unit = "wall" if args.wall else "CPU"
+            print(f"{args.config}: {t_all / args.steps:.3f} {unit} s per step")
+            gemm_s, gemm_flops = totals.pop("matrix products"), totals.pop("matrix FLOPs")
             for name, t in totals.most_common():
                 print(f"  {name:28s} {t / args.steps:8.4f} s  {t / t_all:6.1%}")
             rest = t_all - sum(totals.values())
             print(f"  {'everything else':28s} {rest / args.steps:8.4f} s  {rest / t_all:6.1%}")
+            print(f"  (inside the ops above: matrix products {gemm_s / args.steps:.4f} s, "
+                  f"{gemm_s / t_all:.1%}, at {gemm_flops / gemm_s / 1e9:.1f} GFLOP/s)")
             return
         import pyinstrument
         profiler = pyinstrument.Profiler(interval=0.001)
