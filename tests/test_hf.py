@@ -565,6 +565,19 @@ def test_cli_convert_never_overwrites_the_source_and_needs_force(tmp_path, capsy
     assert code == 0 and hf.is_hf_dir(run_dir)
 
 
+def test_cli_convert_from_hf_never_writes_over_the_checkpoints_own_files(tmp_path, capsys):
+    model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)
+    hf.to_hf(model, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    before = weights.read_bytes()
+    code, _, err = run_cli(capsys, "convert", "--from-hf", tmp_path, "--out", weights)
+    assert code == 2 and "--from-hf checkpoint" in err, err
+    assert weights.read_bytes() == before
+    code, _, _ = run_cli(capsys, "convert", "--from-hf", tmp_path, "--out",
+                         tmp_path / "glass.safetensors")  # a new file beside them is fine
+    assert code == 0 and (tmp_path / "glass.safetensors").exists()
+
+
 @pytest.mark.parametrize("base,field,value,message", [
     (LLAMA_BASE, "rms_norm_eps", "x", "finite positive number"),
     (LLAMA_BASE, "rms_norm_eps", float("nan"), "finite positive number"),

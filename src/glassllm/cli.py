@@ -754,6 +754,13 @@ def run_convert(args) -> int:
     if all(importing) and not any(exporting):
         if os.path.isdir(args.out):
             raise UsageError(f"--out {args.out} is a directory; give a file path")
+        # Writing into the checkpoint's own directory could replace its model.safetensors
+        # (or a shard) with a glassllm file: refuse any output that is one of its files.
+        if os.path.isdir(args.from_hf) and os.path.exists(args.out) and any(
+                os.path.samefile(args.out, os.path.join(args.from_hf, name))
+                for name in os.listdir(args.from_hf)):
+            raise UsageError(f"--out {args.out} is a file of the --from-hf checkpoint "
+                             f"{args.from_hf}; write the glassllm model elsewhere")
         model = hf.from_hf(args.from_hf, max_len=args.max_len)
         if args.tokenizer:
             tokenizer = load_tokenizer(args.tokenizer)
