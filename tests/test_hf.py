@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from glassllm import Config, GlassLM, Tensor  # noqa: E402
+from glassllm import Config, GlassLM  # noqa: E402
 from glassllm import hf  # noqa: E402
 from glassllm.generate import Generator, Sampling  # noqa: E402
 from glassllm.model import KVCache  # noqa: E402
