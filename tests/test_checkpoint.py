@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from glassllm import Config, GlassLM, files
+from glassllm.amp import GradScaler
 from glassllm.checkpoint import (Checkpoint, load_checkpoint, load_optimizer_state,
                                  optimizer_state, save_checkpoint)
 from glassllm.data import ArrayBatches
@@ -110,7 +111,7 @@ def test_checkpoint_round_trip(tmp_path):
                       optimizer=optimizer_state(model, opt), rng_state=rng.bit_generator.state,
                       settings={"steps": 5}, best_val_loss=1 / 3, best_step=0,
                       history=[{"step": 0, "loss": 0.1 + 0.2, "lr": 1e-3, "val_loss": 1 / 3}],
-                      scaler={"precision": "fp16", "scaler": {"scale": 65536.0}},
+                      scaler={"precision": "fp16", "scaler": GradScaler().state_dict()},
                       extra={"tokenizer": '{"type": "byte"}'})
     path = save_checkpoint(tmp_path / "sub" / "c.ckpt", ckpt)
     assert sorted(os.listdir(tmp_path / "sub")) == ["c.ckpt"]  # no temporary left
