@@ -19,7 +19,8 @@ import pytest
 
 from glassllm import files
 from glassllm.checkpoint import load_checkpoint
-from glassllm.cli import main, stdlib_corpus
+from glassllm.cli import main
+from glassllm.data import stdlib_corpus
 from glassllm.train import TrainSettings
 
 TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "1",
@@ -62,7 +63,7 @@ def test_train_on_a_text_file_writes_model_history_and_plot(tmp_path, text_file,
 
 
 def test_held_out_split_is_the_last_ten_percent(text_file):
-    from glassllm.cli import load_corpus
+    from glassllm.data import load_corpus
     corpus = load_corpus([str(text_file)], seq_len=16)
     raw = np.frombuffer(text_file.read_bytes(), dtype=np.uint8)
     n_val = len(raw) // 10
@@ -214,15 +215,40 @@ def one_error_line(err: str) -> str:
 @pytest.mark.parametrize("lr", ["1e10", "1e300"])
 def test_a_diverged_run_exits_1_and_writes_no_model(tmp_path, text_file, capsys, lr):
     out = tmp_path / "r" / "m.safetensors"
+    log = tmp_path / "steps.csv"
     rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "5", "--lr", lr,
-               "--warmup", "0", "--out", str(out)])
+               "--warmup", "0", "--out", str(out), "--log-csv", str(log)])
     captured = capsys.readouterr()
     assert rc == 1
     line = one_error_line(captured.err)
-    assert "not finite" in line and "no model file was written" in line
+    assert "step 0: the validation loss is not finite (nan)" in line
+    assert "no model file was written" in line
     assert "saved (best so far)" not in captured.out and "val nan" not in captured.out
-    assert not out.exists() and not (tmp_path / "r" / "history.csv").exists()
+    assert not out.exists()
+    # the failing step has its rows: in the per-step CSV and in history.csv
+    assert [int(r["step"]) for r in read_csv(log)] == [0]
+    assert [int(r["step"]) for r in read_csv(tmp_path / "r" / "history.csv")] == [0]
     assert "RuntimeWarning" not in captured.err
+
+
+def test_a_non_finite_gradient_is_reported_as_the_gradient_norm(tmp_path, text_file, capsys):
+    """lr 1e30: step 0 makes the weights ~1e30; step 1's loss is still finite (the norms
+    rescale) but its gradient is NaN. The message names the gradient norm and its value, not
+    the loss (5.5) as the gradient norm; both CSVs hold the failing step 1."""
+    out = tmp_path / "r" / "m.safetensors"
+    log = tmp_path / "steps.csv"
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "5", "--lr", "1e30",
+               "--warmup", "0", "--eval-every", "1", "--out", str(out), "--log-csv", str(log)])
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 1
+    rows = read_csv(log)
+    assert [int(r["step"]) for r in rows] == [0, 1]
+    assert rows[1]["skip_reason"] == "nonfinite_grad" and math.isfinite(float(rows[1]["loss"]))
+    assert f"step 1: the gradient norm (before clipping) is not finite " \
+           f"({rows[1]['grad_l2_pre_clip']})" in line
+    assert f"{out} keeps the best model, from step 0" in line
+    history = read_csv(tmp_path / "r" / "history.csv")
+    assert [int(r["step"]) for r in history] == [0, 1] and history[1]["val_loss"] == ""
 
 
 def test_gpt2_default_kv_heads_follow_the_family(tmp_path, text_file, capsys):
@@ -257,7 +283,7 @@ def test_a_directory_gives_only_its_text_files(tmp_path, text_file, capsys):
     (folder / "sub" / "b.md").write_text("# notes\n" * 40)
     (folder / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
     (folder / "tokens.bin").write_bytes(np.arange(300, dtype=np.uint16).tobytes())  # NULs
-    from glassllm.cli import load_corpus
+    from glassllm.data import load_corpus
     corpus = load_corpus([str(folder)], seq_len=16)
     assert corpus.sources == [str(folder / "a.txt"), str(folder / "sub" / "b.md")]
     assert corpus.train.token_count() + corpus.val.token_count() == \
@@ -288,7 +314,13 @@ def test_a_prepare_directory_cannot_be_mixed_with_files(tmp_path, text_file, cap
     (["--checkpoint", "{dir}"], "is a directory"),
     (["--log-csv", "{dir}/afile/x.csv"], "afile is a file, not a directory"),
     (["--out", "{dir}/afile/m.st"], "afile is a file, not a directory"),
-    (["--out", "{data}"], "is one of the --data files"),
+    (["--out", "{data}"], "is one of the data files"),
+    (["--out", ""], "--out is empty"),
+    (["--out", "{dir}/"], "names a directory; give a file path such as"),
+    (["--out", "{dir}/."], "names a directory"),
+    (["--out", "{dir}"], "is a directory"),
+    (["--log-csv", ""], "--log-csv is empty"),
+    (["--checkpoint", "{dir}/sub/"], "--checkpoint {dir}/sub/ names a directory"),
 ])
 def test_conflicting_or_bad_output_paths_fail_before_training(tmp_path, text_file, capsys,
                                                              flags, message):
@@ -299,6 +331,7 @@ def test_conflicting_or_bad_output_paths_fail_before_training(tmp_path, text_fil
     fill = dict(out=out, dir=run_dir, data=text_file)
     argv = ["train", "--data", str(text_file), *TINY_ARGS, "--out", str(out)]
     argv += [f.format(**fill) for f in flags]
+    message = message.format(**fill)
     rc = main(argv)
     captured = capsys.readouterr()
     assert rc == 2 and message in captured.err and captured.err.count("\n") == 1
@@ -314,7 +347,9 @@ def test_missing_log_csv_directories_are_created(tmp_path, text_file):
 
 
 def test_os_errors_and_memory_errors_are_one_line(tmp_path, text_file, capsys, monkeypatch):
-    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--batch-size", "1000000000000",
+    # within every flag's bounds, but 12 * 65536**2 floats per layer do not fit anywhere
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--d-model", "65536",
+               "--n-heads", "1", "--n-kv-heads", "1", "--n-layers", "1024",
                "--out", str(tmp_path / "m.st")])
     captured = capsys.readouterr()
     assert rc == 2
@@ -350,15 +385,18 @@ def test_resume_refuses_other_data_of_the_same_length(tmp_path, text_file, capsy
     assert main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "4",
                  "--checkpoint-every", "2", "--checkpoint", str(ckpt),
                  "--out", str(tmp_path / "m.st")]) == 0
-    saved = load_checkpoint(ckpt).extra["data"]
-    import hashlib
-    assert len(saved["sha256"]) == 64 and saved["sha256"] != hashlib.sha256(b"").hexdigest()
+    from glassllm.data import load_corpus, token_fingerprint
+    saved = load_checkpoint(ckpt).data  # the Trainer's data identity
+    corpus = load_corpus([str(text_file)], 16)
+    assert saved["train"] == {"tokens": corpus.train.token_count(),
+                              "sha256": token_fingerprint(corpus.train.ids)}
     text = text_file.read_bytes()
     text_file.write_bytes(text.replace(b"quick", b"QUICK"))  # same length, other content
     capsys.readouterr()
     rc = main(["train", "--resume", str(ckpt)])
-    assert rc == 2 and "the data differs from the checkpoint's (content)" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--resume {ckpt}: the training data differs from the checkpoint's " \
+        f"(same length, other content" in err and err.count("\n") == 1
     text_file.write_bytes(text)
     assert main(["train", "--resume", str(ckpt)]) == 0
 
@@ -386,10 +424,12 @@ def test_settings_errors_use_the_flag_spelling(tmp_path, text_file, capsys):
     rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--batch-size", "0",
                "--out", str(tmp_path / "m.st")])
     err = capsys.readouterr().err
-    assert rc == 2 and "--batch-size must be positive, got 0" in err and "batch_size" not in err
+    assert rc == 2 and "--batch-size must be an integer in [1, 1048576], got 0" in err
+    assert "batch_size" not in err
     rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--eval-every", "0",
                "--out", str(tmp_path / "m.st")])
-    assert rc == 2 and "--eval-every must be positive" in capsys.readouterr().err
+    assert rc == 2 and "--eval-every must be an integer in [1, 1000000000], got 0" in \
+        capsys.readouterr().err
 
 
 def test_resume_refuses_more_steps_and_says_why(tmp_path, text_file, capsys):

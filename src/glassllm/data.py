@@ -615,6 +615,26 @@ def _missing_dirs(path) -> list[str]:
     return missing
 
 
+BPE_MAX_VOCAB = 1 << 24  # ids fit uint32 token files many times over; far above any real BPE
+
+
+def bpe_vocab_size(spec: str) -> int:
+    """N of a "bpe:N" tokenizer spec, an integer in [257, BPE_MAX_VOCAB] (256 bytes and the
+    end-of-text id at least).
+
+    Raises:
+        ValueError: not "bpe:N" with such an N.
+    """
+    text = spec[4:] if spec.startswith("bpe:") else ""
+    if not text.strip().isdigit():
+        raise ValueError(f"tokenizer {spec!r}: expected bpe:N with N an integer")
+    if len(text) > 12 or not 257 <= int(text) <= BPE_MAX_VOCAB:
+        shown = text if len(text) <= 12 else f"{text[:12]}... ({len(text)} digits)"
+        raise ValueError(f"tokenizer bpe:{shown}: N must be in [257, {BPE_MAX_VOCAB}] (256 "
+                         f"bytes + end-of-text at least)")
+    return int(text)
+
+
 def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
             chunk_bytes: int = CHUNK_BYTES,
             on_progress: Callable[[Progress], None] | None = None) -> dict:
@@ -658,11 +678,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         if tokenizer == "byte":
             tokenizer = ByteTokenizer()
         elif tokenizer.startswith("bpe:"):
-            try:
-                vocab_size = int(tokenizer[4:])
-            except ValueError:
-                raise ValueError(f"tokenizer {tokenizer!r}: expected bpe:N with N an "
-                                 "integer") from None
+            vocab_size = bpe_vocab_size(tokenizer)
             done = 0
 
             def train_texts():
