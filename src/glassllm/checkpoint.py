@@ -410,7 +410,8 @@ def _check_scaler(scaler, precision, where: str) -> None:
     if scaler is None:
         return
     if not isinstance(scaler, dict) or set(scaler) != {"precision", "scaler"} or \
-            scaler["precision"] not in PRECISIONS or not isinstance(scaler["scaler"], dict):
+            not isinstance(scaler["precision"], str) or scaler["precision"] not in PRECISIONS \
+            or not isinstance(scaler["scaler"], dict):
         raise ValueError(f"{where}: state.scaler must be null or {{precision: one of "
                          f"{sorted(PRECISIONS)}, scaler: object}}, got {_short(scaler)}")
     if precision is not None and scaler["precision"] != precision:
