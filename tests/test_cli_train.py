@@ -459,3 +459,77 @@ def test_main_turns_any_os_error_into_one_line(tmp_path, text_file, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("glassllm prepare: error:") and str(blocker) in err
     assert err.count("\n") == 1 and "Traceback" not in err and blocker.read_text() == "x"
+
+
+# ------------------------------------------------------------------------- issue 9, point 6
+def test_a_fully_skipped_fp16_run_exits_1(tmp_path, text_file, capsys, monkeypatch):
+    """Every fp16 step of this run overflows (its model's weights are scaled x100, finite in
+    float32): each loss is NaN and skipped. Such a run made no update; it must exit 1, with
+    every step in both CSVs, not exit 0 with an untrained model."""
+    from glassllm import model as model_module
+
+    class Overflowing(model_module.GlassLM):
+        def __init__(self, cfg, seed=0):
+            super().__init__(cfg, seed=seed)
+            for p in self.parameters():
+                p.data *= 100
+    monkeypatch.setattr(model_module, "GlassLM", Overflowing)
+    log = tmp_path / "steps.csv"
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "6",
+               "--precision", "fp16", "--out", str(tmp_path / "m.st"), "--log-csv", str(log)])
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 1
+    assert "step 5: the last 6 updates were all skipped (last: non-finite training loss " \
+           "(nan)" in line and "no progress" in line
+    rows = read_csv(log)
+    assert [int(r["step"]) for r in rows] == list(range(6))
+    assert {r["skip_reason"] for r in rows} == {"nonfinite_loss"}
+    assert [int(r["step"]) for r in read_csv(tmp_path / "history.csv")] == list(range(6))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--threads", "99999999999999999999999"], "--threads must be an integer in [1, 1024], got "
+                                               "99999999999999999999999"),
+    (["--threads", "9" * 40], "--threads must be an integer in [1, 1024], got 999999999999... "
+                              "(40 digits)"),
+    (["--seed", str(2**64)], "--seed must be an integer in [0, 9223372036854775807]"),
+    (["--d-model", "100000"], "--d-model must be an integer in [1, 65536]"),
+    (["--n-layers", "0"], "--n-layers must be an integer in [1, 1024]"),
+    (["--steps", str(10**10)], "--steps must be an integer in [0, 1000000000]"),
+    (["--seq-len", str(2**40)], "--seq-len must be an integer in [1, 1048576]"),
+    (["--checkpoint-every", "0"], "--checkpoint-every must be an integer in [1, 1000000000]"),
+    (["--max-consecutive-skips", "0"], "--max-consecutive-skips must be an integer in [1, "),
+    (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    (["--max-skip-rate", "1"], "--max-skip-rate must be a number in [0, 1), got 1.0"),
+])
+def test_every_numeric_flag_is_bounded_and_named(tmp_path, text_file, capsys, argv, message):
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--out", str(tmp_path / "m.st"),
+               *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"glassllm train: error: {message}"), err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err and "Overflow" not in err
+    assert os.listdir(tmp_path) == ["text.txt"]
+
+
+def test_a_checkpoint_whose_extra_fields_have_wrong_types_is_refused(tmp_path, text_file,
+                                                                    capsys):
+    from glassllm.checkpoint import save_checkpoint
+    ckpt = tmp_path / "c.st"
+    assert main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "4",
+                 "--checkpoint-every", "2", "--checkpoint", str(ckpt),
+                 "--out", str(tmp_path / "m.st")]) == 0
+    state = load_checkpoint(ckpt)
+    for field, value, match in (("threads", 10**30, "extra.threads must be an integer"),
+                                ("out", 5, "extra.out must be a file path"),
+                                ("data", {"sources": "a.txt"}, "extra.data.sources")):
+        bad = load_checkpoint(ckpt)
+        bad.extra[field] = value
+        save_checkpoint(tmp_path / "bad.st", bad)  # a valid checkpoint for the library
+        capsys.readouterr()
+        assert main(["train", "--resume", str(tmp_path / "bad.st")]) == 2
+        err = capsys.readouterr().err
+        assert f"checkpoint {str(tmp_path / 'bad.st')!r}: {match}" in err and \
+            err.count("\n") == 1, err
+    assert state.step == 4
