@@ -14,10 +14,12 @@ checkpoint's JSON state and the format version, so an edited field is caught as 
 digest only proves the file is the one that was written: a file written by other means with a
 fresh digest is checked by each reader's own validation (names, shapes, dtypes, finiteness).
 
-Cost: reading a tensor hashes each of its bytes once. Measured on the 2-core machine of this
-project (x86 with SHA extensions, hashlib/OpenSSL): 0.95 s per GiB hashed, about as long as
-reading a GiB from the page cache, so verified loading takes about twice as long as unverified
-loading (for the default 771k-parameter model, 3 MB: 3 ms).
+Cost: reading a tensor hashes each of its bytes once, SHA-256 through OpenSSL (x86 SHA
+extensions). Measured on the 2-core machine of this project (`bench/digest_cost.py`): 0.95 s
+per GB hashed with the machine nearly idle (load 0.8), 1.7 s/GB while other jobs kept it busy
+(load 7). `files.load` itself takes about 12 s/GB there (it builds and initialises the model
+before filling it), so the check adds 10-15% to loading a model; for the default 3 MB model,
+3-5 ms.
 
 This module imports nothing from glassllm, so every module may use it.
 """
