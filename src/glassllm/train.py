@@ -446,13 +446,18 @@ class Trainer:
 
     Args:
         settings: a TrainSettings.
-        train_data, val_data: `Batches` (glassllm.data): `token_count() -> int` and
-            `batch(rng, batch_size, seq_len) -> (x, y)` int arrays (B, T). A 600-token array
-            (`ArrayBatches`) and a multi-GB memory-mapped file work alike.
+        train_data, val_data: `Batches` (glassllm.data): `token_count() -> int`,
+            `batch(rng, batch_size, seq_len) -> (x, y)` int arrays (B, T) and, for a run that
+            writes or resumes checkpoints, `fingerprint() -> str` (its data identity). A
+            600-token array (`ArrayBatches`) and a multi-GB memory-mapped file work alike.
         model_path: where the best model is written with `glassllm.files.save` (None: never).
         checkpoint_path: where checkpoints go (None: no checkpoints, even on Ctrl-C).
         tokenizer: stored in the model file (default ByteTokenizer) and in checkpoints.
         extra: JSON-serialisable facts stored in checkpoints (e.g. the data sources).
+
+    Every checkpoint records `glassllm.data.data_identity(train_data, val_data)` and a resume
+    on other data is refused. While `run` lasts, model_path, checkpoint_path and log_csv are
+    locked (`glassllm.lock`): a second run on one of them is refused, naming the first one.
 
     Each update is one `glassllm.safety.TrainStep` call: loss, backward, clip, AdamW at
     `lr_schedule(step, steps, lr, warmup, min_lr_ratio)`. In fp32 it is exactly spec 001's
