@@ -120,6 +120,8 @@ def run_train(args) -> int:
     from .train import TrainSettings
 
     _check_bounds(args, _TRAIN_INT_BOUNDS, _TRAIN_FLOAT_BOUNDS)
+    if args.resume == "" or any(not source for source in args.data or ()):
+        raise UsageError(f"{'--resume' if args.resume == '' else '--data'} is an empty path")
     given = {k: getattr(args, k) for k in _MODEL_FLAGS + _SETTING_FLAGS
              if getattr(args, k) is not None}
     resume = checkpoint.load_checkpoint(args.resume) if args.resume is not None else None

@@ -324,8 +324,15 @@ class TokenFile:
         return self._fingerprint
 
     def tokenizer(self):
-        """The tokenizer the sidecar names (rebuilt with `tokenizer_from_json`)."""
-        return tokenizer_from_json(json.dumps(self.meta["tokenizer"]))
+        """The tokenizer the sidecar names (rebuilt with `tokenizer_from_json`).
+
+        Raises:
+            ValueError: naming the sidecar, when its tokenizer description is invalid.
+        """
+        try:
+            return tokenizer_from_json(json.dumps(self.meta["tokenizer"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{sidecar_path(self.path)}: invalid tokenizer: {e}") from None
 
     def check_ids(self, chunk_tokens: int = 1 << 22) -> None:
         """Scan the whole file (in chunks, bounded memory) for ids >= vocab_size.
