@@ -564,7 +564,8 @@ def _plot(history_csv: str, png: str) -> str | None:
 
 def load_model_and_tokenizer(path):
     """(GlassLM, tokenizer) from a glassllm model file (see `glassllm.files`), or from a
-    Hugging Face checkpoint directory, one holding config.json (see `glassllm.hf`).
+    Hugging Face checkpoint directory, one holding config.json (see `glassllm.hf`). The
+    tokenizer is None for a weights-only file or a directory without tokenizer files.
 
     Raises FileNotFoundError / IsADirectoryError / ValueError as `files.load`, `hf.from_hf`
     and `hf.tokenizer_from_hf` do.
@@ -585,7 +586,15 @@ def add_generate(sub) -> None:
                    help="model file written by `glassllm train` (glassllm safetensors), or a "
                         "Hugging Face GPT-2/Llama directory (config.json + model.safetensors, "
                         "tokenizer from vocab.json + merges.txt or tokenizer.json)")
-    p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
+    p.add_argument("--prompt", required=True, metavar="TEXT",
+                   help="text to continue; \"\" samples unconditionally, from the tokenizer's "
+                        "begin-of-sequence token (end-of-text for GPT-2 and byte tokenizers), "
+                        "which is not printed")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer to use instead of the model's (needed for a weights-only "
+                        "model): a tokenizer JSON (BPETokenizer.save, a Hugging Face "
+                        "tokenizer.json), a directory with GPT-2's vocab.json + merges.txt, or "
+                        "`byte`")
     p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
                    help="most tokens to generate (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T",
@@ -606,7 +615,7 @@ def run_generate(args) -> int:
     import numpy as np
 
     from .generate import Generator, Sampling
-    from .tokenizer import StreamDecoder
+    from .tokenizer import StreamDecoder, start_id
 
     try:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
         args.prompt.encode("utf-8")
@@ -620,10 +629,15 @@ def run_generate(args) -> int:
     except ValueError as e:
         raise UsageError(f"bad --temperature/--top-k/--top-p: {e}") from None
     model, tokenizer = load_model_and_tokenizer(args.model)
+    if args.tokenizer is not None:
+        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
+    elif tokenizer is None:
+        raise UsageError(f"{args.model} has no tokenizer (a weights-only model); give one with "
+                         f"--tokenizer PATH (a tokenizer JSON, a directory with GPT-2's "
+                         f"vocab.json + merges.txt, or `byte`)")
     prompt_ids = tokenizer.encode(args.prompt)
-    if len(prompt_ids) == 0:
-        raise UsageError("--prompt is empty; give at least one character to continue")
-    generator = Generator(model, prompt_ids)
+    # An empty prompt is an unconditional sample from BOS (or end-of-text), never printed.
+    generator = Generator(model, prompt_ids, start_id=start_id(tokenizer))
     rng = np.random.default_rng(args.seed)
     decoder = StreamDecoder(tokenizer)  # holds back bytes of a character not yet complete
     # The first draw comes before any output, so an error (a model whose logits are NaN)
@@ -642,6 +656,19 @@ def run_generate(args) -> int:
         # point stdout at devnull so the interpreter's final flush does not complain.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _tokenizer_option(path: str, vocab_size: int):
+    """--tokenizer PATH (or `byte`) of generate: the tokenizer, which must fit the model."""
+    from .tokenizer import ByteTokenizer, load_tokenizer
+    try:
+        tokenizer = ByteTokenizer() if path == "byte" else load_tokenizer(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--tokenizer {path}: {_one_line(e)}") from None
+    if tokenizer.vocab_size > vocab_size:
+        raise UsageError(f"--tokenizer {path}: it has {tokenizer.vocab_size} ids but the "
+                         f"model's vocab_size is {vocab_size}")
+    return tokenizer
 
 
 def add_prepare(sub) -> None:
@@ -767,6 +794,10 @@ def run_convert(args) -> int:
         else:
             tokenizer = hf.tokenizer_from_hf(args.from_hf, model.cfg.vocab_size)
         files.save(model, args.out, tokenizer)
+        if tokenizer is None:
+            print(f"note: {args.from_hf} has no tokenizer files (vocab.json + merges.txt or "
+                  f"tokenizer.json): {args.out} holds the weights only; give --tokenizer PATH "
+                  f"here or to `glassllm generate`", file=sys.stderr, flush=True)
         src, dst = args.from_hf, args.out
     elif all(exporting) and not any(importing) and args.tokenizer is None \
             and args.max_len is None:
@@ -783,7 +814,8 @@ def run_convert(args) -> int:
     print(f"{src} -> {dst}: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} layers, "
           f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), vocab {cfg.vocab_size}, "
           f"{sum(p.size for p in model.parameters()):,} parameters; tokenizer "
-          f"{json.loads(tokenizer.to_json())['type']}", flush=True)
+          f"{'none' if tokenizer is None else json.loads(tokenizer.to_json())['type']}",
+          flush=True)
     return 0
 
 

@@ -152,15 +152,19 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
     Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json` (a
     byte-level BPE with an "<|endoftext|>" token, as `to_hf` writes), both read by
     `glassllm.tokenizer.load_tokenizer`. With neither, a model of vocab_size 257 gets the
-    `ByteTokenizer` (a byte-level glassllm model exported by `to_hf` has no tokenizer file).
+    `ByteTokenizer` (a byte-level glassllm model exported by `to_hf` has no tokenizer file),
+    any other model none: the result is None (the weights convert alone, as a weights-only
+    glassllm file; see `glassllm.files.save`).
 
     Args:
         path: the checkpoint directory (or a file inside it).
         vocab_size: the model's; checked against the tokenizer's (None: no check, and no
             ByteTokenizer fallback).
 
+    Returns:
+        a tokenizer, or None when the directory has no tokenizer files.
+
     Raises:
-        FileNotFoundError: no tokenizer files and vocab_size is not 257.
         ValueError: unreadable tokenizer files, or a tokenizer with more ids than vocab_size.
     """
     from .tokenizer import ByteTokenizer, load_tokenizer
@@ -172,8 +176,7 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
     elif vocab_size == ByteTokenizer.vocab_size:
         tokenizer = ByteTokenizer()
     else:
-        raise FileNotFoundError(f"{directory}: no tokenizer (vocab.json + merges.txt, or "
-                                f"{TOKENIZER_FILE}) for a model of vocab_size {vocab_size}")
+        return None
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids, more than "
                          f"the model's vocab_size {vocab_size}")

@@ -5,10 +5,16 @@ do not care which one they hold:
 
     vocab_size: int                     number of ids
     eot_id: int                         the end-of-text id
-    encode(text: str) -> np.ndarray     1-D ids (uint16 when vocab_size <= 65536, else uint32)
+    bos_id: int | None                  the begin-of-sequence id (SentencePiece/Llama: 1), or
+                                        None when the tokenizer has none (GPT-2, byte)
+    encode(text: str) -> np.ndarray     1-D ids (uint16 when vocab_size <= 65536, else uint32);
+                                        ValueError for text that is not valid Unicode
     decode(ids) -> str                  never raises; invalid UTF-8 becomes U+FFFD
     decode_bytes(ids) -> bytes          the raw bytes the ids stand for
     to_json() -> str                    enough to rebuild it with `tokenizer_from_json`
+
+`start_id(tokenizer)` is the id an unconditional sample starts from: `bos_id`, or `eot_id`
+when there is no begin-of-sequence token (GPT-2 and nanoGPT start from <|endoftext|>).
 """
 from __future__ import annotations
 
@@ -30,10 +36,22 @@ class ByteTokenizer:
 
     vocab_size = 257
     eot_id = 256
+    bos_id = None  # no begin-of-sequence token: unconditional samples start from eot_id
 
     def encode(self, text: str) -> np.ndarray:
-        """str -> uint16 ids of its UTF-8 bytes (no end-of-text added)."""
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+        """str -> uint16 ids of its UTF-8 bytes (no end-of-text added).
+
+        Raises:
+            ValueError: text is not a str, or is not valid Unicode (a lone surrogate such as
+                "\\udcff", which is what `errors="surrogateescape"` makes of undecodable
+                bytes: it has no UTF-8 encoding). The message gives its position.
+        """
+        _check_text(text, "ByteTokenizer.encode")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise _not_unicode("ByteTokenizer.encode", text, e) from None
+        return np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
 
     def decode_bytes(self, ids) -> bytes:
         """Ids -> bytes; the end-of-text id contributes nothing.
@@ -54,6 +72,34 @@ class ByteTokenizer:
 
     def to_json(self) -> str:
         return json.dumps({"type": "byte"})
+
+
+def start_id(tokenizer) -> int:
+    """The id an unconditional sample starts from (an empty prompt): the tokenizer's
+    begin-of-sequence id (`bos_id`; SentencePiece/Llama: BOS, as llama2.c starts), or its
+    end-of-text id when it has none (`bos_id` None: GPT-2 and the byte tokenizer, as nanoGPT's
+    and transformers' GPT-2 `generate` start from <|endoftext|>). Tokenizers without a
+    `bos_id` attribute count as having none."""
+    bos = getattr(tokenizer, "bos_id", None)
+    return int(tokenizer.eot_id if bos is None else bos)
+
+
+def _check_text(text, who: str) -> None:
+    if not isinstance(text, str):
+        raise ValueError(f"{who}: expected str, got {type(text).__name__}")
+
+
+def _not_unicode(who: str, text: str, e: UnicodeEncodeError | None = None) -> ValueError:
+    """The ValueError for a str that has no UTF-8 encoding (a lone surrogate)."""
+    if e is None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as found:
+            e = found
+    where = f" {text[e.start]!r} at character {e.start}" if e is not None else ""
+    return ValueError(f"{who}: text is not valid Unicode: lone surrogate{where} (undecodable "
+                      f"bytes read with errors='surrogateescape'?); decode the input as UTF-8, "
+                      f"e.g. with errors='replace'")
 
 
 class StreamDecoder:
@@ -136,9 +182,14 @@ class BPETokenizer:
     unless `allowed_special="all"`. `decode_bytes` drops special tokens (end-of-text stands for
     no bytes, as in ByteTokenizer).
 
+    `bos_id` is None: GPT-2's byte-level BPE has no begin-of-sequence token, so an
+    unconditional sample starts from `eot_id` (see `start_id`).
+
     Build one with `BPETokenizer.train(...)`, `from_gpt2_files(vocab.json, merges.txt)`,
     `load(path)` or `from_json(text)`.
     """
+
+    bos_id = None
 
     def __init__(self, hf_tokenizer, eot_token: str = EOT_TOKEN):
         """Wrap a `tokenizers.Tokenizer` whose model is byte-level BPE.
@@ -188,9 +239,10 @@ class BPETokenizer:
         """Learn a byte-level BPE of `vocab_size` ids from text.
 
         Args:
-            texts: an iterable of str (text chunks of a corpus, streamed; split them at
-                newlines so no word is cut), or a list of pathlib.Path files (read as UTF-8 by
-                `tokenizers`). A plain str is always text, never a file name.
+            texts: one str (the whole text), an iterable of str (text chunks of a corpus,
+                streamed; split them at newlines so no word is cut), or a list of
+                pathlib.Path files (read as UTF-8 by `tokenizers`). A plain str is always
+                text, never a file name, and never iterated character by character.
             vocab_size: total ids, >= 257: id 0 is "<|endoftext|>", ids 1..256 the 256 bytes,
                 the rest merges (fewer if the corpus runs out of pairs seen `min_frequency`
                 times).
@@ -206,6 +258,8 @@ class BPETokenizer:
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                       special_tokens=[EOT_TOKEN], show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        if isinstance(texts, str):  # one text; iterating it would give single characters
+            texts = [texts]
         if isinstance(texts, (list, tuple)) and texts and all(
                 isinstance(t, os.PathLike) for t in texts):
             for t in texts:
@@ -248,14 +302,17 @@ class BPETokenizer:
             "all" turns it into `eot_id`.
 
         Raises:
-            ValueError: allowed_special not "none" or "all"; text not a str.
+            ValueError: allowed_special not "none" or "all"; text not a str, or not valid
+                Unicode (a lone surrogate such as "\\udcff", as ByteTokenizer.encode).
         """
         if allowed_special not in ("none", "all"):
             raise ValueError(f"allowed_special must be 'none' or 'all', got {allowed_special!r}")
-        if not isinstance(text, str):
-            raise ValueError(f"BPETokenizer.encode: expected str, got {type(text).__name__}")
+        _check_text(text, "BPETokenizer.encode")
         self._tok.encode_special_tokens = allowed_special == "none"
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self._tok.encode(text, add_special_tokens=False).ids
+        except TypeError:  # the Rust side cannot take a str with lone surrogates
+            raise _not_unicode("BPETokenizer.encode", text) from None
         return np.asarray(ids, dtype=self._id_dtype)
 
     def decode_bytes(self, ids) -> bytes:
