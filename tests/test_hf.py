@@ -245,12 +245,16 @@ def test_round_trip_through_transformers(tmp_path, family, tie):
         np.testing.assert_array_equal(again[name], before[name], err_msg=name)
 
 
-def test_export_gpt2_with_grouped_kv_heads_is_refused(tmp_path):
-    cfg = Config(family="gpt2", vocab_size=V, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2,
-                 max_len=16)
+def test_gpt2_with_grouped_kv_heads_is_not_a_valid_config(tmp_path):
+    # GPT-2 has no grouped KV heads: such a model could never be exported, so it is refused
+    # when the config is made, and to_hf's own check stays as a second line.
+    with pytest.raises(ValueError, match="n_kv_heads=2 must equal n_heads=4"):
+        Config(family="gpt2", vocab_size=V, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2,
+               max_len=16)
+    cfg = Config(family="gpt2", vocab_size=V, d_model=64, n_layers=1, n_heads=4, max_len=16)
+    cfg.n_kv_heads = 2  # dataclasses do not re-validate on assignment
     with pytest.raises(ValueError, match="n_kv_heads"):
-        hf.to_hf(GlassLM(cfg), tmp_path)
-    assert not (tmp_path / "model.safetensors").exists()
+        hf.config_to_hf(cfg)
 
 
 # --------------------------------------------------------------------------- other checkpoints

@@ -90,7 +90,8 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` then builds a
     `GPT2LMHeadModel` (family gpt2) or `LlamaForCausalLM` (family llama) with the same logits.
     Dropout probabilities are written as 0, since glassllm has none: continued training in
-    PyTorch starts from the same function.
+    PyTorch starts from the same function. A gpt2-family config's `rope_theta` (unused: GPT-2
+    has learned positions) is not written, so `from_hf` gives that field its default.
 
     Args:
         model: the GlassLM to export.
