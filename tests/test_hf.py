@@ -245,6 +245,22 @@ def test_round_trip_through_transformers(tmp_path, family, tie):
         np.testing.assert_array_equal(again[name], before[name], err_msg=name)
 
 
+def test_to_hf_bos_token_id_is_the_tokenizers_start_id(tmp_path):
+    """A tokenizer with a BOS (SentencePiece/Llama: bos 1, eos 2) exports bos_token_id 1, so
+    transformers' generate() starts where glassllm's unconditional sample does."""
+    from glassllm.tokenizer import ByteTokenizer
+
+    class WithBos(ByteTokenizer):
+        bos_id = 1
+
+        def to_json(self):
+            return json.dumps({"type": "test-with-bos"})  # not a BPE: no tokenizer.json
+
+    hf.to_hf(glass_model("llama"), tmp_path, WithBos())
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"]) == (1, 256)
+
+
 def test_gpt2_with_grouped_kv_heads_is_not_a_valid_config(tmp_path):
     # GPT-2 has no grouped KV heads: such a model could never be exported, so it is refused
     # when the config is made, and to_hf's own check stays as a second line.
@@ -509,7 +525,8 @@ def test_cli_byte_model_round_trip(tmp_path, capsys):
     code, _, _ = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors",
                          "--to-hf", tmp_path / "hf")
     assert code == 0 and not (tmp_path / "hf" / "tokenizer.json").exists()
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == 256
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["eos_token_id"] == written["bos_token_id"] == 256  # no BOS: start at eot
     args = ("--prompt", "ab", "--max-new-tokens", 6, "--temperature", 0)
     code, from_file, _ = run_cli(capsys, "generate", "--model", tmp_path / "m.safetensors", *args)
     code2, from_dir, _ = run_cli(capsys, "generate", "--model", tmp_path / "hf", *args)
@@ -548,6 +565,14 @@ def test_cli_convert_directory_without_tokenizer(tmp_path, capsys, gpt2_checkpoi
     code, from_file, _ = run_cli(capsys, "generate", "--model", out, *args)
     code2, from_dir, _ = run_cli(capsys, "generate", "--model", directory, *args)
     assert code == code2 == 0 and from_file == from_dir and from_file.startswith(PROMPT)
+    # a weights-only file exports to HF too, with no tokenizer file and no special ids
+    code, stdout, err = run_cli(capsys, "convert", "--model", out, "--to-hf", tmp_path / "re")
+    assert code == 0 and "tokenizer none" in stdout and err == ""
+    assert not (tmp_path / "re" / "tokenizer.json").exists()
+    assert json.loads((tmp_path / "re" / "config.json").read_text())["bos_token_id"] is None
+    again = hf.from_hf(tmp_path / "re").state_dict()
+    for name, value in glass.state_dict().items():
+        np.testing.assert_array_equal(again[name], value, err_msg=name)
     # --tokenizer at conversion time stores it
     code, _, err = run_cli(capsys, "convert", "--from-hf", directory, "--out", out,
                            "--tokenizer", tok_path)

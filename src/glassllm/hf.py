@@ -101,7 +101,10 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             replaced by accident).
         tokenizer: optional. A `BPETokenizer` is written as `tokenizer.json` (the `tokenizers`
             library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
-            it from vocab_size 257). Its `eot_id` becomes the config's bos/eos_token_id.
+            it from vocab_size 257). Its `eot_id` becomes the config's eos_token_id and its
+            start id (`glassllm.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none,
+            as GPT-2's config has bos = eos = 50256) the bos_token_id, from which
+            transformers' `generate()` starts an unconditional sample.
         overwrite: allow replacing an existing checkpoint in out_dir.
         source: optional path of the file `model` was read from; writing over it is refused
             even with overwrite=True (it would destroy the model being converted).
@@ -131,7 +134,9 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     cfg = model.cfg
     hf_config = config_to_hf(cfg)
     if tokenizer is not None:
-        hf_config["bos_token_id"] = hf_config["eos_token_id"] = int(tokenizer.eot_id)
+        from .tokenizer import start_id
+        hf_config["bos_token_id"] = start_id(tokenizer)
+        hf_config["eos_token_id"] = int(tokenizer.eot_id)
     tensors = _state_to_hf(cfg, model.state_dict())
     out.mkdir(parents=True, exist_ok=True)
     atomic_replace(out / WEIGHTS_FILE,
