@@ -15,7 +15,7 @@ Sizes stay tiny so an example costs a fraction of a second. The default run draw
 `SLOW_EXAMPLES` more from wider ranges (max_len past the attention's 64-query blocks, up to 6
 heads and 3 layers, vocab up to 5000).
 
-Found by it and fixed (each with a regression test elsewhere): a gpt2-family config with
+What it needed fixed (each also with a regression test elsewhere): a gpt2-family config with
 grouped KV heads was accepted though no GPT-2 checkpoint can hold it (now a ValueError at
 construction, `test_hf.py`); model files of a vocabulary no tokenizer fits could not be
 written (weights-only files, `test_files.py`). A gpt2 config's rope_theta is unused and not
@@ -220,7 +220,8 @@ def reference_validity(f: dict) -> bool:
     """The Config rules, stated independently of model.py (its docstring's list)."""
     kv = f["n_heads"] if f["n_kv_heads"] is None else f["n_kv_heads"]
     sizes_ok = all(is_positive_int(f[k]) for k in SIZE_FIELDS if k not in ("n_kv_heads", "d_ff"))
-    sizes_ok = sizes_ok and is_positive_int(kv) and (f["d_ff"] is None or is_positive_int(f["d_ff"]))
+    sizes_ok = sizes_ok and is_positive_int(kv) and \
+        (f["d_ff"] is None or is_positive_int(f["d_ff"]))
     if not (sizes_ok and is_positive_real(f["rope_theta"]) and is_positive_real(f["norm_eps"])):
         return False
     if f["family"] not in ("llama", "gpt2") or not isinstance(f["tie_embeddings"], bool):
