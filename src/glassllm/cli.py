@@ -732,9 +732,9 @@ def run_plot(args) -> int:
 
 
 # --------------------------------------------------------------------------------- convert
-CONVERT_USAGE = ("give one of: --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T]; "
-                 "--from-llama2c CKPT.bin --out FILE [--tokenizer TOK.bin] [--max-len T]; "
-                 "--model FILE --to-hf DIR [--force]; --model FILE --to-llama2c OUT.bin")
+CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
+                 "--from-llama2c CKPT.bin --out FILE [--tokenizer TOK.bin] [--max-len T], "
+                 "--model FILE --to-hf DIR [--force] or --model FILE --to-llama2c OUT.bin")
 
 
 def add_convert(sub) -> None:
