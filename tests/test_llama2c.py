@@ -99,7 +99,8 @@ def reference_logits(path, ids) -> np.ndarray:
         i = np.arange(0, vec.size, 2)
         angle = pos * 10000.0 ** (-(i % hd) / hd)
         a, b = vec[i].copy(), vec[i + 1].copy()
-        vec[i], vec[i + 1] = a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)
+        c, s = np.cos(angle), np.sin(angle)
+        vec[i], vec[i + 1] = a * c - b * s, a * s + b * c
 
     keys = np.zeros((L, len(ids), KV * hd))
     values = np.zeros((L, len(ids), KV * hd))
@@ -347,11 +348,17 @@ def test_an_absurd_header_allocates_nothing(tmp_path):
     assert peak < 1 << 20
 
 
+def test_cli_from_llama2c_needs_the_tokenizer(ckpt, tmp_path, capsys):
+    out = tmp_path / "o.safetensors"
+    assert main(["convert", "--from-llama2c", str(ckpt), "--out", str(out)]) == 2
+    assert "--tokenizer" in capsys.readouterr().err and not out.exists()
+
+
 def test_missing_file(tmp_path, capsys):
     with pytest.raises(FileNotFoundError):
         from_llama2c(tmp_path / "nope.bin")
-    assert main(["convert", "--from-llama2c", str(tmp_path / "nope.bin"), "--out",
-                 str(tmp_path / "o.safetensors")]) == 2
+    assert main(["convert", "--from-llama2c", str(tmp_path / "nope.bin"), "--tokenizer",
+                 str(tmp_path / "t.bin"), "--out", str(tmp_path / "o.safetensors")]) == 2
     err = capsys.readouterr().err
     assert "nope.bin" in err and err.count("\n") == 1
 
@@ -419,7 +426,8 @@ def test_a_tokenizer_of_another_size_is_refused(ckpt, tok_path, tmp_path, capsys
 TEXTS = [
     "hello world!", "abcdefgh", "0123456789", "Once upon a time, there was a little girl.",
     "Lets try ö & 株式会社", "𒎗𓐍", "[INST]\n<<<SYS>>>test<<</SYS>>>\nhello[/INST]\n",
-    "café, naïve, résumé, Ångström, São Paulo", "日本語のテキストと中文", "emoji 😀👍🏽🎉 end",
+    "café, naïve, résumé, Ångström, São Paulo", "日本語のテキストと中文",
+    "emoji 😀👍🏽🎉 end",
     "", " ", "  two leading", "tabs\tand\nnewlines\n\n", "<s> </s> <unk> <0x41>", "a" * 40,
     "the there then ver over her herd heard ended outed",
 ]

@@ -761,8 +761,7 @@ def add_convert(sub) -> None:
     p.add_argument("--tokenizer", metavar="PATH",
                    help="with --from-hf: tokenizer to store when DIR has none (tokenizer JSON, "
                         "or a directory with vocab.json + merges.txt); with --from-llama2c: "
-                        "llama2.c's tokenizer.bin (e.g. tok512.bin); without it the model file "
-                        "holds the weights only")
+                        "llama2.c's tokenizer.bin (e.g. tok512.bin), required")
     p.add_argument("--max-len", type=int, metavar="T",
                    help="with --from-hf / --from-llama2c: a shorter context than the "
                         "checkpoint's")
@@ -837,16 +836,19 @@ def _convert_from_llama2c(args):
     from . import files, llama2c
 
     _check_out_file(args.out, args.from_llama2c, "--from-llama2c checkpoint")
-    if args.tokenizer is not None:
-        _check_out_file(args.out, args.tokenizer, "--tokenizer")
+    if args.tokenizer is None:
+        # A llama2.c checkpoint holds no tokenizer, and a model file without one would get
+        # the byte tokenizer, which is not this model's.
+        raise UsageError("--from-llama2c needs --tokenizer TOK.bin, the llama2.c "
+                         "tokenizer.bin the checkpoint was trained with (e.g. tok512.bin for "
+                         "stories260K.bin, tokenizer.bin for the 32000-piece models)")
+    _check_out_file(args.out, args.tokenizer, "--tokenizer")
     model = llama2c.from_llama2c(args.from_llama2c, max_len=args.max_len)
-    tokenizer = None
-    if args.tokenizer is not None:
-        tokenizer = llama2c.tokenizer_from_llama2c(args.tokenizer)
-        if tokenizer.vocab_size != model.cfg.vocab_size:
-            raise UsageError(f"--tokenizer {args.tokenizer} has {tokenizer.vocab_size} pieces "
-                             f"but {args.from_llama2c} has vocab_size {model.cfg.vocab_size}; "
-                             f"give the checkpoint's own tokenizer.bin")
+    tokenizer = llama2c.tokenizer_from_llama2c(args.tokenizer)
+    if tokenizer.vocab_size != model.cfg.vocab_size:
+        raise UsageError(f"--tokenizer {args.tokenizer} has {tokenizer.vocab_size} pieces "
+                         f"but {args.from_llama2c} has vocab_size {model.cfg.vocab_size}; "
+                         f"give the checkpoint's own tokenizer.bin")
     files.save(model, args.out, tokenizer)
     return model, tokenizer
 

@@ -9,6 +9,10 @@ do not care which one they hold:
     decode(ids) -> str                  never raises; invalid UTF-8 becomes U+FFFD
     decode_bytes(ids) -> bytes          the raw bytes the ids stand for
     to_json() -> str                    enough to rebuild it with `tokenizer_from_json`
+
+Three kinds: `ByteTokenizer` (one id per byte), `BPETokenizer` (GPT-2's byte-level BPE) and
+`SentencePieceTokenizer` (Llama's SentencePiece BPE as llama2.c stores it, with `bos_id` 1:
+its contexts start with BOS).
 """
 from __future__ import annotations
 
@@ -388,7 +392,7 @@ def load_tokenizer(path):
 
 SP_UNK_ID, SP_BOS_ID, SP_EOS_ID = 0, 1, 2  # fixed by llama2.c's run.c and Llama's SentencePiece
 SP_BYTE_OFFSET = 3                          # ids 3..258 are the byte pieces <0x00>..<0xFF>
-SP_NO_MERGE_SCORE = -1e10                   # run.c's initial best score: pieces at or below it never merge
+SP_NO_MERGE_SCORE = -1e10                   # run.c's initial best score: never merged at or below
 
 
 class SentencePieceTokenizer:
