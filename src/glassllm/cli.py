@@ -733,7 +733,7 @@ def run_plot(args) -> int:
 
 # --------------------------------------------------------------------------------- convert
 CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
-                 "--from-llama2c CKPT.bin --out FILE [--tokenizer TOK.bin] [--max-len T], "
+                 "--from-llama2c CKPT.bin --tokenizer TOK.bin --out FILE [--max-len T], "
                  "--model FILE --to-hf DIR [--force] or --model FILE --to-llama2c OUT.bin")
 
 
