@@ -622,15 +622,15 @@ def run_generate(args) -> int:
     model, tokenizer = load_model_and_tokenizer(args.model)
     # A tokenizer with a begin-of-sequence id (SentencePiece/Llama: BOS 1) starts every
     # context with it, as llama2.c's run.c and Llama's training do; an empty prompt is then
-    # BOS alone: an unconditional sample. Generation stops at end-of-text and, as in run.c,
-    # at BOS (the token that starts the next story: llama2.c's models never saw EOS).
+    # BOS alone: an unconditional sample. Generation stops at the tokenizer's `stop_ids`
+    # (SentencePieceTokenizer: EOS and, as run.c, BOS), else at end-of-text.
     bos = getattr(tokenizer, "bos_id", None)
     prompt_ids = [int(i) for i in tokenizer.encode(args.prompt)]
     if bos is not None:
         prompt_ids = [int(bos)] + prompt_ids
     if len(prompt_ids) == 0:
         raise UsageError("--prompt is empty; give at least one character to continue")
-    stop_ids = {tokenizer.eot_id} | ({int(bos)} if bos is not None else set())
+    stop_ids = set(getattr(tokenizer, "stop_ids", (tokenizer.eot_id,)))
     generator = Generator(model, prompt_ids)
     rng = np.random.default_rng(args.seed)
     # holds back bytes of a character not yet complete; knows the token before the first

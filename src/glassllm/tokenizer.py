@@ -9,6 +9,7 @@ do not care which one they hold:
     decode(ids) -> str                  never raises; invalid UTF-8 becomes U+FFFD
     decode_bytes(ids) -> bytes          the raw bytes the ids stand for
     to_json() -> str                    enough to rebuild it with `tokenizer_from_json`
+    stop_ids (optional)                 the ids that end a generation; default (eot_id,)
 
 Three kinds: `ByteTokenizer` (one id per byte), `BPETokenizer` (GPT-2's byte-level BPE) and
 `SentencePieceTokenizer` (Llama's SentencePiece BPE as llama2.c stores it, with `bos_id` 1:
@@ -435,6 +436,11 @@ class SentencePieceTokenizer:
     as byte pieces), every byte is kept: decode(encode(text)) == text for any text.
     `StreamDecoder` works with it through `piece_bytes(id, prev_id)`.
 
+    Generation: a context starts with BOS (`glassllm generate` puts it before the prompt's
+    ids, as run.c's encode(prompt, bos=1) does; an empty prompt is BOS alone) and ends at
+    `stop_ids`, EOS or BOS (run.c stops at BOS: the TinyStories models learnt it as the
+    separator between stories and never saw EOS).
+
     Args:
         pieces: the vocabulary, id order; str, or UTF-8 bytes as tokenizer.bin stores them.
         scores: one finite float per piece (stored as float32).
@@ -451,6 +457,9 @@ class SentencePieceTokenizer:
     bos_id = SP_BOS_ID
     eot_id = SP_EOS_ID
     unk_id = SP_UNK_ID
+    # Where generation ends: EOS, and BOS -- llama2.c run.c's rule, since models trained as
+    # llama2.c trains (BOS before every story, no EOS) end a story by starting the next one.
+    stop_ids = (SP_EOS_ID, SP_BOS_ID)
 
     def __init__(self, pieces, scores, max_token_length: int | None = None):
         self.pieces = [_sp_piece_text(p, i) for i, p in enumerate(pieces)]
