@@ -465,6 +465,7 @@ def test_round_trip_on_real_utf8_files(tok, name):
 
 def test_protocol_and_special_ids(tok):
     assert (tok.vocab_size, tok.bos_id, tok.eot_id, tok.max_token_length) == (512, 1, 2, 7)
+    assert tok.stop_ids == (2, 1)  # EOS, and BOS as run.c
     assert tok.pieces[1] == "\n<s>\n" and tok.pieces[2] == "\n</s>\n"
     assert tok.decode_bytes([1, 2]) == b""  # BOS/EOS print nothing
     # run.c decode: the leading space goes after BOS (and at the start), not elsewhere
