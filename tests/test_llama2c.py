@@ -365,10 +365,20 @@ def test_an_absurd_header_allocates_nothing(tmp_path):
     assert peak < 1 << 20
 
 
-def test_cli_from_llama2c_needs_the_tokenizer(ckpt, tmp_path, capsys):
+def test_cli_from_llama2c_without_a_tokenizer_writes_weights_only(ckpt, tok_path, tmp_path,
+                                                                  capsys):
+    """No --tokenizer: a weights-only file and a note; generate then needs --tokenizer, and
+    with llama2.c's tok512.bin it tells the same story."""
     out = tmp_path / "o.safetensors"
-    assert main(["convert", "--from-llama2c", str(ckpt), "--out", str(out)]) == 2
-    assert "--tokenizer" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", "--from-llama2c", str(ckpt), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "weights only" in captured.err and "tokenizer none" in captured.out
+    assert files.load_tokenizer(out) is None
+    assert main(["generate", "--model", str(out), "--prompt", ""]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    assert main(["generate", "--model", str(out), "--tokenizer", str(tok_path), "--prompt", "",
+                 "--temperature", "0", "--max-new-tokens", "200"]) == 0
+    assert capsys.readouterr().out == GOLDEN + "\n"
 
 
 def test_missing_file(tmp_path, capsys):

@@ -523,10 +523,17 @@ def run_generate(args) -> int:
 
 
 def _tokenizer_option(path: str, vocab_size: int):
-    """--tokenizer PATH (or `byte`) of generate: the tokenizer, which must fit the model."""
+    """--tokenizer PATH (or `byte`) of generate: the tokenizer, which must fit the model. A
+    `.bin` file is read as llama2.c's tokenizer.bin, anything else as `load_tokenizer` does."""
+    from .llama2c import tokenizer_from_llama2c
     from .tokenizer import ByteTokenizer, load_tokenizer
     try:
-        tokenizer = ByteTokenizer() if path == "byte" else load_tokenizer(path)
+        if path == "byte":
+            tokenizer = ByteTokenizer()
+        elif path.endswith(".bin") and os.path.isfile(path):
+            tokenizer = tokenizer_from_llama2c(path)
+        else:
+            tokenizer = load_tokenizer(path)
     except (OSError, ValueError) as e:
         raise UsageError(f"--tokenizer {path}: {_one_line(e)}") from None
     if tokenizer.vocab_size > vocab_size:
@@ -624,7 +631,7 @@ def run_plot(args) -> int:
 
 # --------------------------------------------------------------------------------- convert
 CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
-                 "--from-llama2c CKPT.bin --tokenizer TOK.bin --out FILE [--max-len T], "
+                 "--from-llama2c CKPT.bin [--tokenizer TOK.bin] --out FILE [--max-len T], "
                  "--model FILE --to-hf DIR [--force] or --model FILE --to-llama2c OUT.bin")
 
 
@@ -652,7 +659,8 @@ def add_convert(sub) -> None:
     p.add_argument("--tokenizer", metavar="PATH",
                    help="with --from-hf: tokenizer to store when DIR has none (tokenizer JSON, "
                         "or a directory with vocab.json + merges.txt); with --from-llama2c: "
-                        "llama2.c's tokenizer.bin (e.g. tok512.bin), required")
+                        "llama2.c's tokenizer.bin (e.g. tok512.bin); without it the file "
+                        "holds the weights only")
     p.add_argument("--max-len", type=int, metavar="T",
                    help="with --from-hf / --from-llama2c: a shorter context than the "
                         "checkpoint's")
@@ -731,20 +739,21 @@ def _convert_from_llama2c(args):
     from . import files, llama2c
 
     _check_out_file(args.out, args.from_llama2c, "--from-llama2c checkpoint")
-    if args.tokenizer is None:
-        # A llama2.c checkpoint holds no tokenizer, and a model file without one would get
-        # the byte tokenizer, which is not this model's.
-        raise UsageError("--from-llama2c needs --tokenizer TOK.bin, the llama2.c "
-                         "tokenizer.bin the checkpoint was trained with (e.g. tok512.bin for "
-                         "stories260K.bin, tokenizer.bin for the 32000-piece models)")
-    _check_out_file(args.out, args.tokenizer, "--tokenizer")
+    if args.tokenizer is not None:
+        _check_out_file(args.out, args.tokenizer, "--tokenizer")
     model = llama2c.from_llama2c(args.from_llama2c, max_len=args.max_len)
-    tokenizer = llama2c.tokenizer_from_llama2c(args.tokenizer)
-    if tokenizer.vocab_size != model.cfg.vocab_size:
-        raise UsageError(f"--tokenizer {args.tokenizer} has {tokenizer.vocab_size} pieces "
-                         f"but {args.from_llama2c} has vocab_size {model.cfg.vocab_size}; "
-                         f"give the checkpoint's own tokenizer.bin")
+    tokenizer = None  # a llama2.c checkpoint holds no tokenizer: weights-only unless given
+    if args.tokenizer is not None:
+        tokenizer = llama2c.tokenizer_from_llama2c(args.tokenizer)
+        if tokenizer.vocab_size != model.cfg.vocab_size:
+            raise UsageError(f"--tokenizer {args.tokenizer} has {tokenizer.vocab_size} pieces "
+                             f"but {args.from_llama2c} has vocab_size {model.cfg.vocab_size}; "
+                             f"give the checkpoint's own tokenizer.bin")
     files.save(model, args.out, tokenizer)
+    if tokenizer is None:
+        print(f"note: no --tokenizer: {args.out} holds the weights only; give llama2.c's "
+              f"tokenizer.bin (e.g. tok512.bin for stories260K.bin) here, or a tokenizer to "
+              f"`glassllm generate --tokenizer`", file=sys.stderr, flush=True)
     return model, tokenizer
 
 
