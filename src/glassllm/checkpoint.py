@@ -11,7 +11,9 @@ A checkpoint is one safetensors file (no pickle, so loading one cannot run code)
                        `bit_generator.state`, the trainer settings, the best validation loss
                        and the step it came from, the history, the loss scaler's state, the
                        data's identity (`glassllm.data.data_identity`: token counts and
-                       SHA-256 of the training and validation streams) and free-form `extra`
+                       SHA-256 of the training and validation streams), the number of
+                       ranks that trained it (`world_size`, data parallelism; absent in
+                       files from before it, which mean 1) and free-form `extra`
                        (tokenizer, data sources, ...)
               digest = SHA-256 of every tensor and of the other entries
                        (`glassllm.integrity`), checked on load
@@ -76,6 +78,8 @@ class Checkpoint:
             data sources, ...).
         data: the data's identity, `glassllm.data.data_identity(train, val)`; None in a
             version 1 checkpoint.
+        world_size: the number of data-parallel ranks of the run (`glassllm.distributed`);
+            a resume needs the same number.
         source: the file it was loaded from (not part of the state; None if built in memory).
     """
 
@@ -91,6 +95,7 @@ class Checkpoint:
     scaler: dict | None = None
     extra: dict = dataclasses.field(default_factory=dict)
     data: dict | None = None
+    world_size: int = 1
     source: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
@@ -203,6 +208,7 @@ def _encode(ckpt: Checkpoint, where: str) -> tuple[dict, str]:
         "scaler": ckpt.scaler,
         "extra": ckpt.extra,
         "data": ckpt.data,
+        "world_size": ckpt.world_size,
     }
     try:
         # allow_nan=False: a NaN in the history would be written as a non-JSON token.
@@ -280,7 +286,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         optimizer=optimizer, rng_state=state["rng_state"], settings=state["settings"],
         best_val_loss=state["best_val_loss"], best_step=state["best_step"],
         history=state["history"], scaler=state["scaler"], extra=state["extra"],
-        data=state.get("data"), source=str(path))
+        data=state.get("data"), world_size=state.get("world_size", 1), source=str(path))
 
 
 # ------------------------------------------------------------------------ checking the state
@@ -288,6 +294,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
 # ValueError("<where>: state.<field> ...") at the first problem.
 _STATE_FIELDS = ("step", "config", "optimizer", "rng_state", "settings", "best_val_loss",
                  "best_step", "history", "scaler", "extra")
+_OPTIONAL_STATE_FIELDS = ("world_size",)  # newer than version 2 itself; absent means 1
 _OPTIMIZER_FIELDS = ("steps", "t", "lr", "betas", "eps", "weight_decay")
 _HISTORY_FIELDS = {"step", "loss", "lr", "train_loss", "val_loss", "skipped"}
 _SCALER_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval",
@@ -301,12 +308,14 @@ def _check_state(state, where: str, version: str) -> Config:
         raise ValueError(f"{where}: the state must be a JSON object, got {_kind(state)}")
     wanted = _STATE_FIELDS + (("data",) if version != "1" else ())
     missing = [k for k in wanted if k not in state]
-    unknown = sorted(set(state) - set(wanted))
+    unknown = sorted(set(state) - set(wanted) - set(_OPTIONAL_STATE_FIELDS))
     if missing or unknown:
         raise ValueError(f"{where}: the state " + "; ".join(
             ([f"lacks {missing}"] if missing else []) + ([f"has unknown {unknown}"]
                                                        if unknown else [])))
     step = _int(state, "step", where)
+    if "world_size" in state:
+        _int(state, "world_size", where, low=1)
     if not isinstance(state["config"], dict):
         raise ValueError(f"{where}: state.config must be an object, got "
                          f"{_kind(state['config'])}")
@@ -321,6 +330,8 @@ def _check_state(state, where: str, version: str) -> Config:
             isinstance(v, (int, float, str, type(None))) for v in settings.values()):
         raise ValueError(f"{where}: state.settings must be an object of numbers, strings and "
                          f"nulls, got {_short(settings)}")
+    if "grad_accum" in settings:  # the one setting the checkpoint's layout depends on
+        _int(settings, "grad_accum", where, label="state.settings.grad_accum", low=1)
     best_val, best_step = state["best_val_loss"], state["best_step"]
     if (best_val is None) != (best_step is None):
         raise ValueError(f"{where}: state.best_val_loss and state.best_step must both be set "

@@ -26,7 +26,7 @@ class UsageError(Exception):
 TRAIN_MODEL_DEFAULTS = {"family": "llama", "d_model": 128, "n_layers": 4, "n_heads": 4}
 _MODEL_FLAGS = ("family", "d_model", "n_layers", "n_heads", "n_kv_heads")
 _SETTING_FLAGS = ("steps", "batch_size", "seq_len", "lr", "warmup", "eval_every", "eval_batches",
-                  "seed", "precision", "max_skip_rate", "max_consecutive_skips")
+                  "seed", "precision", "max_skip_rate", "max_consecutive_skips", "grad_accum")
 # Every numeric flag is checked against these bounds before it is used, so a huge value is a
 # one-line error naming the flag (not an OverflowError deep in NumPy or BLAS). Wide enough for
 # any model this library can train; TrainSettings and Config check the finer rules.
@@ -35,13 +35,16 @@ _TRAIN_INT_BOUNDS = {
     "n_kv_heads": (1, 1 << 12), "seq_len": (1, 1 << 20), "batch_size": (1, 1 << 20),
     "steps": (0, 10**9), "warmup": (0, 10**9), "eval_every": (1, 10**9),
     "eval_batches": (1, 10**6), "seed": (0, 2**63 - 1), "checkpoint_every": (1, 10**9),
-    "max_consecutive_skips": (1, 10**9), "threads": (1, 1024),
+    "max_consecutive_skips": (1, 10**9), "threads": (1, 1024), "grad_accum": (1, 1 << 20),
 }
-_TRAIN_FLOAT_BOUNDS = {"lr": (0.0, None), "max_skip_rate": (0.0, 1.0)}  # lr > 0; rate in [0, 1)
+# lr > 0 (hi None: a lower bound only); rate in [0, 1)
+_TRAIN_FLOAT_BOUNDS = {"lr": (0.0, None), "max_skip_rate": (0.0, 1.0),
+                       "mpi_timeout": (0.0, None)}
 
 
 def add_train(sub) -> None:
     from .data import STDLIB_CORPUS_BYTES
+    from .distributed import DEFAULT_TIMEOUT_S
     from .train import TrainSettings
     d = TrainSettings()
     m = TRAIN_MODEL_DEFAULTS
@@ -73,7 +76,12 @@ def add_train(sub) -> None:
     g = p.add_argument_group("training")
     g.add_argument("--seq-len", type=int, metavar="T",
                    help=f"tokens per window, also the model's max_len (default {d.seq_len})")
-    g.add_argument("--batch-size", type=int, metavar="B", help=f"default {d.batch_size}")
+    g.add_argument("--batch-size", type=int, metavar="B",
+                   help=f"windows per micro-batch, on each MPI rank (default {d.batch_size})")
+    g.add_argument("--grad-accum", type=int, metavar="K",
+                   help="micro-batches per update, gradients averaged (nanoGPT's "
+                        "gradient_accumulation_steps): an update sees N x K x B windows, N "
+                        f"the MPI ranks (default {d.grad_accum})")
     g.add_argument("--steps", type=int, metavar="N", help=f"updates (default {d.steps})")
     g.add_argument("--lr", type=float, help=f"peak learning rate (default {d.lr:g})")
     g.add_argument("--warmup", type=int, metavar="N", help=f"warmup steps (default {d.warmup})")
@@ -109,17 +117,51 @@ def add_train(sub) -> None:
     p.add_argument("--threads", type=int, metavar="N",
                    help="threads for matrix products (default 1, or the resumed run's: on a "
                         "busy machine more threads can make each step many times slower)")
+    g = p.add_argument_group(
+        "data parallelism (`mpiexec -n N glassllm train ...` runs N ranks; needs the extra "
+        "glassllm[mpi])")
+    g.add_argument("--mpi-timeout", type=float, metavar="SECONDS",
+                   help=f"end the job when a collective waits this long for the other ranks "
+                        f"(a hung or lost rank; default {DEFAULT_TIMEOUT_S:g})")
     p.set_defaults(func=run_train)
 
 
 def run_train(args) -> int:
+    """`glassllm train`, on one process or as one rank of `mpiexec -n N` (every rank runs
+    this; rank 0 alone checks and locks the outputs, prints and writes files)."""
+    import contextlib
+
+    from . import distributed
+
+    _check_bounds(args, _TRAIN_INT_BOUNDS, _TRAIN_FLOAT_BOUNDS)
+    timeout = args.mpi_timeout if args.mpi_timeout is not None else \
+        distributed.DEFAULT_TIMEOUT_S
+    try:
+        comm = distributed.from_environment(timeout_s=timeout)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+    args.comm = comm  # main() prints errors on rank 0 only
+    try:
+        with contextlib.ExitStack() as held:
+            # A mistake found on some ranks only (a data file missing on one node) stops
+            # every rank here, before the first collective of the training loop.
+            with distributed.agreement(comm, errors=(UsageError, OSError, ValueError,
+                                                     MemoryError)):
+                prepared = _prepare_train(args, comm, held)
+            return _train(args, comm, *prepared)
+    finally:
+        comm.close()
+
+
+def _prepare_train(args, comm, held):
+    """Settings, model config, corpus, checkpoint and output paths of a run; on rank 0 the
+    outputs checked, their directories made and locked (until `held` closes)."""
     from . import checkpoint, runfiles
     from .data import check_same_data, load_corpus
     from .lock import lock_outputs
     from .model import Config
     from .train import TrainSettings
 
-    _check_bounds(args, _TRAIN_INT_BOUNDS, _TRAIN_FLOAT_BOUNDS)
     if args.resume == "" or any(not source for source in args.data or ()):
         raise UsageError(f"{'--resume' if args.resume == '' else '--data'} is an empty path")
     given = {k: getattr(args, k) for k in _MODEL_FLAGS + _SETTING_FLAGS
@@ -150,30 +192,36 @@ def run_train(args) -> int:
                "--log-csv": paths["log_csv"],
                "history.csv (next to --out)": paths["history_csv"],
                "loss.png (next to --out)": paths["plot"]}
-    runfiles.check_output_paths(outputs)  # before reading any data: a bad path fails at once
+    writer = comm.rank == 0  # the one rank that writes
+    if writer:
+        runfiles.check_output_paths(outputs)  # before reading any data: a bad path fails now
     corpus = load_corpus(sources, settings.seq_len)
-    for name, note in corpus.notes:
+    for name, note in corpus.notes if writer else ():
         print(f"note: {name}: {note}", file=sys.stderr, flush=True)
-    runfiles.check_output_paths(outputs, inputs=corpus.sources)
+    if writer:
+        runfiles.check_output_paths(outputs, inputs=corpus.sources)
     if resume is not None:
         check_same_data(resume.data, corpus.train, corpus.val, where=f"--resume {args.resume}")
     else:
         cfg = _new_model_config(given, corpus.tokenizer.vocab_size, settings.seq_len)
-    runfiles.make_parent_dirs(outputs.values())
-    with lock_outputs(outputs.values()) as lock:
+    if writer:
+        runfiles.make_parent_dirs(outputs.values())
+        lock = held.enter_context(lock_outputs(outputs.values()))
         for holder in lock.stale:
             print(f"note: took over a lock left by pid {holder.get('pid')} (no longer "
                   f"running)", file=sys.stderr, flush=True)
-        return _train(args, cfg, settings, corpus, resume, paths, threads)
+    return cfg, settings, corpus, resume, paths, threads
 
 
-def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
-    """The run itself, output paths checked and locked: build, train, report, write files."""
+def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
+    """The run itself, output paths checked and locked: build, train, report, write files.
+    Every rank trains; rank 0 alone prints and writes."""
     import time
 
     import numpy as np
 
     from . import runfiles
+    from .distributed import RanksDisagree
     from .model import GlassLM
     from .safety import SkipRateExceeded
     from .train import (Checkpointed, Evaluated, NonFiniteLossError, Resumed, Saved, Started,
@@ -184,14 +232,24 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
                       checkpoint_path=paths["checkpoint"], tokenizer=corpus.tokenizer,
                       extra={"data": corpus.describe(), "out": os.path.abspath(out),
-                             "threads": threads})
+                             "threads": threads}, comm=comm)
+    if comm.rank != 0:  # the other ranks train in silence and write nothing
+        try:
+            with _blas_threads(threads), np.errstate(over="ignore", invalid="ignore",
+                                                     divide="ignore"):
+                trainer.run(model, resume=resume)
+        except TrainingInterrupted:
+            return 130
+        except (NonFiniteLossError, SkipRateExceeded, RanksDisagree):
+            return 1
+        return 0
 
     print(f"glassllm train: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} layers, "
           f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), {sum(p.size for p in model.parameters()):,} "
           f"parameters", flush=True)
     print(f"data: {corpus.name}: {corpus.train.token_count():,} training and "
           f"{corpus.val.token_count():,} validation tokens", flush=True)
-    print(f"{settings.steps} steps of {settings.batch_size} x {settings.seq_len} tokens, lr "
+    print(f"{settings.steps} steps of {_batch_words(comm.size, settings)} tokens, lr "
           f"{settings.lr:g}, warmup {settings.warmup}, {settings.precision}; best model -> {out}",
           flush=True)
 
@@ -234,7 +292,7 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
                  else "no checkpoint written")
         print(f"glassllm train: interrupted; {where}", file=sys.stderr, flush=True)
         return 130
-    except (NonFiniteLossError, SkipRateExceeded) as e:
+    except (NonFiniteLossError, SkipRateExceeded, RanksDisagree) as e:
         bar.close()
         if getattr(e, "history", None):
             runfiles.write_history_csv(paths["history_csv"], e.history)
@@ -255,6 +313,13 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
           + (f", {summary.skipped_steps} skipped" if summary.skipped_steps else ""), flush=True)
     return 0
+
+
+def _batch_words(ranks: int, settings) -> str:
+    """'16 x 64' or, with ranks and micro-batches, '2 ranks x 2 micro-batches x 8 x 64'."""
+    parts = ([f"{ranks} ranks"] if ranks > 1 else []) + \
+        ([f"{settings.grad_accum} micro-batches"] if settings.grad_accum > 1 else [])
+    return " x ".join(parts + [str(settings.batch_size), str(settings.seq_len)])
 
 
 def _non_negative_int(text: str) -> int:
@@ -367,7 +432,8 @@ def _resumed_settings(resume, given: dict, args):
     the updates already done used a schedule that a longer run would not have used; a
     "continued" run would equal no uninterrupted run."""
     from .train import TrainSettings
-    saved = dict(resume.settings)
+    # a checkpoint older than a setting holds that setting's default (grad_accum: 1)
+    saved = {**TrainSettings().to_dict(), **resume.settings}
     conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.get(k)})"
                  for k, v in given.items() if k in _SETTING_FLAGS and saved.get(k) != v]
     conflicts += [f"--{k.replace('_', '-')} {v} (checkpoint: {resume.config.get(k)})"
@@ -798,23 +864,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BrokenPipeError, MemoryError, UsageError, OSError,
+            ValueError) as e:
+        code, line = _error_report(args.command, e)
+        # Under mpiexec every rank meets the same errors (glassllm.distributed.agreement):
+        # rank 0 alone says so.
+        if line is not None and getattr(getattr(args, "comm", None), "rank", 0) == 0:
+            print(line, file=sys.stderr, flush=True)
+        return code
+
+
+def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
+    """(exit code, the one line for stderr or None) of an error that reached main()."""
+    if isinstance(e, KeyboardInterrupt):
         # "\n": the terminal echoed ^C on the current line
-        print(f"\nglassllm {args.command}: interrupted", file=sys.stderr, flush=True)
-        return 130
-    except BrokenPipeError:
+        return 130, f"\nglassllm {command}: interrupted"
+    if isinstance(e, BrokenPipeError):
         # The reader of stdout left (`glassllm train ... | head -1`): stop quietly, as Unix
         # tools do; stdout -> devnull so the interpreter's final flush does not complain.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except MemoryError as e:  # NumPy's _ArrayMemoryError says which array did not fit
+        return 1, None
+    if isinstance(e, MemoryError):  # NumPy's _ArrayMemoryError says which array did not fit
         detail = f" ({e})" if str(e) else ""
-        print(f"glassllm {args.command}: error: not enough memory for this {args.command} "
-              f"run{detail}; use smaller sizes", file=sys.stderr, flush=True)
-        return 2
-    except (UsageError, OSError, ValueError) as e:
-        print(f"glassllm {args.command}: error: {_one_line(e)}", file=sys.stderr, flush=True)
-        return 2
+        return 2, (f"glassllm {command}: error: not enough memory for this {command} "
+                   f"run{detail}; use smaller sizes")
+    return 2, f"glassllm {command}: error: {_one_line(e)}"
 
 
 def _one_line(e: Exception) -> str:

@@ -8,6 +8,16 @@ correct (spec 003; PyTorch's AMP recipe):
     -> unscaled gradients finite? (global L2 norm)               no: skip "nonfinite_grad"
     -> clip the global L2 norm to `clip` -> scaler.step(opt, lr) -> scaler.update()
 
+With `micro_batches=K` (gradient accumulation) and/or a communicator of N ranks (data
+parallelism, `glassllm.distributed`), the forward/backward runs on K slices of this rank's
+rows; their scaled gradients are added in one float32 `GradientBuffer`, summed over the ranks
+(one Allreduce), multiplied by 1/(N*K), and the step goes on from `unscale_` on the reduced
+gradients: the mean gradient of the N*K micro-batches, as one batch of N*K times the rows
+would give up to float32 rounding (nanoGPT's `gradient_accumulation_steps` with DDP). The
+loss checked and reported is the mean of the N*K micro-batch losses. Every rank sees the same
+reduced values, so every rank takes the same branch (skip, clip, step) and the GradScaler's
+inf check agrees across ranks: an overflow on one rank is an inf in everyone's sum.
+
 `scaler.update()` runs on every step, skipped ones too: that is how a skip halves the scale.
 A skipped step never calls `optimizer.step`, so weights, AdamW moments and per-parameter step
 counts stay bit-for-bit what they were. In precision "fp32" with the scaler disabled, a clean
@@ -28,6 +38,7 @@ from collections import deque
 import numpy as np
 
 from . import amp
+from .distributed import GradientBuffer, SerialCommunicator
 from .optim import clip_grad_norm
 
 CSV_COLUMNS = ("step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped",
@@ -87,13 +98,15 @@ class TrainStep:
         clip: max global L2 norm of the unscaled gradients (spec 001 uses 1.0); None: no clip.
         scaler: an `amp.GradScaler`; default: enabled for fp16, disabled for bf16 and fp32
             (bfloat16 has float32's exponent range and does not need loss scaling).
+        comm: a communicator (`glassllm.distributed`) whose ranks each call this step on
+            their share of the batch; default one process.
 
     Raises:
         ValueError: unknown precision, or clip <= 0.
     """
 
     def __init__(self, model, optimizer, precision: str = "fp32", clip: float | None = 1.0,
-                 scaler: amp.GradScaler | None = None):
+                 scaler: amp.GradScaler | None = None, comm=None):
         if precision not in PRECISIONS:
             raise ValueError(f"TrainStep: precision must be one of {sorted(PRECISIONS)}, "
                              f"got {precision!r}")
@@ -106,13 +119,23 @@ class TrainStep:
         self.scaler = scaler if scaler is not None else amp.GradScaler(
             enabled=(precision == "fp16"))
         self._low = PRECISIONS[precision]
+        self.comm = comm if comm is not None else SerialCommunicator()
+        self._buffer: GradientBuffer | None = None  # made at the first accumulated step
 
-    def __call__(self, x, y, lr: float, step: int) -> StepRecord:
+    def __call__(self, x, y, lr: float, step: int, micro_batches: int = 1) -> StepRecord:
         """Forward on batch (x, y) (B, T) ids, backward, checks, clip, AdamW step at `lr`.
+
+        micro_batches: K, the number of equal slices of x's rows run one after the other
+            (B must be a multiple of K); with K == 1 on one process the batch runs whole.
 
         Returns the StepRecord. Exceptions of the model (bad ids, shapes) propagate before
         any state changes.
+
+        Raises:
+            ValueError: B not a multiple of micro_batches.
         """
+        if micro_batches != 1 or self.comm.size != 1:
+            return self._accumulated(x, y, lr, step, micro_batches)
         self.optimizer.zero_grad()
         scaler = self.scaler
         # Overflow is detected and reported below (a skipped step), so NumPy's warnings about
@@ -123,6 +146,35 @@ class TrainStep:
             loss_value = float(loss.item())
             if math.isfinite(loss_value):
                 scaler.scale(loss).backward()
+            return self._finish(loss_value, lr, step)
+
+    def _accumulated(self, x, y, lr: float, step: int, k: int) -> StepRecord:
+        """The step over K micro-batches of this rank and N ranks (module doc)."""
+        if k < 1 or len(x) % k:
+            raise ValueError(f"TrainStep: {len(x)} rows do not split into {k} micro-batches")
+        opt, scaler = self.optimizer, self.scaler
+        if self._buffer is None:
+            self._buffer = GradientBuffer(opt.params)
+        grads = self._buffer
+        grads.zero()
+        rows = len(x) // k
+        local_loss = 0.0
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for i in range(k):
+                opt.zero_grad()
+                part = slice(i * rows, (i + 1) * rows)
+                with amp.autocast(self._low):
+                    loss = self.model.loss(x[part], y[part])
+                value = float(loss.item())
+                local_loss += value  # an inf/NaN stays in the sum: every rank will see it
+                if math.isfinite(value):
+                    scaler.scale(loss).backward()
+                    grads.add(opt.params)
+            opt.zero_grad()
+            n = k * self.comm.size
+            loss_value = grads.reduce(self.comm, local_loss, what=f"step {step}") / n
+            if math.isfinite(loss_value):
+                grads.to_params(opt.params, 1.0 / n)
             return self._finish(loss_value, lr, step)
 
     def _finish(self, loss_value: float, lr: float, step: int) -> StepRecord:

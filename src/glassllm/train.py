@@ -14,6 +14,7 @@ weights and history:
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import math
@@ -27,13 +28,14 @@ from typing import Callable
 import numpy as np
 
 from . import checkpoint as ckpt_io
+from . import distributed
 from .atomic import atomic_write
 from .data import check_same_data, data_identity
 from .data import get_batch  # the one batch sampler; re-exported here for spec 001
 from .lock import lock_outputs
 from .model import GlassLM, dataclass_from_dict
 from .optim import AdamW, clip_grad_norm, lr_schedule
-from .safety import PRECISIONS, SkipRateMonitor, StepCSVLog, TrainStep
+from .safety import PRECISIONS, SkipRateExceeded, SkipRateMonitor, StepCSVLog, TrainStep
 from .tensor import no_grad
 
 TRAIN_DEADLINE_S = 7200.0  # fixed wall-clock limit of one train() call, validation included
@@ -165,7 +167,13 @@ class TrainSettings:
 
     Fields:
         steps: AdamW updates in the whole run (a resumed run counts the earlier ones).
-        batch_size, seq_len: B windows of T tokens per update (B*T tokens per step).
+        batch_size, seq_len: B windows of T tokens per micro-batch of one rank; an update is
+            grad_accum micro-batches on each of N ranks, N * grad_accum * B * T tokens.
+        grad_accum: K, micro-batches per update (nanoGPT's gradient_accumulation_steps):
+            the sampler draws one batch of N*K*B windows (the windows one batch of that size
+            would have), each rank runs its K*B rows as K micro-batches of B, and the mean
+            gradient makes one clip and one AdamW step. Evaluation batches have N*K*B windows
+            too, so the validation loss does not depend on how they are split.
         lr: peak learning rate of `lr_schedule` (warmup then cosine to lr * min_lr_ratio).
         warmup: linear warmup steps.
         clip: max global L2 norm of the (unscaled) gradients, spec 001's 1.0.
@@ -209,11 +217,12 @@ class TrainSettings:
     weight_decay: float = 0.1
     min_lr_ratio: float = 0.1
     eval_seed: int = EVAL_SEED
+    grad_accum: int = 1
 
     # Field types, checked strictly: int(2.7) == 2 and int(True) == 1 would let a float or a
     # bool through, and a NumPy integer would not survive the checkpoint's JSON.
     INT_FIELDS = ("steps", "batch_size", "seq_len", "warmup", "eval_every", "eval_batches",
-                  "seed", "checkpoint_every", "eval_seed", "max_consecutive_skips")
+                  "seed", "checkpoint_every", "eval_seed", "max_consecutive_skips", "grad_accum")
     FLOAT_FIELDS = ("lr", "clip", "max_skip_rate", "weight_decay", "min_lr_ratio")
 
     def __post_init__(self):
@@ -228,7 +237,7 @@ class TrainSettings:
                                  f"got {self.log_csv!r}")
             self.log_csv = os.fspath(self.log_csv)
         positive = ("batch_size", "seq_len", "eval_every", "eval_batches",
-                    "max_consecutive_skips")
+                    "max_consecutive_skips", "grad_accum")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainSettings.{name} must be positive, "
@@ -284,8 +293,9 @@ class Resumed:
 @dataclasses.dataclass(frozen=True)
 class Stepped:
     """After every update `step` (0-based): its batch loss before the update (nats/token; inf
-    or NaN on a skipped step), the learning rate, and training throughput in tokens/second
-    averaged over this run() call (evaluation time excluded)."""
+    or NaN on a skipped step; the mean over every micro-batch of every rank), the learning
+    rate, and training throughput in tokens/second of all ranks together, averaged over this
+    run() call (evaluation time excluded)."""
     step: int
     loss: float
     lr: float
@@ -455,6 +465,8 @@ class Trainer:
         tokenizer: stored in the model file and in checkpoints; None (default): the model
             file is weights-only (any vocab_size; see `glassllm.files.save`).
         extra: JSON-serialisable facts stored in checkpoints (e.g. the data sources).
+        comm: a communicator (`glassllm.distributed`): None or a SerialCommunicator for one
+            process, an MPICommunicator for data parallelism over N ranks.
 
     Every checkpoint records `glassllm.data.data_identity(train_data, val_data)` and a resume
     on other data is refused. While `run` lasts, model_path, checkpoint_path and log_csv are
@@ -464,10 +476,26 @@ class Trainer:
     `lr_schedule(step, steps, lr, warmup, min_lr_ratio)`. In fp32 it is exactly spec 001's
     `train()` update, so with `ArrayBatches(data)` and the same seed both give the same weights.
     Validation is in float32 (no autocast), `eval_batches` batches drawn with `eval_seed`.
+    With grad_accum = K > 1 an update is K micro-batches whose gradients are averaged
+    (`TrainStep`); with K = 1 on one process it is the very same update as before.
+
+    Data parallelism (comm of N > 1 ranks), every rank calling `run` with the same arguments:
+    every rank draws the same global batch of N*K*B windows from the shared seed and trains on
+    rows [rank*K*B, (rank+1)*K*B) of it; the gradients are summed over the ranks in one
+    float32 Allreduce, so clip and AdamW run identically on every rank. Evaluation is split the
+    same way and the loss sums reduced. Only rank 0 writes (model file, checkpoints, log_csv),
+    takes the output locks and emits events; throughput counts the tokens of all ranks. At the
+    start the ranks' settings, model, data and weights are compared, and at every evaluation
+    the weights' SHA-256 (`RanksDisagree` on any difference, on every rank). Ctrl-C (which
+    mpiexec forwards to every rank) is agreed on at the next step boundary: every rank stops
+    after the same update and rank 0 writes the checkpoint. A checkpoint records N and is
+    resumed under the same N only. An error on one rank only (a bug, a failing write on rank
+    0, a second Ctrl-C in the middle of an update) ends the whole job with `comm.abort`,
+    naming the rank, rather than leaving the others waiting.
     """
 
     def __init__(self, settings: TrainSettings, train_data, val_data, model_path=None,
-                 checkpoint_path=None, tokenizer=None, extra: dict | None = None):
+                 checkpoint_path=None, tokenizer=None, extra: dict | None = None, comm=None):
         self.settings = settings
         self.train_data = train_data
         self.val_data = val_data
@@ -475,6 +503,7 @@ class Trainer:
         self.checkpoint_path = None if checkpoint_path is None else os.fspath(checkpoint_path)
         self.tokenizer = tokenizer
         self.extra = dict(extra or {})
+        self.comm = comm if comm is not None else distributed.SerialCommunicator()
         if settings.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError("Trainer: checkpoint_every needs a checkpoint_path")
 
@@ -498,8 +527,10 @@ class Trainer:
 
         Raises:
             ValueError: data too short for seq_len, seq_len > max_len, a checkpoint that does
-                not match the model, the settings or the data, data without a fingerprint
-                when checkpoints are involved.
+                not match the model, the settings, the data or the number of ranks, data
+                without a fingerprint when checkpoints are involved.
+            glassllm.distributed.RanksDisagree: ranks with different settings, data or
+                weights (at the start, or the weights at an evaluation).
             glassllm.lock.OutputLocked: another run holds one of the output paths.
             NonFiniteLossError: non-finite loss/gradient in a run that does not skip (fp32 and
                 no max_skip_rate), or a non-finite validation loss or weights; the model file
@@ -508,27 +539,56 @@ class Trainer:
             glassllm.safety.SkipRateExceeded: too many skipped steps (max_skip_rate).
             TrainingInterrupted: Ctrl-C; the checkpoint (if any) holds every completed update.
         """
-        self._check_data(model)
+        comm = self.comm
         emit = on_event if on_event is not None else (lambda event: None)
-        with lock_outputs([self.model_path, self.checkpoint_path, self.settings.log_csv]):
-            return self._run(model, resume, emit)
+        if comm.rank != 0:
+            emit = (lambda event: None)  # rank 0 alone reports
+        outputs = [self.model_path, self.checkpoint_path, self.settings.log_csv] \
+            if comm.rank == 0 else []
+        with contextlib.ExitStack() as held:
+            with distributed.agreement(comm):  # a no-op on one process
+                self._check_data(model)
+                held.enter_context(lock_outputs(outputs))
+            if comm.size == 1:
+                return self._run(model, resume, emit)
+            try:
+                return self._run(model, resume, emit)
+            except BaseException as e:
+                if not _raised_on_every_rank(e):
+                    comm.abort(f"glassllm: rank {comm.rank} of {comm.size}: "
+                               f"{type(e).__name__}: {' '.join(str(e).split())}; ending the "
+                               f"job", 130 if isinstance(e, KeyboardInterrupt) else 1)
+                raise
 
     def _run(self, model: GlassLM, resume, emit) -> TrainSummary:
-        s = self.settings
+        s, comm = self.settings, self.comm
         self._data_identity = None
         if self.checkpoint_path is not None or resume is not None:
             self._data_identity = data_identity(self.train_data, self.val_data)
         optimizer = AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-        train_step = TrainStep(model, optimizer, s.precision, s.clip)
+        train_step = TrainStep(model, optimizer, s.precision, s.clip, comm=comm)
         rng = np.random.default_rng(s.seed)
         history: list[dict] = []
         best_val, best_step = None, None
+        state = None
         if resume is not None:
             state = resume if isinstance(resume, ckpt_io.Checkpoint) \
                 else ckpt_io.load_checkpoint(resume)
-            self._restore(state, model, optimizer, train_step, rng)
+        if comm.size > 1:
+            self._check_ranks_agree(model, state)
+        if state is not None:
+            with distributed.agreement(comm):
+                self._restore(state, model, optimizer, train_step, rng)
             history, best_val, best_step = list(state.history), state.best_val_loss, \
                 state.best_step
+        if comm.size > 1:
+            distributed.check_same(comm, {"weights sha256": distributed.weights_digest(model),
+                                          "sampler state": rng.bit_generator.state,
+                                          "optimizer t": optimizer.t,
+                                          "scaler": train_step.state_dict()},
+                                   "state at the start")
+        rows = s.grad_accum * s.batch_size  # this rank's windows per update
+        mine = slice(comm.rank * rows, (comm.rank + 1) * rows)
         start = len(history)
         monitor = None
         if s.max_skip_rate is not None:
@@ -544,19 +604,23 @@ class Trainer:
         record = None  # the last step's StepRecord in this call
         try:
             with _DeferredInterrupt() as interrupt:
+                if comm.size > 1:  # a callback's KeyboardInterrupt is agreed on like Ctrl-C
+                    emit = _interrupt_on_keyboard_interrupt(emit, interrupt)
                 if resume is None:
                     emit(Started(self._evaluate(model)))
                 else:
                     emit(Resumed(start, best_val))
                 for step in range(start, s.steps):
-                    if interrupt.pending:
-                        raise KeyboardInterrupt
+                    if self._stop_requested(interrupt, step):
+                        raise _AgreedStop
                     in_step = True
                     events = []
                     t0 = time.perf_counter()
-                    x, y = self.train_data.batch(rng, s.batch_size, s.seq_len)
+                    # One global batch from the shared sampler; each rank trains on its rows.
+                    x, y = self.train_data.batch(rng, rows * comm.size, s.seq_len)
+                    n = x.size  # tokens of all ranks
                     lr = lr_schedule(step, s.steps, s.lr, s.warmup, s.min_lr_ratio)
-                    record = train_step(x, y, lr, step)
+                    record = train_step(x[mine], y[mine], lr, step, s.grad_accum)
                     dt = time.perf_counter() - t0
                     if csv_log is not None:  # every attempted step, the failing one included
                         csv_log.write(record)
@@ -573,13 +637,16 @@ class Trainer:
                         skipped_in_a_row = 0
                     if monitor is not None:
                         monitor.update(record.skipped, step)
-                    n = x.size
                     train_time, tokens = train_time + dt, tokens + n
                     interval_time, interval_tokens = interval_time + dt, interval_tokens + n
                     events.append(Stepped(step, record.loss, lr, tokens / train_time,
                                           record.skipped))
                     if step % s.eval_every == 0 or step == s.steps - 1:
                         val = self._evaluate(model)
+                        if comm.size > 1:
+                            distributed.check_same(
+                                comm, {"weights sha256": distributed.weights_digest(model)},
+                                f"weights after step {step}")
                         if not math.isfinite(val):  # never saved, never "best"
                             raise self._diverged(step, record, best_step, history + [entry],
                                                  "nonfinite_val_loss", val)
@@ -595,7 +662,8 @@ class Trainer:
                                     raise self._diverged(step, record, best_step,
                                                          history + [entry],
                                                          "nonfinite_weights", val)
-                                self._save_model(model)
+                                if comm.rank == 0:
+                                    self._save_model(model)
                                 events.append(Saved(step, self.model_path, val))
                             best_val, best_step = val, step
                     history.append(entry)
@@ -616,6 +684,8 @@ class Trainer:
         except KeyboardInterrupt as e:
             if isinstance(e, TrainingInterrupted):
                 raise
+            if comm.size > 1 and not isinstance(e, _AgreedStop):
+                raise  # one rank's own interrupt (a second Ctrl-C): run() ends the job
             path = None
             if not in_step and self.checkpoint_path is not None:
                 path = self._write_checkpoint(model, optimizer, train_step, rng, history,
@@ -674,16 +744,45 @@ class Trainer:
                                  f"than seq_len={s.seq_len}")
 
     def _evaluate(self, model: GlassLM) -> float:
-        """Mean validation loss (nats/token) over eval_batches fixed batches, in float32;
-        with ArrayBatches this equals spec 001's evaluate(model, ids, B, T, n, seed)."""
-        s = self.settings
+        """Mean validation loss (nats/token) over eval_batches fixed batches of N*K*B windows,
+        in float32, each rank evaluating its rows in K pieces of B and the sums reduced; with
+        N = K = 1 and ArrayBatches this equals spec 001's evaluate(model, ids, B, T, n, seed)."""
+        s, comm = self.settings, self.comm
         rng = np.random.default_rng(s.eval_seed)
+        rows = s.grad_accum * s.batch_size
         total = 0.0
         with no_grad():
             for _ in range(s.eval_batches):
-                x, y = self.val_data.batch(rng, s.batch_size, s.seq_len)
-                total += float(model.loss(x, y).item())
-        return total / s.eval_batches
+                x, y = self.val_data.batch(rng, rows * comm.size, s.seq_len)
+                for i in range(comm.rank * rows, (comm.rank + 1) * rows, s.batch_size):
+                    part = slice(i, i + s.batch_size)
+                    total += float(model.loss(x[part], y[part]).item())
+        if comm.size > 1:
+            summed = np.array([total])
+            comm.allreduce_sum(summed, what="validation loss")
+            total = float(summed[0])
+        return total / (s.eval_batches * s.grad_accum * comm.size)
+
+    def _stop_requested(self, interrupt, step: int) -> bool:
+        """Whether to stop before update `step`: Ctrl-C is pending here, or, with N ranks,
+        on any rank (one small allreduce, so every rank stops after the same update)."""
+        if self.comm.size == 1:
+            return interrupt.pending
+        flag = np.array([1.0 if interrupt.pending else 0.0])
+        self.comm.allreduce_sum(flag, what=f"interrupt check before step {step}")
+        return bool(flag[0] > 0)
+
+    def _check_ranks_agree(self, model: GlassLM, resume_state) -> None:
+        """Every rank runs the same settings, model and data, and resumes the same step."""
+        settings = {k: v for k, v in self.settings.to_dict().items() if k != "log_csv"}
+        data = self._data_identity or {
+            "train": {"tokens": int(self.train_data.token_count())},
+            "val": {"tokens": int(self.val_data.token_count())}}
+        facts = {"ranks": self.comm.size, "settings": settings,
+                 "model config": model.cfg.to_dict(), "data": data,
+                 "resumed step": None if resume_state is None else resume_state.step,
+                 "glassllm": _version(), "numpy": np.__version__}
+        distributed.check_same(self.comm, facts, "settings, model and data")
 
     def _save_model(self, model: GlassLM) -> None:
         from .files import save  # files imports model only; imported late to keep train light
@@ -691,17 +790,20 @@ class Trainer:
 
     def _open_csv(self, start: int, resumed: bool):
         path = self.settings.log_csv
-        if path is None:
+        if path is None or self.comm.rank != 0:
             return None
         if resumed and os.path.exists(path):
             _truncate_csv_rows(path, start)  # rows of updates after the checkpoint are redone
         return StepCSVLog(path, append=resumed)
 
     def _write_checkpoint(self, model, optimizer, train_step, rng, history, best_val,
-                          best_step) -> str:
+                          best_step) -> str | None:
+        """Write the checkpoint (rank 0; other ranks return None after the same checks)."""
         if not _weights_finite(model):  # a checkpoint is only ever of a usable state
             raise NonFiniteLossError(len(history) - 1, float("nan"), "nonfinite_weights",
                                      *self._kept(best_step), history)
+        if self.comm.rank != 0:
+            return None
         extra = dict(self.extra)
         if self.tokenizer is not None:
             extra["tokenizer"] = self.tokenizer.to_json()
@@ -710,7 +812,8 @@ class Trainer:
             optimizer=ckpt_io.optimizer_state(model, optimizer),
             rng_state=rng.bit_generator.state, settings=self.settings.to_dict(),
             best_val_loss=best_val, best_step=best_step, history=history,
-            scaler=train_step.state_dict(), extra=extra, data=self._data_identity)
+            scaler=train_step.state_dict(), extra=extra, data=self._data_identity,
+            world_size=self.comm.size)
         ckpt_io.save_checkpoint(self.checkpoint_path, state)
         return self.checkpoint_path
 
@@ -722,23 +825,59 @@ class Trainer:
         if state.config != model.cfg.to_dict():
             raise ValueError(f"Trainer: {where}'s model config {state.config} differs "
                              f"from the model's {model.cfg.to_dict()}")
-        try:
-            TrainSettings.from_dict(state.settings)
+        try:  # a checkpoint older than a setting holds its default (grad_accum: 1)
+            saved = TrainSettings.from_dict(state.settings).to_dict()
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: invalid settings: {e}") from None
         mine = self.settings.to_dict()
-        differ = sorted(k for k, v in state.settings.items()
+        differ = sorted(k for k, v in saved.items()
                         if k not in TrainSettings.OUTPUT_FIELDS and mine.get(k) != v)
         if differ:
-            pairs = ", ".join(f"{k}: checkpoint {state.settings[k]!r} vs {mine.get(k)!r}"
+            pairs = ", ".join(f"{k}: checkpoint {saved[k]!r} vs {mine.get(k)!r}"
                               for k in differ)
             raise ValueError(f"Trainer: resume needs the settings of {where} ({pairs})")
+        if state.world_size != self.comm.size:
+            raise ValueError(
+                f"Trainer: {where} was written by a run of {state.world_size} rank(s) and this "
+                f"run has {self.comm.size}; resume it with the same number of ranks (mpiexec "
+                f"-n {state.world_size}): the global batch and the order of the gradient sums "
+                f"depend on it, so another number would not continue the same run")
         check_same_data(state.data, self.train_data, self.val_data, where=f"resume from {where}")
         model.load_state_dict(state.weights)
         ckpt_io.load_optimizer_state(model, optimizer, state.optimizer)
         rng.bit_generator.state = state.rng_state
         if state.scaler:
             train_step.load_state_dict(state.scaler)
+
+
+class _AgreedStop(KeyboardInterrupt):
+    """Every rank agreed to stop at this step boundary (Ctrl-C on some rank)."""
+
+
+# What the Trainer raises on every rank at once (decided on reduced values); anything else
+# escaping a multi-rank run happened on one rank only and ends the job (Trainer.run).
+_EVERY_RANK_ERRORS = (TrainingInterrupted, NonFiniteLossError, SkipRateExceeded,
+                      distributed.RanksDisagree, distributed.RanksFailed)
+
+
+def _raised_on_every_rank(e: BaseException) -> bool:
+    return isinstance(e, _EVERY_RANK_ERRORS) or distributed.raised_on_every_rank(e)
+
+
+def _interrupt_on_keyboard_interrupt(emit, interrupt):
+    """emit, with a KeyboardInterrupt from the callback turned into a pending interrupt, to
+    be agreed on by all ranks at the next step boundary."""
+    def guarded(event):
+        try:
+            emit(event)
+        except KeyboardInterrupt:
+            interrupt.pending = True
+    return guarded
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
 
 
 def _checked_number(name: str, value, integer: bool):
