@@ -336,7 +336,8 @@ def check_same(comm, facts: dict, what: str) -> None:
     Raises (on every rank alike):
         RanksDisagree: naming each rank and field that differs, with both values.
     """
-    everyone = comm.allgather(json.loads(json.dumps(facts)), what=f"check of the {what}")
+    everyone = [_flatten(f) for f in
+                comm.allgather(json.loads(json.dumps(facts)), what=f"check of the {what}")]
     reference = everyone[0]
     differences = [(r, key) for r, theirs in enumerate(everyone[1:], start=1)
                    for key in sorted(set(reference) | set(theirs))
@@ -380,6 +381,17 @@ def agreement(comm, errors: tuple = (OSError, ValueError, MemoryError)):
         raise mark_every_rank(error)
     raise RanksFailed("; ".join(f"rank {r} of {comm.size}: {o}" for r, o in failed)) \
         from error
+
+
+def _flatten(facts: dict, prefix: str = "") -> dict:
+    """{"settings": {"lr": 0.01}} -> {"settings.lr": 0.01}, so a difference names its field."""
+    flat = {}
+    for key, value in facts.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
 
 
 def mark_every_rank(e: BaseException) -> BaseException:

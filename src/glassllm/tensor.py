@@ -19,13 +19,21 @@ The heavy lifting in a transformer is not done here but in the fused ops of
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable, Sequence
 
 import numpy as np
 
 from . import amp  # autocast's matmul hook; amp depends on NumPy alone
 
-_grad_enabled = True
+class _GradMode(threading.local):
+    """Whether ops record a graph, per thread as in PyTorch: `no_grad()` in one thread (an
+    evaluation) leaves another thread's training alone. The class attribute is the default
+    every new thread sees."""
+    enabled = True
+
+
+_grad_mode = _GradMode()
 
 
 @contextlib.contextmanager
@@ -33,19 +41,19 @@ def no_grad():
     """Context manager: ops inside record no graph (for evaluation and generation).
 
     Results are plain tensors with ``requires_grad=False``; nothing is kept for a backward pass.
+    The state is the calling thread's only.
     """
-    global _grad_enabled
-    previous = _grad_enabled
-    _grad_enabled = False
+    previous = _grad_mode.enabled
+    _grad_mode.enabled = False
     try:
         yield
     finally:
-        _grad_enabled = previous
+        _grad_mode.enabled = previous
 
 
 def is_grad_enabled() -> bool:
-    """True unless inside `no_grad()`."""
-    return _grad_enabled
+    """True unless inside `no_grad()` (in this thread)."""
+    return _grad_mode.enabled
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
@@ -129,7 +137,7 @@ class Tensor:
         without a copy.
         """
         out = Tensor(data)
-        if _grad_enabled and any(p.requires_grad for p in parents):
+        if _grad_mode.enabled and any(p.requires_grad for p in parents):
             out.requires_grad = True
             out._parents = tuple(parents)
             out._backward = backward
