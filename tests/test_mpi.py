@@ -27,8 +27,6 @@ from glassllm.checkpoint import load_checkpoint
 from glassllm.cli import main
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
-if not DATA.exists():  # a worktree beside the checkout: ../shared from the repository root
-    DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare.txt"
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 300  # seconds for one mpiexec job on a busy 2-core machine
 MODEL = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--seq-len", "32",
