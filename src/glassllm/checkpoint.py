@@ -330,7 +330,7 @@ def _check_state(state, where: str, version: str) -> Config:
             isinstance(v, (int, float, str, type(None))) for v in settings.values()):
         raise ValueError(f"{where}: state.settings must be an object of numbers, strings and "
                          f"nulls, got {_short(settings)}")
-    if "grad_accum" in settings:  # the one setting the checkpoint's layout depends on
+    if "grad_accum" in settings:  # newer than the format (absent: 1); the rest: TrainSettings
         _int(settings, "grad_accum", where, label="state.settings.grad_accum", low=1)
     best_val, best_step = state["best_val_loss"], state["best_step"]
     if (best_val is None) != (best_step is None):

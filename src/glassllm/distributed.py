@@ -369,9 +369,7 @@ def agreement(comm, errors: tuple = (OSError, ValueError, MemoryError)):
     except errors as e:
         error = e
     except BaseException as e:
-        comm.abort(f"glassllm: rank {comm.rank} of {comm.size}: {type(e).__name__}: "
-                   f"{_one_line(e)}; ending the job", 130 if isinstance(e, KeyboardInterrupt)
-                   else 1)
+        fail(comm, e)
     outcome = None if error is None else _one_line(error)
     outcomes = comm.allgather(outcome, what="outcome of the start-up")
     failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
@@ -381,6 +379,15 @@ def agreement(comm, errors: tuple = (OSError, ValueError, MemoryError)):
         raise mark_every_rank(error)
     raise RanksFailed("; ".join(f"rank {r} of {comm.size}: {o}" for r, o in failed)) \
         from error
+
+
+def fail(comm, e: BaseException):
+    """End the job for an error of this rank alone: "glassllm: rank R of N: <error>; ending
+    the job" on stderr, then `comm.abort` (exit code 130 for an interrupt, else 1)."""
+    what = "interrupted (Ctrl-C) outside a step boundary" if isinstance(e, KeyboardInterrupt) \
+        else f"{type(e).__name__}: {_one_line(e)}"
+    comm.abort(f"glassllm: rank {comm.rank} of {comm.size}: {what}; ending the job",
+               130 if isinstance(e, KeyboardInterrupt) else 1)
 
 
 def _flatten(facts: dict, prefix: str = "") -> dict:

@@ -555,9 +555,7 @@ class Trainer:
                 return self._run(model, resume, emit)
             except BaseException as e:
                 if not _raised_on_every_rank(e):
-                    comm.abort(f"glassllm: rank {comm.rank} of {comm.size}: "
-                               f"{type(e).__name__}: {' '.join(str(e).split())}; ending the "
-                               f"job", 130 if isinstance(e, KeyboardInterrupt) else 1)
+                    distributed.fail(comm, e)  # the others would wait for this rank forever
                 raise
 
     def _run(self, model: GlassLM, resume, emit) -> TrainSummary:
