@@ -1,0 +1,194 @@
+"""Data-parallel training speed: 1 process x 2 threads vs 2 MPI ranks x 1 thread, the allreduce's
+share of a step, and the efficiency that ring-allreduce predicts for N = 2..64 machines.
+
+    python bench/distributed_speed.py                      # configs M and L (bench/common.py)
+    python bench/distributed_speed.py --config M --steps 3 # a cheap check
+
+Each config trains its global batch (common.CONFIGS: M 8 x 256, L 4 x 256 tokens) with the
+Trainer's own update (`glassllm.safety.TrainStep`, fp32, clip 1, AdamW):
+
+    1 x 2   one process, BLAS and glassllm's elementwise passes on 2 threads, the whole batch
+    2 x 1   `mpiexec -n 2`, each rank 1 thread and half the batch, gradients summed with one
+            float32 Allreduce (the Trainer's GradientBuffer)
+
+For 2 x 1 a step is split into compute (forward, backward, the buffer copy, clip, AdamW),
+wait (a barrier before the gradient Allreduce: the time the faster rank waits for the
+slower) and allreduce (the Allreduce itself after that barrier). Tokens/s count both ranks.
+
+The prediction: N machines, each like this one (2 cores, running the 1 x 2 step on the
+config's batch: weak scaling, the global batch grows with N), gradients of P float32
+parameters, 4P bytes, summed by ring allreduce (Patarasuk & Yuan 2009), no overlap of
+communication with compute (glassllm reduces after the backward pass):
+
+    t_allreduce(N) = 2 (N - 1) / N * 4P / bandwidth        (latency terms ignored)
+    efficiency(N)  = t_step / (t_step + t_allreduce(N))     speed-up = N * efficiency
+
+Load: printed before and after (os.getloadavg); a figure from a busy machine says so.
+"""
+from __future__ import annotations
+
+import common  # noqa: F401  (first: environment fix-up before numpy)
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from glassllm import distributed, parallel
+from glassllm.model import Config, GlassLM
+from glassllm.optim import AdamW
+from glassllm.safety import TrainStep
+
+DEFAULT_STEPS = {"S": 6, "M": 5, "L": 3}
+WARMUP = 1
+BANDWIDTHS_GBIT = (1, 10, 100)
+MACHINES = (2, 4, 8, 16, 32, 64)
+
+
+class TimedComm:
+    """A communicator that times the gradient Allreduce apart from the wait before it."""
+
+    def __init__(self, comm):
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        self.wait = self.allreduce = 0.0
+
+    def allreduce_sum(self, array, what=""):
+        if what.startswith("gradients"):
+            t0 = time.perf_counter()
+            self.comm.comm.Barrier()
+            t1 = time.perf_counter()
+            self.comm.allreduce_sum(array, what)
+            self.wait += t1 - t0
+            self.allreduce += time.perf_counter() - t1
+        else:
+            self.comm.allreduce_sum(array, what)
+
+    def allgather(self, obj, what=""):
+        return self.comm.allgather(obj, what)
+
+
+def worker(name: str, threads: int, steps: int) -> None:
+    """One process's part; rank 0 prints one JSON line."""
+    import threadpoolctl
+    threadpoolctl.threadpool_limits(threads, user_api="blas")
+    parallel.set_num_threads(threads)
+    size = distributed.launcher_size()
+    comm = distributed.MPICommunicator(sentinel=False) if size > 1 else \
+        distributed.SerialCommunicator()
+    spec = common.CONFIGS[name]
+    cfg = Config(**spec["model"])
+    batch, seq = spec["batch"], spec["seq"]
+    rows = batch // comm.size
+    model = GlassLM(cfg, seed=0)
+    timed = TimedComm(comm) if comm.size > 1 else comm
+    step = TrainStep(model, AdamW(model.parameters(), lr=1e-3), "fp32", 1.0,
+                     comm=timed if comm.size > 1 else None)
+    rng = np.random.default_rng(0)
+    times, waits, reduces = [], [], []
+    for i in range(WARMUP + steps):
+        ids = rng.integers(0, cfg.vocab_size, (batch, seq + 1))
+        mine = ids[comm.rank * rows:(comm.rank + 1) * rows]
+        if comm.size > 1:
+            comm.comm.Barrier()  # every rank starts the step together
+            timed.wait = timed.allreduce = 0.0
+        t0 = time.perf_counter()
+        step(mine[:, :-1], mine[:, 1:], 1e-3, i)
+        dt = time.perf_counter() - t0
+        if i >= WARMUP:
+            times.append(dt)
+            if comm.size > 1:
+                waits.append(timed.wait)
+                reduces.append(timed.allreduce)
+    if comm.size > 1:  # the slowest rank's step is the step
+        times = list(np.max(comm.allgather(times), axis=0))
+    if comm.rank == 0:
+        t = float(np.median(times))
+        n_params = sum(p.size for p in model.parameters())
+        result = {"config": name, "ranks": comm.size, "threads": threads, "step_s": t,
+                  "tokens_per_s": batch * seq / t, "params": int(n_params),
+                  "steps": steps, "all_step_s": [round(x, 4) for x in times]}
+        if comm.size > 1:
+            result["wait_s"] = float(np.median(waits))
+            result["allreduce_s"] = float(np.median(reduces))
+            result["allreduce_bytes"] = 4 * int(n_params)
+        print(json.dumps(result), flush=True)
+    if comm.size > 1:
+        comm.close()
+
+
+def run(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{cmd} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def mpiexec() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.path.exists(beside) else "mpiexec"
+
+
+def efficiency(step_s: float, n_params: int, machines: int, gbit: float) -> float:
+    seconds = 2 * (machines - 1) / machines * 4 * n_params / (gbit * 1e9 / 8)
+    return step_s / (step_s + seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", nargs="+", default=["M", "L"], choices=["S", "M", "L"])
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.config[0], args.threads, args.steps)
+        return
+    me = [sys.executable, os.path.abspath(__file__)]
+    print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores",
+          flush=True)
+    results = []
+    for name in args.config:
+        steps = str(args.steps or DEFAULT_STEPS[name])
+        single = run([*me, "--worker", "--config", name, "--threads", "2", "--steps", steps])
+        print(f"  {name} 1 x 2: {single['step_s']:.3f} s/step (load "
+              f"{os.getloadavg()[0]:.2f})", flush=True)
+        ranks = run([mpiexec(), "-n", "2", *me, "--worker", "--config", name, "--threads", "1",
+                     "--steps", steps])
+        print(f"  {name} 2 x 1: {ranks['step_s']:.3f} s/step (load "
+              f"{os.getloadavg()[0]:.2f})", flush=True)
+        results.append((name, single, ranks))
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+
+    print("| config | params | run | s/step | tokens/s | wait for the slower rank | "
+          "allreduce (MB) | allreduce share |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, single, ranks in results:
+        spec = common.CONFIGS[name]
+        tokens = f"{spec['batch']} x {spec['seq']}"
+        print(f"| {name} ({tokens}) | {single['params'] / 1e6:.1f} M | 1 process x 2 threads | "
+              f"{single['step_s']:.3f} | {single['tokens_per_s']:,.0f} | | | |")
+        share = ranks["allreduce_s"] / ranks["step_s"]
+        print(f"| {name} ({tokens}) | {ranks['params'] / 1e6:.1f} M | 2 ranks x 1 thread | "
+              f"{ranks['step_s']:.3f} | {ranks['tokens_per_s']:,.0f} | "
+              f"{ranks['wait_s']:.3f} s | {ranks['allreduce_s']:.3f} s "
+              f"({ranks['allreduce_bytes'] / 1e6:.0f}) | {share:.1%} |")
+    print("\nPredicted efficiency t_step / (t_step + 2(N-1)/N * 4P / bandwidth), t_step the "
+          "1 x 2 step above:\n")
+    print("| config | bandwidth | " + " | ".join(f"N={n}" for n in MACHINES) + " |")
+    print("|---|---|" + "---|" * len(MACHINES))
+    for name, single, _ in results:
+        for gbit in BANDWIDTHS_GBIT:
+            cells = [f"{efficiency(single['step_s'], single['params'], n, gbit):.0%}"
+                     for n in MACHINES]
+            print(f"| {name} | {gbit} Gbit/s | " + " | ".join(cells) + " |")
+    print()
+    for name, single, ranks in results:
+        print(json.dumps({"config": name, "single": single, "ranks": ranks}))
+
+
+if __name__ == "__main__":
+    main()
