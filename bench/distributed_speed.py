@@ -15,13 +15,14 @@ For 2 x 1 a step is split into compute (forward, backward, the buffer copy, clip
 wait (a barrier before the gradient Allreduce: the time the faster rank waits for the
 slower) and allreduce (the Allreduce itself after that barrier). Tokens/s count both ranks.
 
-The prediction: N machines, each like this one (2 cores, running the 1 x 2 step on the
-config's batch: weak scaling, the global batch grows with N), gradients of P float32
-parameters, 4P bytes, summed by ring allreduce (Patarasuk & Yuan 2009), no overlap of
-communication with compute (glassllm reduces after the backward pass):
+The prediction: N machines, each like this one computing the config's batch in t_compute
+(the 2 x 1 step minus its allreduce: both cores busy, the least disturbed by other jobs of
+the two runs; weak scaling, the global batch grows with N), gradients of P float32
+parameters, 4P bytes, summed by ring allreduce (Patarasuk & Yuan 2009) with no overlap of
+communication and compute (glassllm reduces after the backward pass):
 
-    t_allreduce(N) = 2 (N - 1) / N * 4P / bandwidth        (latency terms ignored)
-    efficiency(N)  = t_step / (t_step + t_allreduce(N))     speed-up = N * efficiency
+    t_allreduce(N) = 2 (N - 1) / N * 4P / bandwidth          (latency terms ignored)
+    efficiency(N)  = t_compute / (t_compute + t_allreduce(N))  speed-up = N * efficiency
 
 Load: printed before and after (os.getloadavg); a figure from a busy machine says so.
 """
@@ -132,9 +133,14 @@ def mpiexec() -> str:
     return beside if os.path.exists(beside) else "mpiexec"
 
 
-def efficiency(step_s: float, n_params: int, machines: int, gbit: float) -> float:
-    seconds = 2 * (machines - 1) / machines * 4 * n_params / (gbit * 1e9 / 8)
-    return step_s / (step_s + seconds)
+def ring_allreduce_s(n_params: int, machines: int, gbit: float) -> float:
+    """2 (N-1)/N x 4P bytes over `gbit` Gbit/s: each of N ring members sends and receives
+    2 (N-1) chunks of 4P/N bytes (reduce-scatter, then all-gather)."""
+    return 2 * (machines - 1) / machines * 4 * n_params / (gbit * 1e9 / 8)
+
+
+def efficiency(compute_s: float, n_params: int, machines: int, gbit: float) -> float:
+    return compute_s / (compute_s + ring_allreduce_s(n_params, machines, gbit))
 
 
 def main() -> None:
@@ -176,15 +182,17 @@ def main() -> None:
               f"{ranks['step_s']:.3f} | {ranks['tokens_per_s']:,.0f} | "
               f"{ranks['wait_s']:.3f} s | {ranks['allreduce_s']:.3f} s "
               f"({ranks['allreduce_bytes'] / 1e6:.0f}) | {share:.1%} |")
-    print("\nPredicted efficiency t_step / (t_step + 2(N-1)/N * 4P / bandwidth), t_step the "
-          "1 x 2 step above:\n")
-    print("| config | bandwidth | " + " | ".join(f"N={n}" for n in MACHINES) + " |")
-    print("|---|---|" + "---|" * len(MACHINES))
-    for name, single, _ in results:
+    print("\nPredicted efficiency t_compute / (t_compute + 2(N-1)/N * 4P / bandwidth), "
+          "t_compute = 2 x 1 step - its allreduce:\n")
+    print("| config | t_compute | 4P | bandwidth | " + " | ".join(f"N={n}" for n in MACHINES)
+          + " |")
+    print("|---|---|---|---|" + "---|" * len(MACHINES))
+    for name, _, ranks in results:
+        compute = ranks["step_s"] - ranks["allreduce_s"]
         for gbit in BANDWIDTHS_GBIT:
-            cells = [f"{efficiency(single['step_s'], single['params'], n, gbit):.0%}"
-                     for n in MACHINES]
-            print(f"| {name} | {gbit} Gbit/s | " + " | ".join(cells) + " |")
+            cells = [f"{efficiency(compute, ranks['params'], n, gbit):.0%}" for n in MACHINES]
+            print(f"| {name} | {compute:.2f} s | {4 * ranks['params'] / 1e6:.0f} MB | {gbit} "
+                  f"Gbit/s | " + " | ".join(cells) + " |")
     print()
     for name, single, ranks in results:
         print(json.dumps({"config": name, "single": single, "ranks": ranks}))

@@ -35,6 +35,7 @@ nothing here imports mpi4py unless an MPI launcher started the process.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -133,15 +134,17 @@ class MPICommunicator:
 
     def __init__(self, comm=None, timeout_s: float | None = DEFAULT_TIMEOUT_S,
                  sentinel: bool = True):
+        self._sentinel = _Sentinel() if sentinel else None  # before MPI_Init, if not yet
         from mpi4py import MPI
         self._MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        if self._sentinel is not None:
+            self._sentinel.introduce(self.rank, self.size)
         self.timeout_s = timeout_s
         self.allreduce_seconds = 0.0
         self._waiting: tuple[float, str] | None = None  # (since, what) while in a collective
         self._closed = threading.Event()
-        self._sentinel_pipe = _start_sentinel(self.rank, self.size) if sentinel else None
         self.peers = self.comm.allgather({"host": socket.gethostname(), "pid": os.getpid()})
         self._watchdog = threading.Thread(target=self._watch, name="glassllm-mpi-watchdog",
                                           daemon=True)
@@ -182,11 +185,8 @@ class MPICommunicator:
         self._quiet_sentinel()
 
     def _quiet_sentinel(self) -> None:
-        if self._sentinel_pipe is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._sentinel_pipe, b"bye")
-                os.close(self._sentinel_pipe)
-            self._sentinel_pipe = None
+        if self._sentinel is not None:
+            self._sentinel.quiet()
 
     def _watch(self) -> None:
         """The watchdog: runs while the main thread sits in MPI calls (they release the GIL)."""
@@ -238,38 +238,61 @@ def _process_state(pid: int) -> str | None:
 
 _SENTINEL = r"""
 import sys
-rank, size, pid, host = sys.argv[1:5]
-data = sys.stdin.buffer.read()  # returns when every writer (the rank) has closed the pipe
-if not data.endswith(b"bye"):
-    sys.stderr.write(f"glassllm: rank {rank} of {size} (pid {pid} on {host}) ended without "
-                     f"a word: killed by a signal (SIGKILL, the out-of-memory killer) or "
-                     f"crashed\n")
+pid, host = sys.argv[1:3]
+line = sys.stdin.buffer.readline().split()  # b"rank size", once MPI has started
+rest = sys.stdin.buffer.read()  # returns when the rank (the only writer) has closed the pipe
+if not rest.endswith(b"bye"):
+    who = f"rank {int(line[0])} of {int(line[1])}" if len(line) == 2 else "an MPI rank"
+    sys.stderr.write(f"glassllm: {who} (pid {pid} on {host}) ended without a word: killed by "
+                     f"a signal (SIGKILL, the out-of-memory killer) or crashed\n")
     sys.stderr.flush()
 """
 
 
-def _start_sentinel(rank: int, size: int) -> int | None:
-    """Start the sentinel (module doc); return the write end of its pipe (None if it failed).
+class _Sentinel:
+    """The sentinel of the module doc: a child process reading a pipe from this rank.
 
-    It ignores SIGINT (Ctrl-C is for the ranks) and lives in its rank's process group, so a
-    launcher that kills a rank's group after another rank failed silences it too."""
-    read_end, write_end = os.pipe()
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec
-        subprocess.Popen([sys.executable, "-I", "-S", "-c", _SENTINEL, str(rank), str(size),
-                          str(os.getpid()), socket.gethostname()],
-                         stdin=read_end, stdout=subprocess.DEVNULL)
-    except OSError:
-        os.close(write_end)
-        return None
-    finally:
-        os.close(read_end)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, previous)
-    os.set_inheritable(write_end, False)
-    return write_end
+    Started before MPI_Init where possible (forking after it is unsafe on some networks, e.g.
+    InfiniBand), told the rank once it is known, told "bye" on a normal exit. It ignores
+    SIGINT (Ctrl-C is for the ranks) and stays in its rank's process group, so a launcher
+    that kills a rank's group after another rank failed silences it too.
+    """
+
+    def __init__(self):
+        self._pipe = None
+        read_end, write_end = os.pipe()
+        previous = signal.getsignal(signal.SIGINT)
+        ignore = previous is not None and threading.current_thread() is threading.main_thread()
+        try:
+            if ignore:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec
+            subprocess.Popen([sys.executable, "-I", "-S", "-c", _SENTINEL, str(os.getpid()),
+                              socket.gethostname()], stdin=read_end, stdout=subprocess.DEVNULL)
+        except OSError:
+            os.close(write_end)
+            return
+        finally:
+            os.close(read_end)
+            if ignore:
+                signal.signal(signal.SIGINT, previous)
+        os.set_inheritable(write_end, False)
+        self._pipe = write_end
+        atexit.register(self.quiet)  # any normal exit of the interpreter is a word
+
+    def introduce(self, rank: int, size: int) -> None:
+        self._write(f"{rank} {size}\n".encode())
+
+    def quiet(self) -> None:
+        self._write(b"bye")
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pipe)
+            self._pipe = None
+
+    def _write(self, data: bytes) -> None:
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._pipe, data)
 
 
 # ------------------------------------------------------------------------------ gradients
