@@ -16,8 +16,10 @@ wait (a barrier before the gradient Allreduce: the time the faster rank waits fo
 slower) and allreduce (the Allreduce itself after that barrier). Tokens/s count both ranks.
 
 The prediction: N machines, each like this one computing the config's batch in t_compute
-(the 2 x 1 step minus its allreduce: both cores busy, the least disturbed by other jobs of
-the two runs; weak scaling, the global batch grows with N), gradients of P float32
+(weak scaling: the global batch grows with N). t_compute is the CPU time one rank of the
+2 x 1 run spends on its half of the batch outside collectives (process_time; MPI's spinning
+in collectives excluded): what a 2-core machine with both cores to itself needs for the
+whole batch, and the figure a busy machine disturbs least. Gradients of P float32
 parameters, 4P bytes, summed by ring allreduce (Patarasuk & Yuan 2009) with no overlap of
 communication and compute (glassllm reduces after the backward pass):
 
@@ -51,22 +53,27 @@ MACHINES = (2, 4, 8, 16, 32, 64)
 
 
 class TimedComm:
-    """A communicator that times the gradient Allreduce apart from the wait before it."""
+    """A communicator that times a step's collectives apart from the wait before them: a
+    barrier before the first one (the losses) absorbs the faster rank's wait, then the losses'
+    and the gradients' Allreduce are timed, in wall time and in this process's CPU time (MPI
+    spins while it waits, so CPU time in collectives is not compute)."""
 
     def __init__(self, comm):
         self.comm, self.rank, self.size = comm, comm.rank, comm.size
-        self.wait = self.allreduce = 0.0
+        self.reset()
+
+    def reset(self):
+        self.wait = self.allreduce = self.cpu_in_collectives = 0.0
 
     def allreduce_sum(self, array, what=""):
-        if what.startswith("gradients"):
-            t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
+        if what.startswith("losses"):
             self.comm.comm.Barrier()
-            t1 = time.perf_counter()
-            self.comm.allreduce_sum(array, what)
-            self.wait += t1 - t0
-            self.allreduce += time.perf_counter() - t1
-        else:
-            self.comm.allreduce_sum(array, what)
+        t1 = time.perf_counter()
+        self.comm.allreduce_sum(array, what)
+        self.wait += t1 - t0
+        self.allreduce += time.perf_counter() - t1
+        self.cpu_in_collectives += time.process_time() - c0
 
     def allgather(self, obj, what=""):
         return self.comm.allgather(obj, what)
@@ -89,18 +96,19 @@ def worker(name: str, threads: int, steps: int) -> None:
     step = TrainStep(model, AdamW(model.parameters(), lr=1e-3), "fp32", 1.0,
                      comm=timed if comm.size > 1 else None)
     rng = np.random.default_rng(0)
-    times, waits, reduces = [], [], []
+    times, waits, reduces, cpus = [], [], [], []
     for i in range(WARMUP + steps):
         ids = rng.integers(0, cfg.vocab_size, (batch, seq + 1))
         mine = ids[comm.rank * rows:(comm.rank + 1) * rows]
         if comm.size > 1:
             comm.comm.Barrier()  # every rank starts the step together
-            timed.wait = timed.allreduce = 0.0
-        t0 = time.perf_counter()
+            timed.reset()
+        c0, t0 = time.process_time(), time.perf_counter()
         step(mine[:, :-1], mine[:, 1:], 1e-3, i)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         if i >= WARMUP:
             times.append(dt)
+            cpus.append(cpu - (timed.cpu_in_collectives if comm.size > 1 else 0.0))
             if comm.size > 1:
                 waits.append(timed.wait)
                 reduces.append(timed.allreduce)
@@ -111,6 +119,7 @@ def worker(name: str, threads: int, steps: int) -> None:
         n_params = sum(p.size for p in model.parameters())
         result = {"config": name, "ranks": comm.size, "threads": threads, "step_s": t,
                   "tokens_per_s": batch * seq / t, "params": int(n_params),
+                  "compute_cpu_s": float(np.median(cpus)),
                   "steps": steps, "all_step_s": [round(x, 4) for x in times]}
         if comm.size > 1:
             result["wait_s"] = float(np.median(waits))
@@ -169,26 +178,27 @@ def main() -> None:
         results.append((name, single, ranks))
     print(f"load average after: {os.getloadavg()[0]:.2f}\n")
 
-    print("| config | params | run | s/step | tokens/s | wait for the slower rank | "
-          "allreduce (MB) | allreduce share |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| config | params | run | s/step | tokens/s | compute CPU s/step | wait for the "
+          "slower rank | allreduce (MB) | allreduce share |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, single, ranks in results:
         spec = common.CONFIGS[name]
         tokens = f"{spec['batch']} x {spec['seq']}"
         print(f"| {name} ({tokens}) | {single['params'] / 1e6:.1f} M | 1 process x 2 threads | "
-              f"{single['step_s']:.3f} | {single['tokens_per_s']:,.0f} | | | |")
+              f"{single['step_s']:.3f} | {single['tokens_per_s']:,.0f} | "
+              f"{single['compute_cpu_s']:.3f} (2 threads) | | | |")
         share = ranks["allreduce_s"] / ranks["step_s"]
         print(f"| {name} ({tokens}) | {ranks['params'] / 1e6:.1f} M | 2 ranks x 1 thread | "
               f"{ranks['step_s']:.3f} | {ranks['tokens_per_s']:,.0f} | "
-              f"{ranks['wait_s']:.3f} s | {ranks['allreduce_s']:.3f} s "
+              f"{ranks['compute_cpu_s']:.3f} (rank 0) | {ranks['wait_s']:.3f} s | {ranks['allreduce_s']:.3f} s "
               f"({ranks['allreduce_bytes'] / 1e6:.0f}) | {share:.1%} |")
     print("\nPredicted efficiency t_compute / (t_compute + 2(N-1)/N * 4P / bandwidth), "
-          "t_compute = 2 x 1 step - its allreduce:\n")
+          "t_compute = a 2 x 1 rank's compute CPU time per step:\n")
     print("| config | t_compute | 4P | bandwidth | " + " | ".join(f"N={n}" for n in MACHINES)
           + " |")
     print("|---|---|---|---|" + "---|" * len(MACHINES))
     for name, _, ranks in results:
-        compute = ranks["step_s"] - ranks["allreduce_s"]
+        compute = ranks["compute_cpu_s"]
         for gbit in BANDWIDTHS_GBIT:
             cells = [f"{efficiency(compute, ranks['params'], n, gbit):.0%}" for n in MACHINES]
             print(f"| {name} | {compute:.2f} s | {4 * ranks['params'] / 1e6:.0f} MB | {gbit} "
