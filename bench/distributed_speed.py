@@ -190,7 +190,8 @@ def main() -> None:
         share = ranks["allreduce_s"] / ranks["step_s"]
         print(f"| {name} ({tokens}) | {ranks['params'] / 1e6:.1f} M | 2 ranks x 1 thread | "
               f"{ranks['step_s']:.3f} | {ranks['tokens_per_s']:,.0f} | "
-              f"{ranks['compute_cpu_s']:.3f} (rank 0) | {ranks['wait_s']:.3f} s | {ranks['allreduce_s']:.3f} s "
+              f"{ranks['compute_cpu_s']:.3f} (rank 0) | {ranks['wait_s']:.3f} s | "
+              f"{ranks['allreduce_s']:.3f} s "
               f"({ranks['allreduce_bytes'] / 1e6:.0f}) | {share:.1%} |")
     print("\nPredicted efficiency t_compute / (t_compute + 2(N-1)/N * 4P / bandwidth), "
           "t_compute = a 2 x 1 rank's compute CPU time per step:\n")

@@ -151,16 +151,16 @@ class MPICommunicator:
         self._watchdog.start()
 
     # ------------------------------------------------------------------ collectives
-    def allreduce_sum(self, array: np.ndarray, what: str = "allreduce") -> None:
+    def allreduce_sum(self, array: np.ndarray, what: str = "sums") -> None:
         if not (array.flags.c_contiguous and array.dtype in (np.float32, np.float64)):
             raise ValueError("allreduce_sum: needs a contiguous float32 or float64 array")
         t0 = time.perf_counter()
-        with self._collective(what):
+        with self._collective(f"allreduce of the {what}"):
             self.comm.Allreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
         self.allreduce_seconds += time.perf_counter() - t0
 
-    def allgather(self, obj, what: str = "allgather") -> list:
-        with self._collective(what):
+    def allgather(self, obj, what: str = "objects") -> list:
+        with self._collective(f"allgather of the {what}"):
             return self.comm.allgather(obj)
 
     @contextlib.contextmanager
@@ -208,7 +208,8 @@ class MPICommunicator:
                            f"running (killed or crashed) while this rank waited in the "
                            f"{what}; ending the job", 1)
             if self.timeout_s is not None and waited > self.timeout_s:
-                states = ", ".join(f"rank {r} (pid {pid}): {_STATE_WORDS.get(_process_state(pid), 'running')}"
+                states = ", ".join(f"rank {r} (pid {pid}): "
+                                   f"{_STATE_WORDS.get(_process_state(pid), 'running')}"
                                    for r, pid in local)
                 self.abort(f"glassllm: rank {self.rank} of {self.size}: the {what} got no answer "
                            f"from the other ranks for {waited:.0f} s (timeout {self.timeout_s:g}"
