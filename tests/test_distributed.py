@@ -256,3 +256,21 @@ def test_the_launcher_size_comes_from_the_environment():
     assert distributed.launcher_size({"PMI_SIZE": "4"}) == 4
     assert distributed.launcher_size({"OMPI_COMM_WORLD_SIZE": "3"}) == 3
     assert isinstance(distributed.from_environment(), distributed.SerialCommunicator)
+
+
+def test_a_checkpoint_from_before_grad_accum_and_world_size_resumes(tmp_path):
+    path = tmp_path / "c.safetensors"
+
+    def stop(event):
+        if isinstance(event, Stepped) and event.step == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(TrainingInterrupted):
+        train_once(batch_size=4, on_event=stop, checkpoint_path=path)
+    saved = ckpt_io.load_checkpoint(path)
+    old = dataclasses.replace(saved, settings={k: v for k, v in saved.settings.items()
+                                               if k != "grad_accum"})
+    resumed, summary = train_once(batch_size=4, resume=old)
+    straight, expected = train_once(batch_size=4)
+    assert max_weight_diff(resumed, straight) == 0.0 and summary.history == expected.history
+    with pytest.raises(ValueError, match=r"grad_accum: checkpoint 1 vs 2"):
+        train_once(batch_size=2, grad_accum=2, resume=old)
