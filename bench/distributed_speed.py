@@ -84,9 +84,7 @@ def worker(name: str, threads: int, steps: int) -> None:
     import threadpoolctl
     threadpoolctl.threadpool_limits(threads, user_api="blas")
     parallel.set_num_threads(threads)
-    size = distributed.launcher_size()
-    comm = distributed.MPICommunicator(sentinel=False) if size > 1 else \
-        distributed.SerialCommunicator()
+    comm = distributed.from_environment()
     spec = common.CONFIGS[name]
     cfg = Config(**spec["model"])
     batch, seq = spec["batch"], spec["seq"]

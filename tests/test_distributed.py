@@ -15,7 +15,7 @@ from thread_ranks import Aborted, ThreadGroup
 from glassllm import Config, GlassLM, Tensor
 from glassllm.tensor import is_grad_enabled
 from glassllm import checkpoint as ckpt_io
-from glassllm import distributed
+from glassllm import distributed, launch
 from glassllm.data import ArrayBatches
 from glassllm.distributed import GradientBuffer, RanksDisagree, RanksFailed
 from glassllm.train import Stepped, Trainer, TrainingInterrupted, TrainSettings
@@ -250,11 +250,15 @@ def test_grad_accum_is_a_positive_integer(value):
         TrainSettings(grad_accum=value)
 
 
-def test_the_launcher_size_comes_from_the_environment():
-    assert distributed.launcher_size({}) == 1
-    assert distributed.launcher_size({"PMI_SIZE": "1"}) == 1
-    assert distributed.launcher_size({"PMI_SIZE": "4"}) == 4
-    assert distributed.launcher_size({"OMPI_COMM_WORLD_SIZE": "3"}) == 3
+def test_the_launcher_size_and_rank_come_from_the_environment():
+    assert launch.launcher_size({}) == 1 and launch.launcher_rank({}) is None
+    assert launch.launcher_size({"PMI_SIZE": "1"}) == 1
+    assert launch.launcher_size({"PMI_SIZE": "4", "PMI_RANK": "0"}) == 4
+    assert launch.launcher_rank({"PMI_SIZE": "4", "PMI_RANK": "0"}) == 0
+    assert launch.launcher_size({"OMPI_COMM_WORLD_SIZE": "3"}) == 3
+    assert launch.needs_supervisor({"PMI_SIZE": "2"})
+    assert not launch.needs_supervisor({"PMI_SIZE": "2", launch.SUPERVISED: "1"})
+    assert not launch.needs_supervisor({"PMI_SIZE": "1"})
     assert isinstance(distributed.from_environment(), distributed.SerialCommunicator)
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -123,7 +124,7 @@ def test_two_ranks_equal_one_process_and_gradient_accumulation(mpiexec, shakespe
 
 
 def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
-    """The pid of `rank` among the descendants of mpiexec (read from PMI_RANK)."""
+    """The pid of `rank`'s training process among the descendants of mpiexec."""
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -145,7 +146,9 @@ def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
                     cmdline = f.read()
             except OSError:
                 continue
-            if f"PMI_RANK={rank}".encode() in environ and b"glassllm" in cmdline:
+            # the rank's real work, not its supervisor (glassllm.launch)
+            if f"PMI_RANK={rank}".encode() in environ and b"glassllm" in cmdline and \
+                    b"GLASSLLM_SUPERVISED=1" in environ:
                 found.append(child)
     return min(found) if found else None
 
@@ -183,7 +186,8 @@ def test_a_killed_rank_ends_the_job_within_seconds_naming_it(mpiexec, shakespear
     print(f"job ended {elapsed:.2f} s after rank 1 was killed, exit code {proc.returncode}")
     assert proc.returncode != 0
     assert elapsed < 30, elapsed
-    assert f"rank 1 of 2 (pid {victim} on" in err and "ended without a word" in err, err
+    assert f"glassllm: rank 1 of 2 (pid {victim} on {socket.gethostname()}) was killed by " \
+           f"SIGKILL (signal 9)" in err, err
     assert _rank_pid(proc.pid, 0) is None  # no rank left behind
 
 
@@ -253,7 +257,7 @@ def test_ranks_started_with_different_settings_or_missing_data_stop_at_the_start
 
 
 def test_ctrl_c_then_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(
-        mpiexec, shakespeare, tmp_path):
+        mpiexec, shakespeare, tmp_path, capfd):
     common = ["train", "--data", shakespeare, *MODEL, "--steps", "40", "--batch-size", "2"]
     log = tmp_path / "a.csv"
     proc = _start(mpiexec, [*common, "--out", str(tmp_path / "a" / "model.safetensors"),
@@ -267,8 +271,11 @@ def test_ctrl_c_then_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(
     assert 8 <= ckpt.step < 40 and ckpt.world_size == 2
     assert len(steps_csv(log)) == ckpt.step
 
-    # another number of ranks is refused, naming the one that wrote it
+    # another number of ranks is refused, naming the one that wrote it, before any output
     assert main(["train", "--resume", str(ckpt_path)]) == 2
+    refused = capfd.readouterr()
+    assert refused.out == "" and "was written by a run of 2 rank(s) and this run has 1: " \
+        "continue it with `mpiexec -n 2 glassllm train --resume ...`" in refused.err
     done = mpi(mpiexec, "train", "--resume", str(ckpt_path))
     assert done.returncode == 0, done.stderr[-3000:]
     done = mpi(mpiexec, *common, "--out", str(tmp_path / "b" / "model.safetensors"),

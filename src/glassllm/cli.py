@@ -172,6 +172,13 @@ def _prepare_train(args, comm, held):
     out = _first_given(args.out, saved.get("out"), os.path.join("runs", "model.safetensors"))
     threads = _first_given(args.threads, saved.get("threads"), 1)
 
+    if resume is not None and resume.world_size != comm.size:
+        how = f"mpiexec -n {resume.world_size} glassllm train" if resume.world_size > 1 \
+            else "glassllm train (one process, no mpiexec)"
+        raise UsageError(f"--resume {args.resume} was written by a run of {resume.world_size} "
+                         f"rank(s) and this run has {comm.size}: continue it with `{how} "
+                         f"--resume ...` (the global batch and the order of the gradient sums "
+                         f"depend on the number of ranks)")
     if resume is not None:
         settings = _resumed_settings(resume, given, args)
         cfg = Config.from_dict(resume.config)
@@ -860,6 +867,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import launch
+    if argv is None and sys.argv[1:2] == ["train"] and launch.needs_supervisor():
+        # One rank of `mpiexec -n N glassllm train`: this process watches the real one, so a
+        # rank killed without a word is still named (glassllm.launch).
+        return launch.supervise([sys.executable, "-m", "glassllm.cli", *sys.argv[1:]])
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
     try:

@@ -23,9 +23,8 @@ loss, which parameters got a gradient) before it.
 
 Faults (`MPICommunicator`): a rank that raises where the others do not calls `abort` (its
 message names it: "rank 1 of 2: ValueError: ..."), and MPI ends the whole job. A rank that dies
-without a word (SIGKILL, the out-of-memory killer, a crash) is named by a *sentinel*, a tiny
-child process that holds the read end of a pipe from its rank and reports when the pipe closes
-without the rank's "bye". mpiexec (hydra) then kills the other ranks itself; for a launcher that
+without a word (SIGKILL, the out-of-memory killer, a crash) is named by its supervisor
+(`glassllm.launch`), and mpiexec (hydra) then kills the other ranks itself; for a launcher that
 does not, a watchdog thread in each rank ends the job when a collective waits for a rank of the
 same host that is no longer running (within ~1 s), or when any collective waits longer than
 `timeout_s` (a hung or stopped rank, another host's rank lost).
@@ -35,25 +34,20 @@ nothing here imports mpi4py unless an MPI launcher started the process.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 
 import numpy as np
 
+from .launch import launcher_size
+
 DEFAULT_TIMEOUT_S = 300.0  # a collective that waits this long means a rank is lost or hung
-# Environment variables through which MPI launchers tell a process how many ranks it has:
-# MPICH's hydra, Intel MPI and Slurm's PMI-2 (PMI_SIZE), Open MPI, MVAPICH, srun itself.
-LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
-                           "SLURM_STEP_NUM_TASKS")
 
 
 class RanksDisagree(RuntimeError):
@@ -90,19 +84,9 @@ class SerialCommunicator:
         return None
 
 
-def launcher_size(environ=None) -> int:
-    """The number of ranks an MPI launcher announced in the environment (1 if none did)."""
-    environ = os.environ if environ is None else environ
-    for name in LAUNCHER_SIZE_VARIABLES:
-        value = environ.get(name, "")
-        if value.isdigit() and int(value) > 1:
-            return int(value)
-    return 1
-
-
 def from_environment(timeout_s: float = DEFAULT_TIMEOUT_S):
     """An `MPICommunicator` when an MPI launcher started this process with more than one rank
-    (see LAUNCHER_SIZE_VARIABLES), else a `SerialCommunicator`.
+    (`glassllm.launch.launcher_size`), else a `SerialCommunicator`.
 
     Raises:
         RuntimeError: started by a launcher with N > 1 ranks but mpi4py is not installed.
@@ -119,28 +103,23 @@ def from_environment(timeout_s: float = DEFAULT_TIMEOUT_S):
 
 
 class MPICommunicator:
-    """A communicator over mpi4py's COMM_WORLD (or `comm`), with the watchdog and sentinel of
-    the module doc.
+    """A communicator over mpi4py's COMM_WORLD (or `comm`), with the watchdog of the module
+    doc.
 
     Args:
         comm: an mpi4py communicator (default MPI.COMM_WORLD).
         timeout_s: a collective that has not completed after this many seconds ends the job
             (checked twice a second; None: wait forever).
-        sentinel: start the sentinel process that names this rank if it dies without a word.
 
     Attributes: rank, size, allreduce_seconds (wall time spent in allreduce_sum, waiting for
     slower ranks included), peers (each rank's {"host", "pid"}).
     """
 
-    def __init__(self, comm=None, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-                 sentinel: bool = True):
-        self._sentinel = _Sentinel() if sentinel else None  # before MPI_Init, if not yet
+    def __init__(self, comm=None, timeout_s: float | None = DEFAULT_TIMEOUT_S):
         from mpi4py import MPI
         self._MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        if self._sentinel is not None:
-            self._sentinel.introduce(self.rank, self.size)
         self.timeout_s = timeout_s
         self.allreduce_seconds = 0.0
         self._waiting: tuple[float, str] | None = None  # (since, what) while in a collective
@@ -175,18 +154,12 @@ class MPICommunicator:
     def abort(self, message: str, code: int = 1):
         """Print `message` on stderr and end every rank of the job (MPI_Abort)."""
         print(message, file=sys.stderr, flush=True)
-        self._quiet_sentinel()
         self.comm.Abort(code)
         os._exit(code)  # not reached: MPI_Abort does not return
 
     def close(self) -> None:
-        """Stop the watchdog and tell the sentinel this rank ends normally (idempotent)."""
+        """Stop the watchdog (idempotent); the communicator is not used afterwards."""
         self._closed.set()
-        self._quiet_sentinel()
-
-    def _quiet_sentinel(self) -> None:
-        if self._sentinel is not None:
-            self._sentinel.quiet()
 
     def _watch(self) -> None:
         """The watchdog: runs while the main thread sits in MPI calls (they release the GIL)."""
@@ -235,65 +208,6 @@ def _process_state(pid: int) -> str | None:
         except OSError:
             pass
         return "?"
-
-
-_SENTINEL = r"""
-import sys
-pid, host = sys.argv[1:3]
-line = sys.stdin.buffer.readline().split()  # b"rank size", once MPI has started
-rest = sys.stdin.buffer.read()  # returns when the rank (the only writer) has closed the pipe
-if not rest.endswith(b"bye"):
-    who = f"rank {int(line[0])} of {int(line[1])}" if len(line) == 2 else "an MPI rank"
-    sys.stderr.write(f"glassllm: {who} (pid {pid} on {host}) ended without a word: killed by "
-                     f"a signal (SIGKILL, the out-of-memory killer) or crashed\n")
-    sys.stderr.flush()
-"""
-
-
-class _Sentinel:
-    """The sentinel of the module doc: a child process reading a pipe from this rank.
-
-    Started before MPI_Init where possible (forking after it is unsafe on some networks, e.g.
-    InfiniBand), told the rank once it is known, told "bye" on a normal exit. It ignores
-    SIGINT (Ctrl-C is for the ranks) and stays in its rank's process group, so a launcher
-    that kills a rank's group after another rank failed silences it too.
-    """
-
-    def __init__(self):
-        self._pipe = None
-        read_end, write_end = os.pipe()
-        previous = signal.getsignal(signal.SIGINT)
-        ignore = previous is not None and threading.current_thread() is threading.main_thread()
-        try:
-            if ignore:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec
-            subprocess.Popen([sys.executable, "-I", "-S", "-c", _SENTINEL, str(os.getpid()),
-                              socket.gethostname()], stdin=read_end, stdout=subprocess.DEVNULL)
-        except OSError:
-            os.close(write_end)
-            return
-        finally:
-            os.close(read_end)
-            if ignore:
-                signal.signal(signal.SIGINT, previous)
-        os.set_inheritable(write_end, False)
-        self._pipe = write_end
-        atexit.register(self.quiet)  # any normal exit of the interpreter is a word
-
-    def introduce(self, rank: int, size: int) -> None:
-        self._write(f"{rank} {size}\n".encode())
-
-    def quiet(self) -> None:
-        self._write(b"bye")
-        if self._pipe is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._pipe)
-            self._pipe = None
-
-    def _write(self, data: bytes) -> None:
-        if self._pipe is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._pipe, data)
 
 
 # ------------------------------------------------------------------------------ gradients

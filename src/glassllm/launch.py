@@ -1,0 +1,124 @@
+"""How a rank of an MPI job is started and watched: its number from the launcher, a supervisor.
+
+An MPI launcher (`mpiexec`, `srun`) starts N processes and tells each, in its environment, how
+many there are and which one it is. `launcher_size()` / `launcher_rank()` read that before MPI
+itself starts (this module imports nothing but the standard library).
+
+A rank that dies without a word -- SIGKILL, the out-of-memory killer, a crash in C -- cannot
+say who it was, and mpiexec's own report names only a process id. So under a launcher,
+`glassllm train` runs as two processes per rank, as torchrun's agent does: the process the
+launcher started becomes a *supervisor* that starts the real work as its child and waits for
+it. When the child is killed by a signal, the supervisor prints
+
+    glassllm: rank 1 of 2 (pid 4242 on node7) was killed by SIGKILL (signal 9) ...
+
+and exits with 128 + the signal number, and only then does the launcher learn that a rank
+failed and end the others. The child dies with its supervisor (PR_SET_PDEATHSIG on Linux).
+Signals: mpiexec (hydra) and srun signal the whole process group, so the child receives Ctrl-C
+itself and the supervisor ignores it; a SIGTERM sent to the supervisor alone is passed on.
+
+`python -m glassllm.launch SCRIPT [ARGS...]` gives a Python script of one's own the same
+supervisor (as `python -m mpi4py SCRIPT` gives it its error handling).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+SUPERVISED = "GLASSLLM_SUPERVISED"  # set in the child: it is the rank's real work
+# What MPI launchers set: MPICH's hydra, Intel MPI and Slurm's PMI-2 (PMI_*), Open MPI,
+# MVAPICH, and srun itself (SLURM_STEP_NUM_TASKS and SLURM_PROCID exist only inside a step).
+LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+                           "SLURM_STEP_NUM_TASKS")
+LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
+                           "SLURM_PROCID")
+
+
+def launcher_size(environ=None) -> int:
+    """The number of ranks an MPI launcher announced in the environment (1 if none did)."""
+    return _first_number(LAUNCHER_SIZE_VARIABLES, environ, default=1, least=2)
+
+
+def launcher_rank(environ=None) -> int | None:
+    """This process's rank as the launcher announced it, or None."""
+    return _first_number(LAUNCHER_RANK_VARIABLES, environ, default=None, least=0)
+
+
+def _first_number(names, environ, default, least):
+    environ = os.environ if environ is None else environ
+    for name in names:
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) >= least:
+            return int(value)
+    return default
+
+
+def needs_supervisor(environ=None) -> bool:
+    """True in a process an MPI launcher started as one of N > 1 ranks, not yet supervised."""
+    environ = os.environ if environ is None else environ
+    return launcher_size(environ) > 1 and environ.get(SUPERVISED) != "1"
+
+
+def supervise(command: list[str]) -> int:
+    """Run `command` as this rank's child and return its exit status (128 + N if signal N
+    ended it, after printing which rank it was; see the module doc)."""
+    rank, size = launcher_rank(), launcher_size()
+    # The launcher signals the whole process group: the child gets Ctrl-C itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    child = subprocess.Popen(command, env={**os.environ, SUPERVISED: "1"}, close_fds=False,
+                             preexec_fn=_child_setup())
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:  # pragma: no cover - wait() retries on EINTR itself
+            continue
+    if code >= 0:
+        return code
+    number = -code
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    who = f"rank {rank} of {size}" if rank is not None else "an MPI rank"
+    print(f"glassllm: {who} (pid {child.pid} on {socket.gethostname()}) was killed by {name} "
+          f"(signal {number}): `kill -{number}`, the out-of-memory killer or a crash; the "
+          f"launcher ends the other ranks", file=sys.stderr, flush=True)
+    return 128 + number
+
+
+def _child_setup():
+    """What the child does between fork and exec: SIGINT back to its default (an ignored
+    SIGINT would be inherited and Ctrl-C would never reach the training loop), and death with
+    the supervisor (Linux: prctl PR_SET_PDEATHSIG). libc is loaded here, in the parent."""
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
+
+    def setup():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if prctl is not None:
+            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    return setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m glassllm.launch SCRIPT [ARGS...]`: SCRIPT under a supervisor (module doc)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: mpiexec -n N python -m glassllm.launch SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    command = [sys.executable, *argv]
+    if not needs_supervisor():
+        os.execv(sys.executable, command)
+    return supervise(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
