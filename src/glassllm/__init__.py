@@ -2,7 +2,7 @@
 
 Root exports: `Tensor`, `no_grad`, `Config`, `GlassLM`. Everything else lives in its module:
 `glassllm.functional`, `.nn`, `.optim`, `.train`, `.amp`, `.files`, `.tokenizer`,
-`.generate`, `.data`, `.hf`, `.distributed` (data parallelism over MPI), `.cli`.
+`.generate`, `.data`, `.hf`, `.distributed` (data parallelism over MPI), `.launch`, `.cli`.
 """
 from .model import Config, GlassLM
 from .tensor import Tensor, no_grad
