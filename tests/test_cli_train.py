@@ -550,3 +550,17 @@ def test_a_checkpoint_whose_extra_fields_have_wrong_types_is_refused(tmp_path, t
         assert f"checkpoint {str(tmp_path / 'bad.st')!r}: {match}" in err and \
             err.count("\n") == 1, err
     assert state.step == 4
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line_exit_130(monkeypatch, capsys):
+    """Ctrl-C in the first second of `glassllm train` lands while the subcommands import
+    numpy and the library to build the parser: one line and exit 130, no traceback."""
+    import glassllm.cli as cli
+
+    def slow_import(sub):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "SUBCOMMANDS", [slow_import, *cli.SUBCOMMANDS])
+    assert main(["train", "--steps", "1"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "glassllm: interrupted", err

@@ -794,7 +794,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # building the parser imports numpy and the library: Ctrl-C often lands here
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("\nglassllm: interrupted", file=sys.stderr, flush=True)
+        return 130
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
     try:
         return int(args.func(args) or 0)
