@@ -564,3 +564,18 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line_exit_130(monkeypatch, caps
     assert main(["train", "--steps", "1"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "glassllm: interrupted", err
+
+
+def test_resume_to_a_new_out_without_a_better_model_says_where_the_model_is(tmp_path,
+                                                                            text_file, capsys):
+    first = tmp_path / "a" / "model.safetensors"
+    assert main(["train", "--data", str(text_file), "--out", str(first), "--steps", "4",
+                 "--eval-every", "2", "--checkpoint-every", "4", *TINY]) == 0
+    capsys.readouterr()
+    new = tmp_path / "b" / "model.safetensors"
+    ckpt = tmp_path / "a" / "checkpoint.safetensors"
+    assert main(["train", "--resume", str(ckpt), "--out", str(new)]) == 0  # nothing left to do
+    printed = capsys.readouterr().out
+    assert not new.exists()
+    assert f"model: {new}\n" not in printed
+    assert f"model: none written to {new}" in printed and str(first) in printed

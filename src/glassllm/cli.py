@@ -249,7 +249,13 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
         print(f"best val loss {summary.best_val_loss:.4f} nats/token = "
               f"{bpb(summary.best_val_loss):.4f} bits/byte (step {summary.best_step}); "
               f"final {summary.final_val_loss:.4f} nats/token")
-        print(f"model: {summary.model_path}")
+        if summary.model_path is not None:
+            print(f"model: {summary.model_path}")
+        else:  # resumed with a new --out, and no evaluation since beat the checkpoint's best
+            before = resume.extra.get("out") if resume is not None else None
+            print(f"model: none written to {out}: no evaluation after the resume improved on "
+                  f"step {summary.best_step}'s" + (f", whose model is in {before}" if before
+                                                   else ""))
     print(f"history: {history_csv}" + (f", plot: {plot}" if plot else ""))
     print(f"{summary.steps - (resume.step if resume else 0)} steps in {elapsed:.1f} s "
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
