@@ -506,7 +506,9 @@ def run_generate(args) -> int:
     if not prompt_ids:
         prompt_ids = [start_id(tokenizer)]
     stop_ids = set(getattr(tokenizer, "stop_ids", (tokenizer.eot_id,)))
-    generator = Generator(model, prompt_ids)
+    # A model whose vocabulary is bigger than its tokenizer's (padded) draws only ids the
+    # tokenizer can decode.
+    generator = Generator(model, prompt_ids, vocab_limit=tokenizer.vocab_size)
     rng = np.random.default_rng(args.seed)
     # holds back bytes of a character not yet complete; knows the token before the first
     decoder = StreamDecoder(tokenizer, prev_id=prompt_ids[-1])
