@@ -7,6 +7,7 @@ reference is transformers itself: eager attention (float32-exact), eval mode (dr
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -666,3 +667,18 @@ def test_cli_generate_on_a_tokenizer_only_directory_explains_hf_layout(tmp_path,
     (tmp_path / "merges.txt").write_text("")
     code, _, err = run_cli(capsys, "generate", "--model", tmp_path, "--prompt", "a")
     assert code == 2 and "config.json + model.safetensors" in err and "neither" in err
+
+
+def test_to_hf_refuses_an_empty_directory_path(tmp_path, monkeypatch, capsys):
+    """`--to-hf ""` wrote config.json and model.safetensors into the current directory
+    (Path("") is "."), as `--out ""` once wrote to the default path."""
+    monkeypatch.chdir(tmp_path)
+    model = glass_model("llama")
+    with pytest.raises(ValueError, match="empty"):
+        hf.to_hf(model, "")
+    from glassllm import files
+    files.save(model, tmp_path / "m.safetensors")
+    code, _, err = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors", "--to-hf",
+                           "")
+    assert code == 2 and "empty" in err and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]

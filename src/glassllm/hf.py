@@ -116,10 +116,14 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
         Path of out_dir.
 
     Raises:
-        ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none).
+        ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none); an empty
+            out_dir.
         FileExistsError: out_dir already holds model.safetensors or config.json (and
             overwrite is False), or one of the files to write is `source` itself.
     """
+    if not os.fspath(out_dir):  # Path("") is the current directory: never a silent default
+        raise ValueError("to_hf: the output directory path is empty; give a directory such as "
+                         "exported/")
     out = Path(out_dir)
     targets = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / TOKENIZER_FILE]
     if source is not None:
