@@ -631,7 +631,7 @@ def run_plot(args) -> int:
 
     if not os.path.isdir(args.run_dir):
         raise FileNotFoundError(f"run directory not found: {args.run_dir}")
-    out = args.out or os.path.join(args.run_dir, "loss.png")
+    out = os.path.join(args.run_dir, "loss.png") if args.out is None else args.out
     plot_history(find_history(args.run_dir), out)
     print(out, flush=True)
     return 0
