@@ -101,7 +101,7 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             replaced by accident).
         tokenizer: optional. A `BPETokenizer` is written as `tokenizer.json` (the `tokenizers`
             library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
-            it from vocab_size 257). Its `eot_id` becomes the config's eos_token_id and its
+            it from vocab_size 257). Other tokenizers are not written (`stores_tokenizer`). Its `eot_id` becomes the config's eos_token_id and its
             start id (`glassllm.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none,
             as GPT-2's config has bos = eos = 50256) the bos_token_id, from which
             transformers' `generate()` starts an unconditional sample.
@@ -154,6 +154,17 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     with atomic_write(out / CONFIG_FILE, "w") as f:
         f.write(text)
     return out
+
+
+def stores_tokenizer(tokenizer, vocab_size: int) -> bool:
+    """Whether `to_hf` stores `tokenizer` so that `tokenizer_from_hf` finds it again: a
+    `BPETokenizer` (written as tokenizer.json), or the `ByteTokenizer` of a vocab-257 model
+    (inferred, no file). Any other (a SentencePiece tokenizer from llama2.c, the byte
+    tokenizer of a bigger model) is not written: the directory then holds the weights only."""
+    from .tokenizer import BPETokenizer, ByteTokenizer
+    if isinstance(tokenizer, BPETokenizer):
+        return True
+    return isinstance(tokenizer, ByteTokenizer) and vocab_size == ByteTokenizer.vocab_size
 
 
 def tokenizer_from_hf(path, vocab_size: int | None = None):
