@@ -795,7 +795,12 @@ def _convert_to_llama2c(args):
                          f"write the llama2.c file elsewhere")
     model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
     llama2c.to_llama2c(model, args.to_llama2c)
-    return model, tokenizer
+    if tokenizer is not None:  # the format has no place for one: run.c takes it with -z
+        kind = json.loads(tokenizer.to_json())["type"]
+        print(f"note: {args.to_llama2c} holds the weights only (a llama2.c checkpoint has no "
+              f"tokenizer; run.c reads a tokenizer.bin given with -z); the {kind} tokenizer "
+              f"stays in {args.model}", file=sys.stderr, flush=True)
+    return model, None
 
 
 SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert]
