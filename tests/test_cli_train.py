@@ -579,3 +579,27 @@ def test_resume_to_a_new_out_without_a_better_model_says_where_the_model_is(tmp_
     assert not new.exists()
     assert f"model: {new}\n" not in printed
     assert f"model: none written to {new}" in printed and str(first) in printed
+
+
+def test_an_interrupt_inside_an_update_points_to_the_last_periodic_checkpoint(
+        tmp_path, text_file, capsys, monkeypatch):
+    """A second Ctrl-C lands inside an update, when no checkpoint may be written: the
+    message said "no checkpoint written" although --checkpoint-every had written one a step
+    before, from which --resume continues."""
+    from glassllm import safety
+    real = safety.TrainStep.__call__
+
+    def interrupted_at_step_3(self, x, y, lr, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real(self, x, y, lr, step)
+
+    monkeypatch.setattr(safety.TrainStep, "__call__", interrupted_at_step_3)
+    out = tmp_path / "r" / "model.safetensors"
+    assert main(["train", "--data", str(text_file), "--out", str(out), "--steps", "6",
+                 "--checkpoint-every", "2", *TINY]) == 130
+    err = capsys.readouterr().err
+    ckpt = tmp_path / "r" / "checkpoint.safetensors"
+    assert load_checkpoint(ckpt).step == 2
+    assert "no checkpoint written" not in err and f"--resume {ckpt}" in err, err
+    assert "after 2 steps" in err

@@ -198,8 +198,11 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
     bpb = corpus.bits_per_byte
     started = time.monotonic()
     bar = _progress_bar(settings.steps)
+    last_checkpoint = []  # the Checkpointed event of --checkpoint-every, if one came
 
     def on_event(event) -> None:
+        if isinstance(event, Checkpointed):
+            last_checkpoint[:] = [event]
         if isinstance(event, Stepped):
             bar.update(1)
             bar.set_postfix(loss=f"{event.loss:.3f}", lr=f"{event.lr:.2e}",
@@ -229,9 +232,11 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
         bar.close()  # ends the bar's line: the message starts on a fresh one
         if e.history:
             runfiles.write_history_csv(paths["history_csv"], e.history)
-        where = (f"checkpoint after {e.step} steps: {e.checkpoint_path}; continue with "
-                 f"`glassllm train --resume {e.checkpoint_path}`" if e.checkpoint_path
-                 else "no checkpoint written")
+        # No checkpoint for this moment (Ctrl-C inside an update): the last periodic one.
+        step, path = (e.step, e.checkpoint_path) if e.checkpoint_path else \
+            (last_checkpoint[0].step, last_checkpoint[0].path) if last_checkpoint else (0, None)
+        where = (f"checkpoint after {step} steps: {path}; continue with "
+                 f"`glassllm train --resume {path}`" if path else "no checkpoint written")
         print(f"glassllm train: interrupted; {where}", file=sys.stderr, flush=True)
         return 130
     except (NonFiniteLossError, SkipRateExceeded) as e:
