@@ -18,8 +18,9 @@ Errors: any OSError while writing is re-raised as the same type with the same er
 the user's `path` (its `filename`) and saying what was being done; the temporary's name would
 only confuse. So is an OSError raised by a write inside `with atomic_write(...)`, and a library's
 own exception for a failed system call (safetensors raises SafetensorError("... No space left
-on device (os error 28)") on a full disk): an OSError with that errno. The new file gets the permissions an ordinary new file gets under the umask
-(some libraries, safetensors among them, create 0600 files).
+on device (os error 28)") on a full disk): an OSError with that errno. The new
+file gets the permissions an ordinary new file gets under the umask (some libraries,
+safetensors among them, create 0600 files).
 
 This module imports nothing from glassllm, so every module may use it.
 """
