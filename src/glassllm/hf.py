@@ -102,8 +102,9 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
         tokenizer: optional. A `BPETokenizer` is written as `tokenizer.json` (the `tokenizers`
             library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
             it from vocab_size 257). Other tokenizers are not written (`stores_tokenizer`).
-            Its `eot_id` becomes the config's eos_token_id and its start id (`glassllm.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none,
-            as GPT-2's config has bos = eos = 50256) the bos_token_id, from which
+            Its `eot_id` becomes the config's eos_token_id and its start id
+            (`glassllm.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none, as
+            GPT-2's config has bos = eos = 50256) the bos_token_id, from which
             transformers' `generate()` starts an unconditional sample.
         overwrite: allow replacing an existing checkpoint in out_dir.
         source: optional path of the file `model` was read from; writing over it is refused

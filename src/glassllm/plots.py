@@ -122,7 +122,8 @@ def plot_history(history, path) -> str:
     Raises:
         ValueError: the history has no row with a step; an image suffix matplotlib cannot
             write; an empty path. FileNotFoundError: no such history file, or the image's
-            directory is missing. IsADirectoryError: `path` is a directory. Messages name the user's paths.
+            directory is missing. IsADirectoryError: `path` is a directory. Messages name
+            the user's paths.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
