@@ -38,6 +38,7 @@ from collections import deque
 import numpy as np
 
 from . import amp
+from .atomic import about
 from .distributed import GradientBuffer, SerialCommunicator
 from .optim import clip_grad_norm
 
@@ -100,13 +101,15 @@ class TrainStep:
             (bfloat16 has float32's exponent range and does not need loss scaling).
         comm: a communicator (`glassllm.distributed`) whose ranks each call this step on
             their share of the batch; default one process.
+        micro_batches: K, the number of equal slices of a call's rows run one after the other
+            (gradient accumulation); with K = 1 on one process the batch runs whole.
 
     Raises:
-        ValueError: unknown precision, or clip <= 0.
+        ValueError: unknown precision, clip <= 0, or micro_batches < 1.
     """
 
     def __init__(self, model, optimizer, precision: str = "fp32", clip: float | None = 1.0,
-                 scaler: amp.GradScaler | None = None, comm=None):
+                 scaler: amp.GradScaler | None = None, comm=None, micro_batches: int = 1):
         if precision not in PRECISIONS:
             raise ValueError(f"TrainStep: precision must be one of {sorted(PRECISIONS)}, "
                              f"got {precision!r}")
@@ -119,14 +122,16 @@ class TrainStep:
         self.scaler = scaler if scaler is not None else amp.GradScaler(
             enabled=(precision == "fp16"))
         self._low = PRECISIONS[precision]
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or \
+                micro_batches < 1:
+            raise ValueError(f"TrainStep: micro_batches must be an integer >= 1, got "
+                             f"{micro_batches!r}")
+        self.micro_batches = micro_batches
         self.comm = comm if comm is not None else SerialCommunicator()
         self._buffer: GradientBuffer | None = None  # made at the first accumulated step
 
-    def __call__(self, x, y, lr: float, step: int, micro_batches: int = 1) -> StepRecord:
+    def __call__(self, x, y, lr: float, step: int) -> StepRecord:
         """Forward on batch (x, y) (B, T) ids, backward, checks, clip, AdamW step at `lr`.
-
-        micro_batches: K, the number of equal slices of x's rows run one after the other
-            (B must be a multiple of K); with K == 1 on one process the batch runs whole.
 
         Returns the StepRecord. Exceptions of the model (bad ids, shapes) propagate before
         any state changes.
@@ -134,8 +139,8 @@ class TrainStep:
         Raises:
             ValueError: B not a multiple of micro_batches.
         """
-        if micro_batches != 1 or self.comm.size != 1:
-            return self._accumulated(x, y, lr, step, micro_batches)
+        if self.micro_batches != 1 or self.comm.size != 1:
+            return self._accumulated(x, y, lr, step, self.micro_batches)
         self.optimizer.zero_grad()
         scaler = self.scaler
         # Overflow is detected and reported below (a skipped step), so NumPy's warnings about
@@ -150,7 +155,7 @@ class TrainStep:
 
     def _accumulated(self, x, y, lr: float, step: int, k: int) -> StepRecord:
         """The step over K micro-batches of this rank and N ranks (module doc)."""
-        if k < 1 or len(x) % k:
+        if len(x) % k:
             raise ValueError(f"TrainStep: {len(x)} rows do not split into {k} micro-batches")
         opt, scaler = self.optimizer, self.scaler
         if self._buffer is None:
@@ -229,7 +234,7 @@ class StepCSVLog:
 
     Raises:
         ValueError: append=True and the existing file's header is not CSV_COLUMNS.
-        OSError: the file cannot be opened.
+        OSError: the file cannot be opened or written (a full disk), naming it.
     """
 
     def __init__(self, path, append: bool = False):
@@ -244,17 +249,31 @@ class StepCSVLog:
         self._file = open(self.path, "a" if existing else "w", newline="")
         self._writer = csv.writer(self._file)
         if not existing:
-            self._writer.writerow(CSV_COLUMNS)
-            self._file.flush()
+            try:
+                self._writer.writerow(CSV_COLUMNS)
+                self._file.flush()
+            except OSError as e:
+                try:
+                    self._file.close()
+                except OSError:  # the same failed flush again; the first error is the one
+                    pass
+                raise about(e, self.path, "cannot write the step log") from None
 
     def write(self, record: StepRecord) -> None:
-        """Append one row and flush it to the operating system."""
-        self._writer.writerow(record.as_row())
-        self._file.flush()
+        """Append one row and flush it to the operating system (OSError naming the file if
+        it cannot be written, e.g. a full disk)."""
+        try:
+            self._writer.writerow(record.as_row())
+            self._file.flush()
+        except OSError as e:
+            raise about(e, self.path, "cannot write the step log") from None
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()  # flushes what a failed write left in the buffer
+            except OSError as e:
+                raise about(e, self.path, "cannot write the step log") from None
 
     def __enter__(self) -> "StepCSVLog":
         return self
