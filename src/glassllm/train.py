@@ -179,8 +179,9 @@ class TrainSettings:
         clip: max global L2 norm of the (unscaled) gradients, spec 001's 1.0.
         eval_every: evaluate after update `step` when step % eval_every == 0, and after the
             last update (spec 001's rhythm).
-        eval_batches: batches of (batch_size, seq_len) per evaluation, drawn with the fixed
-            `eval_seed`, so every evaluation sees the same windows.
+        eval_batches: batches per evaluation, of N * grad_accum * batch_size windows of
+            seq_len (N ranks), drawn with the fixed `eval_seed`, so every evaluation sees the
+            same windows.
         seed: seed of the batch sampler `np.random.default_rng(seed)`.
         precision: "fp32", "fp16" (autocast + dynamic loss scaling) or "bf16" (autocast).
         log_csv: path of the per-step CSV of spec 003 (None: no CSV).
