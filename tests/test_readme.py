@@ -9,7 +9,7 @@ A block that mentions `../shared/data/...` gets that path (a link to the workspa
 the temporary directory); when the data is missing the block is skipped with the reason, and
 fails under CI=true (conftest.shared_data_path).
 
-A Python block that is not meant to run is fenced ```` ```python no-run ```` (still highlighted
+A Python block that is not meant to run has the info string `python no-run` (still highlighted
 as Python); there are none today. Any other spelling of a Python fence is refused, so a block
 cannot drop out of this test by accident.
 """
