@@ -465,3 +465,28 @@ def test_divergence_messages_name_the_quantity_that_is_not_finite(tmp_path):
     assert np.isfinite(float(last["loss"])) and np.isnan(err.value)
     assert "step 1: the gradient norm (before clipping) is not finite (nan)" in str(err)
     assert last["loss"] not in str(err)
+
+
+def test_a_resume_that_writes_no_better_model_names_none_not_a_missing_file(tmp_path):
+    """Resumed with another model_path (`glassllm train --resume CKPT --out NEW`) and no later
+    evaluation better than the checkpoint's best, the run writes no model file at NEW: the
+    summary must not name NEW as where the best model is."""
+    train_ids, val_ids = corpus()
+    ckpt = tmp_path / "ckpt.safetensors"
+    first = Trainer(settings(checkpoint_every=10), ArrayBatches(train_ids),
+                    ArrayBatches(val_ids), model_path=tmp_path / "a.safetensors",
+                    checkpoint_path=ckpt)
+    done = first.run(GlassLM(Config(**CFG), seed=0))
+    assert done.model_path == str(tmp_path / "a.safetensors") and done.best_step == 9
+    new = tmp_path / "b.safetensors"  # nothing left to train: NEW is never written
+    again = Trainer(settings(checkpoint_every=10), ArrayBatches(train_ids),
+                    ArrayBatches(val_ids), model_path=new, checkpoint_path=ckpt)
+    summary = again.run(GlassLM(Config(**CFG), seed=0), resume=ckpt)
+    assert not new.exists()
+    assert summary.model_path is None and summary.best_step == 9
+    # resumed on the same path, the file the first part wrote is still the best model
+    same = Trainer(settings(checkpoint_every=10), ArrayBatches(train_ids),
+                   ArrayBatches(val_ids), model_path=tmp_path / "a.safetensors",
+                   checkpoint_path=ckpt)
+    summary = same.run(GlassLM(Config(**CFG), seed=0), resume=ckpt)
+    assert summary.model_path == str(tmp_path / "a.safetensors")

@@ -327,7 +327,9 @@ class TrainSummary:
     evaluation the model file holds (None if there was none). final_val_loss: the last
     evaluation. history: one dict per update, as in the checkpoint. skipped_steps: updates
     skipped for non-finite values. tokens: tokens trained on in this run() call. elapsed_s:
-    wall time of this call. model_path: where the best model is (None if not saved).
+    wall time of this call. model_path: where the best model is (None if not saved: no
+    model_path, no evaluation, or a resume with a new model_path that no later evaluation
+    improved on, when the best model is where the interrupted run wrote it).
     """
     steps: int
     best_step: int | None
@@ -530,6 +532,11 @@ class Trainer:
             history, best_val, best_step = list(state.history), state.best_val_loss, \
                 state.best_step
         start = len(history)
+        # Whether model_path holds the best model: after a save in this call, or, resumed,
+        # when the interrupted run's file is there (resumed with another model_path and no
+        # better evaluation since, nothing is ever written there).
+        model_saved = best_step is not None and self.model_path is not None and \
+            os.path.exists(self.model_path)
         monitor = None
         if s.max_skip_rate is not None:
             monitor = SkipRateMonitor(s.max_skip_rate)
@@ -596,6 +603,7 @@ class Trainer:
                                                          history + [entry],
                                                          "nonfinite_weights", val)
                                 self._save_model(model)
+                                model_saved = True
                                 events.append(Saved(step, self.model_path, val))
                             best_val, best_step = val, step
                     history.append(entry)
@@ -630,7 +638,7 @@ class Trainer:
             final_val_loss=evaluated[-1] if evaluated else None, history=history,
             skipped_steps=sum(1 for h in history if h.get("skipped")), tokens=tokens,
             elapsed_s=time.monotonic() - started_at,
-            model_path=self.model_path if best_step is not None else None)
+            model_path=self.model_path if model_saved else None)
         emit(Finished(summary))
         return summary
 
