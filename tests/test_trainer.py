@@ -410,6 +410,22 @@ def test_a_fully_skipped_fp16_run_fails_with_no_progress_and_logs_every_step(tmp
     assert [int(r.split(",")[0]) for r in rows] == list(range(6))  # the last one included
 
 
+class GradOverflowLM(GlassLM):
+    """Finite losses whose gradients, times fp16's initial loss scale 2**16, overflow float16:
+    what the GradScaler backs off from at the start of a run."""
+
+    def loss(self, idx, targets):
+        return super().loss(idx, targets) * 1e6
+
+
+def test_a_short_fp16_run_spent_on_gradient_overflows_is_no_failure():
+    """The scaler halving its scale on every step of a 3-step run is its ordinary start, not a
+    run without progress (found by the pipeline property test: a 2-step fp16 run)."""
+    _, summary, _, _ = run(model=GradOverflowLM(Config(**CFG)), precision="fp16", steps=3)
+    assert summary.steps == 3 and summary.skipped_steps == 3
+    assert [h["skipped"] for h in summary.history] == ["nonfinite_grad"] * 3
+
+
 def test_max_consecutive_skips_stops_a_long_run_in_time():
     from glassllm.train import NoProgressError
     with pytest.raises(NoProgressError) as info:

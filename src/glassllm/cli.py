@@ -90,7 +90,8 @@ def add_train(sub) -> None:
                         "shorter (default: no alert)")
     g.add_argument("--max-consecutive-skips", type=int, metavar="N",
                    help=f"stop (exit 1) after N skipped steps in a row, or when every step of "
-                        f"the run was skipped: no real update is being made "
+                        f"the run was skipped and one for a non-finite loss: no real update "
+                        f"is being made "
                         f"(default {d.max_consecutive_skips})")
     g = p.add_argument_group("output and resume")
     g.add_argument("--log-csv", metavar="PATH",
