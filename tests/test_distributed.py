@@ -10,15 +10,15 @@ import dataclasses
 
 import numpy as np
 import pytest
-from thread_ranks import Aborted, ThreadGroup
 
 from glassllm import Config, GlassLM, Tensor
-from glassllm.tensor import is_grad_enabled
 from glassllm import checkpoint as ckpt_io
 from glassllm import distributed, launch
 from glassllm.data import ArrayBatches
 from glassllm.distributed import GradientBuffer, RanksDisagree, RanksFailed
+from glassllm.tensor import is_grad_enabled
 from glassllm.train import Stepped, Trainer, TrainingInterrupted, TrainSettings
+from thread_ranks import Aborted, ThreadGroup
 
 CFG = Config(vocab_size=257, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, max_len=16)
 

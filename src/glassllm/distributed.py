@@ -307,7 +307,8 @@ def agreement(comm, errors: tuple = (OSError, ValueError, MemoryError)):
     except errors as e:
         error = e
     except BaseException as e:
-        fail(comm, e)
+        fail(comm, e)  # ends the job (MPI_Abort); the raise is for a fake communicator
+        raise
     outcome = None if error is None else _one_line(error)
     outcomes = comm.allgather(outcome, what="outcome of the start-up")
     failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
