@@ -90,8 +90,10 @@ def add_train(sub) -> None:
                         "result equals an uninterrupted run. --steps cannot grow: the "
                         "learning-rate schedule depends on it")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="threads for matrix products (default 1, or the resumed run's: on a "
-                        "busy machine more threads can make each step many times slower)")
+                   help="threads for matrix products (BLAS) and elementwise passes (default: "
+                        "the resumed run's --threads, else one per core unless other "
+                        "processes are measured busy at start, then the cores they leave "
+                        "free; the header line says which)")
     p.set_defaults(func=run_train)
 
 
@@ -100,7 +102,7 @@ def run_train(args) -> int:
 
     import numpy as np
 
-    from . import checkpoint
+    from . import checkpoint, cpu
     from .model import Config, GlassLM
     from .safety import SkipRateExceeded
     from .train import (Checkpointed, Evaluated, NonFiniteLossError, Resumed, Saved, Started,
@@ -114,10 +116,10 @@ def run_train(args) -> int:
         os.path.join("runs", "model.safetensors")
     run_dir = os.path.dirname(os.path.abspath(out))
     ckpt_path = args.checkpoint or args.resume or os.path.join(run_dir, "checkpoint.safetensors")
-    threads = args.threads if args.threads is not None else \
-        (resume.extra.get("threads") if resume else None) or 1
-    if threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
+    requested_threads = args.threads if args.threads is not None else \
+        (resume.extra.get("threads") if resume else None)
+    if requested_threads is not None and requested_threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {requested_threads}")
 
     if resume is not None:
         settings = _resumed_settings(resume, given, args)
@@ -164,7 +166,8 @@ def run_train(args) -> int:
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
                       checkpoint_path=ckpt_path, tokenizer=corpus.tokenizer,
                       extra={"data": corpus.describe(), "out": os.path.abspath(out),
-                             "threads": threads})
+                             "threads": requested_threads})
+    threads, why = cpu.choose_threads(requested_threads)  # measures the load if not requested
 
     print(f"glassllm train: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} layers, "
           f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), {sum(p.size for p in model.parameters()):,} "
@@ -174,6 +177,7 @@ def run_train(args) -> int:
     print(f"{settings.steps} steps of {settings.batch_size} x {settings.seq_len} tokens, lr "
           f"{settings.lr:g}, warmup {settings.warmup}, {settings.precision}; best model -> {out}",
           flush=True)
+    print(f"threads: {threads} ({why})", flush=True)
 
     bpb = corpus.bits_per_byte
     started = time.monotonic()
@@ -202,7 +206,7 @@ def run_train(args) -> int:
     try:
         # A diverging run overflows inside NumPy; the loop itself detects and reports
         # non-finite losses, so NumPy's RuntimeWarnings would only garble the bar.
-        with _blas_threads(threads), np.errstate(over="ignore", invalid="ignore",
+        with cpu.use_threads(threads), np.errstate(over="ignore", invalid="ignore",
                                                  divide="ignore"):
             summary = trainer.run(model, resume=resume, on_event=on_event)
     except TrainingInterrupted as e:
@@ -513,23 +517,6 @@ def stdlib_corpus(cap_bytes: int = STDLIB_CORPUS_BYTES) -> tuple[list[str], byte
         raise UsageError(f"no .py files under {root} (Python installed without its sources?); "
                          "pass --data FILE")
     return files, b"".join(chunks)
-
-
-def _blas_threads(n: int):
-    """A context that runs NumPy's BLAS on n threads (threadpoolctl), or changes nothing when
-    threadpoolctl is not installed.
-
-    Why the default is 1: OpenBLAS's worker threads spin while they wait for work, so when
-    other processes hold the cores a thread that is switched out stalls every matrix product.
-    On the 2-core machine of the README, a default training step took 1.24 s with 2 BLAS
-    threads and 0.10 s with 1 while two other jobs ran; with the machine idle, 2 threads
-    are only 10-20% faster (0.09 vs 0.11 s)."""
-    import contextlib
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=n, user_api="blas")
 
 
 def _progress_bar(total: int):
