@@ -33,6 +33,9 @@ from . import parallel
 # a quarter of the time, and every op waits for it.
 BUSY_CORES = 0.25
 
+_PROC_STAT = "/proc/stat"
+_clock = time.perf_counter
+
 
 def available_cpus() -> list[int]:
     """Ids of the CPUs this process may run on (its affinity mask; all CPUs where unknown)."""
@@ -49,7 +52,7 @@ def _busy_seconds(cpus: list[int]) -> float | None:
     gave to another machine) counts as busy: it is just as unavailable to us.
     """
     try:
-        with open("/proc/stat") as f:
+        with open(_PROC_STAT) as f:
             lines = f.read().splitlines()
     except OSError:
         return None
@@ -118,12 +121,12 @@ class LoadMeter:
         self.start()
 
     def start(self) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = _clock()
         self._busy0 = _busy_seconds(self.cpus)
         self._own0 = _own_seconds()
 
     def read(self) -> Load:
-        seconds = max(time.perf_counter() - self._t0, 1e-9)
+        seconds = max(_clock() - self._t0, 1e-9)
         own = _own_seconds() - self._own0
         busy = _busy_seconds(self.cpus)
         other = None
