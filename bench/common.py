@@ -25,7 +25,8 @@ def _reexec_without_openblas_overrides() -> None:
 
 _reexec_without_openblas_overrides()
 
-import json  # noqa: E402  (after the re-exec on purpose)
+import contextlib  # noqa: E402  (after the re-exec on purpose)
+import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -54,18 +55,21 @@ CONFIGS = {
 }
 
 
+_THREADS = contextlib.ExitStack()
+
+
 def set_threads(n: int | None = None) -> int:
-    """Both sides on n threads, by default one per available core (as torch's default).
+    """Both sides on n threads, by default one per available core (as torch's default):
+    torch.set_num_threads(n), and glassllm inside `glassllm.cpu.use_threads(n)` for the rest
+    of the process (its own pool for every pass and product, BLAS on one thread), the way
+    `glassllm train` runs.
 
     A number below the core count is for profiling on a busy machine only."""
-    import threadpoolctl
     import torch
-
-    from glassllm import parallel
     n = n or len(cpu.available_cpus())
     torch.set_num_threads(n)
-    threadpoolctl.threadpool_limits(n, user_api="blas")
-    parallel.set_num_threads(n)  # glassllm's elementwise passes
+    _THREADS.close()
+    _THREADS.enter_context(cpu.use_threads(n))
     return n
 
 
@@ -174,7 +178,8 @@ def blas_report() -> str:
                          f"({info.get('architecture')}), {info['num_threads']} threads, "
                          f"{os.path.basename(info['filepath'])}")
     from glassllm import parallel
-    lines.append(f"glassllm elementwise passes: {parallel.get_num_threads()} threads")
+    lines.append(f"glassllm: {parallel.get_num_threads()} threads in its own pool, matrix "
+                 f"products {'split over it' if parallel.split_matmuls() else 'on BLAS threads'}")
     lines.append(f"torch {torch.__version__}: {torch.get_num_threads()} threads")
     config = torch.__config__.show()
     wanted = re.findall(r"\b(?:BLAS_INFO|LAPACK_INFO|USE_MKLDNN)=\w+", config)

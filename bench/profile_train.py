@@ -15,10 +15,10 @@ import common  # noqa: F401  (first: environment fix-up before numpy)
 import argparse
 import collections
 import functools
+import threading
 import time
 
-import threadpoolctl
-
+from glassllm import cpu
 from glassllm import functional as F
 from glassllm.model import Config, GlassLM
 from train_speed import glassllm_stepper, make_batches
@@ -59,18 +59,29 @@ def instrument_ops(totals, clock, gemm_in):
             wrapped = timed(name, getattr(F, name))
             setattr(F, name, wrapped)
     # model.py and nn.py call F.<op> through the module, so patching F is enough.
-    matmul = F._mm
+    # Every GEMM the calling thread runs: time and FLOPs, counted apart. A product split over
+    # the pool (`F._matmul` in split mode) is timed whole, on the calling thread; attention's
+    # products, which then run inside the pool's slices, are not counted (threads' clocks
+    # would overlap).
+    def timed_gemm(fn):
+        def timed_matmul(a, b, out=None):
+            if threading.current_thread() is not threading.main_thread() or in_gemm:
+                return fn(a, b) if out is None else fn(a, b, out=out)
+            in_gemm.append(1)
+            t0 = clock()
+            try:
+                result = fn(a, b) if out is None else fn(a, b, out=out)
+            finally:
+                in_gemm.pop()
+            seconds = clock() - t0
+            totals["matrix products"] += seconds
+            totals["matrix FLOPs"] += 2.0 * result.size * a.shape[-1]
+            gemm_in[current[-1] if current else "?"] += seconds
+            return result
+        return timed_matmul
 
-    def timed_matmul(a, b):  # every GEMM of the ops: time and FLOPs, counted apart
-        t0 = clock()
-        out = matmul(a, b)
-        seconds = clock() - t0
-        totals["matrix products"] += seconds
-        totals["matrix FLOPs"] += 2.0 * out.size * a.shape[-1]
-        gemm_in[current[-1] if current else "?"] += seconds
-        return out
-
-    F._mm = timed_matmul
+    in_gemm = []
+    F._mm, F._matmul = timed_gemm(F._mm), timed_gemm(F._matmul)
     assert model_module.F is F and nn_module.F is F
 
 
@@ -85,11 +96,8 @@ def main():
     spec = common.CONFIGS[args.config]
     cfg = Config(**spec["model"])
     batches = make_batches(cfg, spec["batch"], spec["seq"], args.steps + 1)
-    if args.threads:
-        from glassllm import parallel
-        parallel.set_num_threads(args.threads)
     clock = time.perf_counter if args.wall else time.process_time
-    with threadpoolctl.threadpool_limits(args.threads):
+    with cpu.use_threads(args.threads or len(cpu.available_cpus())):  # as glassllm train
         totals, gemm_in = collections.Counter(), collections.Counter()
         if args.ops:
             instrument_ops(totals, clock, gemm_in)

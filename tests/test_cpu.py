@@ -87,16 +87,19 @@ def test_choose_threads_honours_a_request_and_refuses_zero():
         cpu.choose_threads(0)
 
 
-def test_use_threads_sets_and_restores_both_pools():
+def test_use_threads_runs_everything_on_the_pool_and_restores():
     def blas_threads():
         return [i["num_threads"] for i in threadpoolctl.threadpool_info()
                 if i["user_api"] == "blas"]
 
     before, before_blas = parallel.get_num_threads(), blas_threads()
-    with cpu.use_threads(1):
-        assert parallel.get_num_threads() == 1 and set(blas_threads()) == {1}
-        np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)
-    assert parallel.get_num_threads() == before and blas_threads() == before_blas
+    for n in (1, 3):
+        with cpu.use_threads(n):
+            assert parallel.get_num_threads() == n and set(blas_threads()) == {1}
+            assert parallel.split_matmuls() == (n > 1)
+            np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)
+        assert parallel.get_num_threads() == before and blas_threads() == before_blas
+        assert not parallel.split_matmuls()
     with pytest.raises(ValueError):
         with cpu.use_threads(0):
             pass

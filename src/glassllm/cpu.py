@@ -12,7 +12,8 @@ So the question "how many threads?" is answered by a measurement: `LoadMeter` re
 kernel's per-CPU busy time (`/proc/stat`, in clock ticks) for the CPUs this process may run
 on, and subtracts this process's own CPU time (`resource.getrusage`, this process and its
 waited-for children); what remains is the load of *other* processes, in cores.
-`choose_threads` turns that into a thread count and `use_threads` applies it to both pools.
+`choose_threads` turns that into a thread count and `use_threads` runs glassllm on that many
+threads (its own pool for everything, BLAS on one thread).
 
 On a system without `/proc/stat` (macOS, Windows) the load is unknown: `LoadMeter.read`
 returns `other_cores=None` and `choose_threads` uses every core.
@@ -192,8 +193,14 @@ def choose_threads(requested: int | None = None, load: Load | None = None) -> tu
 
 @contextlib.contextmanager
 def use_threads(n: int):
-    """Context: NumPy's BLAS (threadpoolctl) and glassllm's elementwise pool
-    (`parallel.set_num_threads`) both on n threads; both restored on exit.
+    """Context: glassllm computes on n threads, all of them its own pool's
+    (`glassllm.parallel`): the elementwise passes and, in split mode, the matrix products,
+    cut into row slices while NumPy's BLAS runs on one thread (threadpoolctl). With n = 1
+    everything runs on the calling thread. Both pools and the mode are restored on exit.
+
+    Why not BLAS's threads for the products: OpenBLAS's workers spin after each product, so
+    they and the pool's threads take turns on the same cores and every op waits for the
+    parked one (see `glassllm.parallel`).
 
     Raises:
         ValueError: n < 1.
@@ -202,10 +209,12 @@ def use_threads(n: int):
 
     if n < 1:
         raise ValueError(f"use_threads: need n >= 1, got {n}")
-    before = parallel.get_num_threads()
+    before, split_before = parallel.get_num_threads(), parallel.split_matmuls()
     parallel.set_num_threads(n)
+    parallel.set_split_matmuls(n > 1)
     try:
-        with threadpool_limits(limits=n, user_api="blas"):
+        with threadpool_limits(limits=1, user_api="blas"):
             yield
     finally:
         parallel.set_num_threads(before)
+        parallel.set_split_matmuls(split_before)
