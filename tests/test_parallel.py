@@ -100,10 +100,10 @@ def pool_calls(monkeypatch):
     calls = []
     run = parallel._run_as_worker
 
-    def counted(fn, part):
+    def counted(fn, part, *args):
         if threading.current_thread() is not threading.main_thread():
             calls.append(fn.__qualname__)
-        return run(fn, part)
+        return run(fn, part, *args)
 
     monkeypatch.setattr(parallel, "_run_as_worker", counted)
     return calls
@@ -163,3 +163,26 @@ def test_backward_frees_intermediate_results_as_it_goes():
     out.backward()
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_split_products_round_as_the_caller_under_autocast(low, threads):
+    from glassllm import amp
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 4, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    dy = rng.standard_normal((64, 4, 40)).astype(np.float32)
+    results = []
+    for n in (1, 2):
+        with cpu.use_threads(n), amp.autocast(low):
+            assert parallel.split_matmuls() == (n > 1)
+            xt, wt = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+            y = F.linear(xt, wt)
+            y.backward(dy)
+            results.append((y.data, xt.grad, wt.grad))
+    for one, two in zip(*results):
+        np.testing.assert_array_equal(one, two)
+    with amp.autocast(low):  # and it is the rounded product, not the float32 one
+        rounded = amp.matmul(x.reshape(-1, 24), w).reshape(64, 4, 40)
+    np.testing.assert_array_equal(results[1][0], rounded)
+    assert not np.array_equal(rounded, (x.reshape(-1, 24) @ w).reshape(64, 4, 40))

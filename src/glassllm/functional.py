@@ -38,8 +38,7 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if not parallel.split_matmuls() or n_rows < MIN_ROWS_PER_THREAD * parallel.get_num_threads():
         return _mm(a, b)
     out = np.empty((n_rows, b.shape[1]), dtype=np.result_type(a, b))
-    part = amp.keep_autocast(lambda rows: _mm(a[rows], b, out=out[rows]))  # in any thread
-    parallel.for_thread_slices(part, n_rows)
+    parallel.for_thread_slices(lambda rows: _mm(a[rows], b, out=out[rows]), n_rows)
     return out
 
 
@@ -453,7 +452,7 @@ def _over_batch(fn, B: int) -> None:
     """fn(rows) over batch rows: in split mode one slice per thread of the pool (each slice's
     products then run on one BLAS thread), else all rows at once on the calling thread."""
     if parallel.split_matmuls():
-        parallel.for_thread_slices(amp.keep_autocast(fn), B)
+        parallel.for_thread_slices(fn, B)
     else:
         fn(slice(0, B))
 

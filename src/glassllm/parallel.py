@@ -18,7 +18,9 @@ Each output row of a product is computed the same way whichever slice it is in, 
 results are the same bits on any thread count.
 
 The work function must only write to its own slice of preallocated outputs. Calls from
-inside a worker run serially (no nested pools, no deadlock).
+inside a worker run serially (no nested pools, no deadlock). The caller's autocast state
+(per thread, `glassllm.amp`) is carried into the workers, so a matrix product in a work
+function rounds as it would on the calling thread.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+from . import amp
 
 # Elements per slice: big enough that handing it to a thread and taking the GIL back between
 # NumPy calls is cheap next to the work (64K-element slices were measurably slower on two
@@ -84,11 +88,14 @@ def _get_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _run_as_worker(fn, part):
+def _run_as_worker(fn, part, low=None):
     _in_worker.active = True
+    previous = amp.matmul_dtype()
+    amp.set_matmul_dtype(low)  # the caller's autocast dtype: the state is per thread
     try:
         fn(part)
     finally:
+        amp.set_matmul_dtype(previous)
         _in_worker.active = False
 
 
@@ -131,10 +138,11 @@ def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
     pool = _get_pool()
     # The calling thread takes every n-th slice itself instead of idling.
     n = _num_threads
-    futures = [pool.submit(_run_as_worker, fn, part)
+    low = amp.matmul_dtype()
+    futures = [pool.submit(_run_as_worker, fn, part, low)
                for i, part in enumerate(parts) if i % n]
     for part in parts[::n]:
-        _run_as_worker(fn, part)
+        _run_as_worker(fn, part, low)
     for future in futures:
         future.result()
 
@@ -151,7 +159,8 @@ def for_thread_slices(fn: Callable[[slice], None], n_rows: int) -> None:
     rows = -(-n_rows // min(n, n_rows))
     parts = [slice(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
     pool = _get_pool()
-    futures = [pool.submit(_run_as_worker, fn, part) for part in parts[1:]]
-    _run_as_worker(fn, parts[0])
+    low = amp.matmul_dtype()
+    futures = [pool.submit(_run_as_worker, fn, part, low) for part in parts[1:]]
+    _run_as_worker(fn, parts[0], low)
     for future in futures:
         future.result()
