@@ -80,9 +80,6 @@ CASES = {
     "swiglu_mlp": (F.swiglu_mlp,
                    lambda x, g, u, d: (tf().silu(x @ g) * (x @ u)) @ d,
                    [r(2, 3, 4), r(4, 6), r(4, 6), r(6, 4)]),
-    "swiglu_mlp_few_rows": (F.swiglu_mlp,  # fewer rows than channels: two products
-                            lambda x, g, u, d: (tf().silu(x @ g) * (x @ u)) @ d,
-                            [r(1, 2, 5), r(5, 3), r(5, 3), r(3, 5)]),
     "gelu": (F.gelu, lambda x: tf().gelu(x, approximate="tanh"), [r(2, 5, scale=3.0)]),
     "rope": (lambda x: F.rope(x, ROPE_COS, ROPE_SIN),
              lambda x: torch_rope(x, ROPE_COS, ROPE_SIN), [r(2, 4, 3, 6)]),

@@ -315,14 +315,8 @@ def swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tenso
     lead, C = x.shape[:-1], x.shape[-1]
     d_ff = w_gate.shape[1]
     x2 = x.data.reshape(-1, C)
-    if x2.shape[0] >= C:  # (C, 2F) copy of the weights: cheap next to a product this tall
-        w_gu = np.concatenate([w_gate.data, w_up.data], axis=1)
-        gu = _matmul(x2, w_gu)
-    else:  # a few rows (decoding): two products into the halves, the weights read once
-        w_gu = None
-        gu = np.empty((x2.shape[0], 2 * d_ff), dtype=np.result_type(x2, w_gate.data))
-        _mm(x2, w_gate.data, out=gu[:, :d_ff])
-        _mm(x2, w_up.data, out=gu[:, d_ff:])
+    w_gu = np.concatenate([w_gate.data, w_up.data], axis=1)  # (C, 2F): a small copy per call
+    gu = _matmul(x2, w_gu)
     g, u = gu[:, :d_ff], gu[:, d_ff:]
     s, h = np.empty_like(g), np.empty(g.shape, dtype=gu.dtype)
 
@@ -348,8 +342,7 @@ def swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tenso
             du[r] *= dh[r]
 
         parallel.for_slices(rows, *g.shape)
-        both = w_gu if w_gu is not None else np.concatenate([w_gate.data, w_up.data], axis=1)
-        dx = _matmul(dgu, both.T).reshape(x.shape) if x.requires_grad else None
+        dx = _matmul(dgu, w_gu.T).reshape(x.shape) if x.requires_grad else None
         dw_gate = dw_up = None
         if w_gate.requires_grad or w_up.requires_grad:
             dw_gu = _matmul(x2.T, dgu)
