@@ -302,58 +302,6 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return Tensor.from_op(y.reshape(gate.shape), (gate, up), backward, fresh_grads=True)
 
 
-def swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
-    """Llama's whole MLP as one op: down(silu(x @ w_gate) * (x @ w_up)).
-
-    Shapes: x (..., C); w_gate, w_up (C, F); w_down (F, C) -> (..., C), F = d_ff. The same
-    function as linear(swiglu(linear(x, w_gate), linear(x, w_up)), w_down), with fewer and
-    larger products:
-    gate and up are one product of x with [w_gate | w_up] (C x 2F), and their gradients go
-    back to x in one product too (dx = [dgate | dup] @ [w_gate | w_up]^T, no sum of two); the
-    weight gradient of both is one product, split into the two parameters' arrays.
-    """
-    lead, C = x.shape[:-1], x.shape[-1]
-    d_ff = w_gate.shape[1]
-    x2 = x.data.reshape(-1, C)
-    w_gu = np.concatenate([w_gate.data, w_up.data], axis=1)  # (C, 2F): a small copy per call
-    gu = _matmul(x2, w_gu)
-    g, u = gu[:, :d_ff], gu[:, d_ff:]
-    s, h = np.empty_like(g), np.empty(g.shape, dtype=gu.dtype)
-
-    def forward(r):  # h = silu(g) * u, keeping sigmoid(g) for the backward pass
-        _sigmoid(g[r], out=s[r])
-        np.multiply(g[r], s[r], out=h[r])
-        h[r] *= u[r]
-
-    parallel.for_slices(forward, *g.shape)
-    y = _matmul(h, w_down.data).reshape(*lead, C)
-
-    def backward(dy):
-        dy2 = dy.reshape(-1, C)
-        dh = _matmul(dy2, w_down.data.T)
-        dw_down = _matmul(h.T, dy2) if w_down.requires_grad else None
-        dgu = np.empty(gu.shape, dtype=np.result_type(gu, dh))
-        dg, du = dgu[:, :d_ff], dgu[:, d_ff:]
-
-        def rows(r):  # as `swiglu`'s backward, into the two halves of one buffer
-            _silu_grad(g[r], s[r], dh[r], out=dg[r])
-            dg[r] *= u[r]
-            np.multiply(g[r], s[r], out=du[r])
-            du[r] *= dh[r]
-
-        parallel.for_slices(rows, *g.shape)
-        dx = _matmul(dgu, w_gu.T).reshape(x.shape) if x.requires_grad else None
-        dw_gate = dw_up = None
-        if w_gate.requires_grad or w_up.requires_grad:
-            dw_gu = _matmul(x2.T, dgu)
-            dw_gate = np.ascontiguousarray(dw_gu[:, :d_ff])
-            dw_up = np.ascontiguousarray(dw_gu[:, d_ff:])
-        return dx, dw_gate, dw_up, dw_down
-
-    return Tensor.from_op(y, (x, w_gate, w_up, w_down), amp.keep_autocast(backward),
-                          fresh_grads=True)
-
-
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 

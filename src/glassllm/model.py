@@ -23,11 +23,6 @@ from .tensor import Tensor
 
 FAMILIES = ("llama", "gpt2")
 
-# The llama MLP runs as one fused op (`functional.swiglu_mlp`: one product for gate and up
-# and one for their gradients), the same function as its three projections and SwiGLU as
-# separate ops, which FUSE_MLP = False runs instead (e.g. to look at their outputs).
-FUSE_MLP = True
-
 
 @dataclasses.dataclass
 class Config:
@@ -277,8 +272,6 @@ class MLP(Module):
                            std=0.02 / math.sqrt(2 * cfg.n_layers))
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.swiglu and FUSE_MLP:
-            return F.swiglu_mlp(x, self.gate.weight, self.up.weight, self.down.weight)
         if self.swiglu:
             return self.down(F.swiglu(self.gate(x), self.up(x)))
         return self.down(F.gelu(self.up(x)))
