@@ -18,7 +18,7 @@ import functools
 import threading
 import time
 
-from glassllm import cpu
+from glassllm import cpu, parallel
 from glassllm import functional as F
 from glassllm.model import Config, GlassLM
 from train_speed import glassllm_stepper, make_batches
@@ -107,12 +107,14 @@ def main():
         totals.clear()
         gemm_in.clear()
         if args.ops:
+            meter = cpu.LoadMeter()
             t_all = clock()
             for x, y in batches[1:]:
                 step(x, y)
             t_all = clock() - t_all
             unit = "wall" if args.wall else "CPU"
-            print(f"{args.config}: {t_all / args.steps:.3f} {unit} s per step")
+            print(f"{args.config}: {t_all / args.steps:.3f} {unit} s per step, "
+                  f"{parallel.get_num_threads()} threads; {meter.read()}")
             gemm_s, gemm_flops = totals.pop("matrix products"), totals.pop("matrix FLOPs")
             print(f"  {'op':28s} {'s/step':>8s} {'share':>6s} {'of which GEMM':>14s}")
             for name, t in totals.most_common():
