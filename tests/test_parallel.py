@@ -186,3 +186,20 @@ def test_split_products_round_as_the_caller_under_autocast(low, threads):
         rounded = amp.matmul(x.reshape(-1, 24), w).reshape(64, 4, 40)
     np.testing.assert_array_equal(results[1][0], rounded)
     assert not np.array_equal(rounded, (x.reshape(-1, 24) @ w).reshape(64, 4, 40))
+
+
+@pytest.mark.parametrize("n_rows", [0, 1, 2, 5, 1000])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_thread_slices_cover_every_row_once_one_slice_per_thread(n_rows, n_threads, threads):
+    parallel.set_num_threads(n_threads)
+    hits, parts = np.zeros(n_rows, dtype=int), []
+    lock = threading.Lock()
+
+    def fn(rows):
+        with lock:
+            hits[rows] += 1
+            parts.append(rows)
+
+    parallel.for_thread_slices(fn, n_rows)
+    assert (hits == 1).all()
+    assert len(parts) == (min(n_threads, n_rows) if n_rows > 1 else min(n_rows, 1))
