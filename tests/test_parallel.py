@@ -122,7 +122,8 @@ def test_a_training_step_gives_identical_bits_on_one_and_two_threads(family, thr
     # the pool really ran slices of every kind of pass, matrix products and attention too
     ran = " ".join(sorted(set(pool_calls)))
     for op in ("norm_forward", "norm_backward", "causal_attention_forward",
-               "causal_attention_backward", "_matmul", "target_logprob", "swiglu" if family == "llama" else "gelu", "sum_of_squares",
+               "causal_attention_backward", "_matmul", "target_logprob",
+               "swiglu" if family == "llama" else "gelu", "sum_of_squares",
                "_in_slices") + (("rope",) if family == "llama" else ()):
         assert op in ran, f"{op} never ran in the pool: {ran}"
     assert one[0] == two[0] and one[1] == two[1]
