@@ -11,10 +11,11 @@ first, as run.c's "achieved tok/s" does. It also prints where glassllm's time pe
 the matrix products vs everything else (NumPy and Python overhead per op), from timing every
 product.
 
-`--run-c` takes a run.c binary the user compiled from llama2.c (`gcc -O3 -o run run.c -lm`;
-nothing of llama2.c is part of this repository) that accepts `run <checkpoint> <steps>`
-(greedy from BOS, the token ids on stdout, "achieved tok/s: X" on stderr, as llama2.c's
-does); both sides must produce the same tokens, else the bench exits non-zero.
+`--run-c` takes llama2.c's run.c compiled by the user (`gcc -O3 -o run run.c -lm`; nothing of
+llama2.c is part of this repository), run as `run MODEL -t 0 -n N -z TOKENIZER` (greedy from
+BOS, the story on stdout, "achieved tok/s: X" on stderr). Both sides must tell the same story
+(glassllm's tokens decoded with the same tokenizer, whitespace aside), else the bench exits
+non-zero.
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ import numpy as np
 from glassllm import cpu, decode
 from glassllm import functional as F
 from glassllm.generate import Sampling, generate
-from glassllm.llama2c import from_llama2c
+from glassllm.llama2c import from_llama2c, tokenizer_from_llama2c
 
-DEFAULT_MODEL = os.path.join(common.REPO, "..", "shared", "data", "llama2c", "stories260K.bin")
+DATA = os.path.join(common.REPO, "..", "shared", "data", "llama2c")
 BOS = 1
 
 
@@ -59,18 +60,22 @@ def glassllm_run(model, n_new: int) -> tuple[list[int], float, float]:
     return first + rest, seconds, gemm[0]
 
 
-def run_c(binary: str, path: str, n_new: int) -> tuple[list[int], float]:
-    out = subprocess.run([binary, path, str(n_new)], capture_output=True, text=True,
-                         check=False)
+def run_c(binary: str, path: str, tokenizer: str, n_new: int) -> tuple[str, float]:
+    """(the story run.c printed, its achieved tok/s)."""
+    out = subprocess.run([binary, path, "-t", "0", "-n", str(n_new), "-z", tokenizer],
+                         capture_output=True, text=True, check=False)
     found = re.search(r"achieved tok/s: ([0-9.]+)", out.stderr)
     if out.returncode or not found:
         raise SystemExit(f"{binary} failed (exit {out.returncode}): {out.stderr[-500:]}")
-    return [int(t) for t in out.stdout.split()], float(found.group(1))
+    return out.stdout, float(found.group(1))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="llama2.c checkpoint")
+    parser.add_argument("--model", default=os.path.join(DATA, "stories260K.bin"),
+                        help="llama2.c checkpoint")
+    parser.add_argument("--tokenizer", default=os.path.join(DATA, "tok512.bin"),
+                        help="its llama2.c tokenizer.bin")
     parser.add_argument("--new", type=int, default=255, help="tokens to decode (default 255)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--run-c", metavar="BINARY", help="a compiled llama2.c run.c")
@@ -86,7 +91,8 @@ def main():
         with cpu.use_threads(1):
             for _ in range(args.repeats):
                 tokens, seconds, gemm = glassllm_run(model, args.new)
-                c = run_c(args.run_c, args.model, args.new) if args.run_c else None
+                c = run_c(args.run_c, args.model, args.tokenizer, args.new) if args.run_c \
+                    else None
                 rows.append((tokens, seconds, gemm, c))
         return rows
 
@@ -103,13 +109,14 @@ def main():
           f"{(seconds - gemm) / (args.new - 1) * 1e6:.0f} us (NumPy/Python per op)")
     if args.run_c:
         theirs = float(np.median([r[3][1] for r in rows]))
-        c_tokens = rows[-1][3][0]
-        differ = next((i for i, (a, b) in enumerate(zip(tokens, c_tokens)) if a != b), None)
-        if differ is not None:
-            raise SystemExit(f"not the same tokens as run.c from #{differ}: glassllm "
-                             f"{tokens[differ:differ + 5]}, run.c {c_tokens[differ:differ + 5]}")
+        ours_text = tokenizer_from_llama2c(args.tokenizer).decode(
+            tokens[:tokens.index(BOS)] if BOS in tokens else tokens)
+        c_text = rows[-1][3][0]
+        if ours_text.split() != c_text.split():  # run.c stops at BOS and ends with a newline
+            raise SystemExit(f"not the same story as run.c:\nglassllm: {ours_text[:200]!r}\n"
+                             f"run.c:    {c_text[:200]!r}")
         print(f"run.c:    {theirs:,.0f} tok/s; glassllm / run.c = {ours / theirs:.3f} "
-              f"(same {len(tokens)} tokens)")
+              f"(the same story, {len(ours_text.split())} words)")
 
 
 if __name__ == "__main__":
