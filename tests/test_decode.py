@@ -1,17 +1,13 @@
 """glassllm.decode: one decoding step over plain arrays gives GlassLM.forward's logits exactly."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
+from conftest import shared_data_path
 
 from glassllm import amp, decode, generate
 from glassllm.model import Config, GlassLM, KVCache
 from glassllm.tensor import no_grad
-
-STORIES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "llama2c",
-                       "stories260K.bin")
 
 
 def perturbed(cfg: Config, seed: int = 0) -> GlassLM:
@@ -81,10 +77,9 @@ def test_step_refuses_a_full_cache():
         decode.step(model, cache, 0)
 
 
-@pytest.mark.skipif(not os.path.exists(STORIES), reason="needs ../shared/data/llama2c")
 def test_stories260k_greedy_story_is_the_same_on_both_paths(monkeypatch):
     from glassllm.llama2c import from_llama2c
-    model = from_llama2c(STORIES)
+    model = from_llama2c(shared_data_path("llama2c", "stories260K.bin"))
     fast = generate.generate(model, [1], 120, generate.Sampling(temperature=0))
     monkeypatch.setattr(decode, "supports", lambda model, cache: False)
     assert generate.generate(model, [1], 120, generate.Sampling(temperature=0)) == fast

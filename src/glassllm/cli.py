@@ -255,7 +255,8 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
     finally:
         bar.close()  # any other error: main() prints it, on a line of its own
     history_csv = runfiles.write_history_csv(paths["history_csv"], summary.history)
-    plot = runfiles.write_plot(history_csv, paths["plot"])
+    plot = runfiles.write_plot(history_csv, paths["plot"], on_failure=lambda message: print(
+        f"glassllm train: warning: {message}", file=sys.stderr, flush=True))
     elapsed = time.monotonic() - started
     if summary.best_val_loss is not None:
         print(f"best val loss {summary.best_val_loss:.4f} nats/token = "
@@ -635,7 +636,8 @@ def run_plot(args) -> int:
 # --------------------------------------------------------------------------------- convert
 CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
                  "--from-llama2c CKPT.bin [--tokenizer TOK.bin] --out FILE [--max-len T], "
-                 "--model FILE --to-hf DIR [--force] or --model FILE --to-llama2c OUT.bin")
+                 "--model FILE --to-hf DIR [--force] [--max-shard-size SIZE] or --model FILE "
+                 "--to-llama2c OUT.bin")
 
 
 def add_convert(sub) -> None:
@@ -667,6 +669,11 @@ def add_convert(sub) -> None:
     p.add_argument("--max-len", type=int, metavar="T",
                    help="with --from-hf / --from-llama2c: a shorter context than the "
                         "checkpoint's")
+    p.add_argument("--max-shard-size", metavar="SIZE",
+                   help="with --to-hf: the largest weights file, e.g. 5GB, 100MB, 500KB "
+                        "(decimal units, as transformers' save_pretrained) or bytes; larger "
+                        "models are written as model-0000i-of-0000n.safetensors shards with "
+                        "model.safetensors.index.json (default 50GB)")
     p.add_argument("--force", action="store_true",
                    help="with --to-hf: replace a checkpoint already in DIR (never the source "
                         "model file itself)")
@@ -677,12 +684,13 @@ def run_convert(args) -> int:
     sources = [flag for flag in ("from_hf", "from_llama2c", "model")
                if getattr(args, flag) is not None]
     targets = [flag for flag in ("out", "to_hf", "to_llama2c") if getattr(args, flag) is not None]
-    extras = {flag for flag in ("tokenizer", "max_len") if getattr(args, flag) is not None}
+    extras = {flag for flag in ("tokenizer", "max_len", "max_shard_size")
+              if getattr(args, flag) is not None}
     if args.force:
         extras.add("force")
     allowed = {("from_hf", "out"): {"tokenizer", "max_len"},
                ("from_llama2c", "out"): {"tokenizer", "max_len"},
-               ("model", "to_hf"): {"force"}, ("model", "to_llama2c"): set()}
+               ("model", "to_hf"): {"force", "max_shard_size"}, ("model", "to_llama2c"): set()}
     mode = (sources[0], targets[0]) if len(sources) == len(targets) == 1 else None
     if mode not in allowed or not extras <= allowed[mode]:
         raise UsageError(CONVERT_USAGE)
@@ -763,9 +771,16 @@ def _convert_from_llama2c(args):
 def _convert_to_hf(args):
     from . import files, hf
 
+    size = hf.DEFAULT_MAX_SHARD_SIZE if args.max_shard_size is None else (
+        int(args.max_shard_size) if args.max_shard_size.strip().isdigit() else args.max_shard_size)
+    try:
+        hf.shard_size_bytes(size)
+    except ValueError as e:
+        raise UsageError(f"--max-shard-size: {e}") from None
     model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
     try:
-        hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model)
+        hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model,
+                 max_shard_size=size)
     except FileExistsError as e:
         raise UsageError(f"--to-hf: {e}") from None
     if tokenizer is not None and not hf.stores_tokenizer(tokenizer, model.cfg.vocab_size):
