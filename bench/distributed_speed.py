@@ -7,7 +7,9 @@ share of a step, and the efficiency that ring-allreduce predicts for N = 2..64 m
 Each config trains its global batch (common.CONFIGS: M 8 x 256, L 4 x 256 tokens) with the
 Trainer's own update (`glassllm.safety.TrainStep`, fp32, clip 1, AdamW):
 
-    1 x 2   one process, BLAS and glassllm's elementwise passes on 2 threads, the whole batch
+    1 x 2   one process on 2 threads (`glassllm.cpu.use_threads(2)`, as `glassllm train
+            --threads 2`: glassllm's own pool for the elementwise passes and the matrix
+            products, BLAS on one thread), the whole batch
     2 x 1   `mpiexec -n 2`, each rank 1 thread and half the batch, gradients summed with one
             float32 Allreduce (the Trainer's GradientBuffer)
 
@@ -41,7 +43,7 @@ import time
 
 import numpy as np
 
-from glassllm import distributed, parallel
+from glassllm import cpu, distributed
 from glassllm.model import Config, GlassLM
 from glassllm.optim import AdamW
 from glassllm.safety import TrainStep
@@ -80,10 +82,13 @@ class TimedComm:
 
 
 def worker(name: str, threads: int, steps: int) -> None:
-    """One process's part; rank 0 prints one JSON line."""
-    import threadpoolctl
-    threadpoolctl.threadpool_limits(threads, user_api="blas")
-    parallel.set_num_threads(threads)
+    """One process's part on `threads` threads, as `glassllm train --threads` runs them
+    (`glassllm.cpu.use_threads`); rank 0 prints one JSON line."""
+    with cpu.use_threads(threads):
+        _worker(name, threads, steps)
+
+
+def _worker(name: str, threads: int, steps: int) -> None:
     comm = distributed.from_environment()
     spec = common.CONFIGS[name]
     cfg = Config(**spec["model"])

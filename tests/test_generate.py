@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM, no_grad
+from glassllm import Config, GlassLM, decode, no_grad
 from glassllm.tensor import is_grad_enabled
 from glassllm.generate import Generator, Sampling, generate, sample_next, sampling_distribution
 
@@ -310,6 +310,8 @@ def test_generate_runs_the_model_under_no_grad(monkeypatch):
         return out
 
     monkeypatch.setattr(model, "forward", spy)
+    # every token through forward (glassllm.decode.step, the one-token path, makes no Tensors)
+    monkeypatch.setattr(decode, "supports", lambda model, cache: False)
     gen = Generator(model, [1, 2])
     for _ in range(20):  # 2 + 20 > max_len: cached and cropped paths both run
         gen.next_token(Sampling(0))

@@ -116,8 +116,11 @@ def add_train(sub) -> None:
                         "SHA-256) and settings; the result equals an uninterrupted run. "
                         "--steps cannot grow: the learning-rate schedule depends on it")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="threads for matrix products (default 1, or the resumed run's: on a "
-                        "busy machine more threads can make each step many times slower)")
+                   help="threads for matrix products and elementwise passes (default: the "
+                        "resumed run's --threads, else one per core unless other processes "
+                        "are measured busy at start, then the cores they leave free; the "
+                        "header says which; under mpiexec, the host's cores shared by its "
+                        "ranks)")
     g = p.add_argument_group(
         "data parallelism (`mpiexec -n N glassllm train ...` runs N ranks; needs the extra "
         "glassllm[mpi])")
@@ -171,7 +174,7 @@ def _prepare_train(args, comm, held):
     saved = _resumed_extra(resume, args.resume) if resume is not None else {}
     # A resumed run keeps writing where the interrupted one did, unless told otherwise.
     out = _first_given(args.out, saved.get("out"), os.path.join("runs", "model.safetensors"))
-    threads = _first_given(args.threads, saved.get("threads"), 1)
+    threads = _first_given(args.threads, saved.get("threads"))  # None: measure at start
 
     if resume is not None and resume.world_size != comm.size:
         how = f"mpiexec -n {resume.world_size} glassllm train" if resume.world_size > 1 \
@@ -228,7 +231,7 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
 
     import numpy as np
 
-    from . import runfiles
+    from . import cpu, runfiles
     from .distributed import RanksDisagree
     from .model import GlassLM
     from .safety import SkipRateExceeded
@@ -237,14 +240,17 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
 
     out = paths["model"]
     model = GlassLM(cfg, seed=settings.seed)
+    extra = {"data": corpus.describe(), "out": os.path.abspath(out)}
+    if threads is not None:  # an explicit --threads is kept for --resume
+        extra["threads"] = threads
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
                       checkpoint_path=paths["checkpoint"], tokenizer=corpus.tokenizer,
-                      extra={"data": corpus.describe(), "out": os.path.abspath(out),
-                             "threads": threads}, comm=comm)
+                      extra=extra, comm=comm)
+    threads, why = _choose_threads(comm, threads)  # measures the load when not given
     if comm.rank != 0:  # the other ranks train in silence and write nothing
         try:
-            with _blas_threads(threads), np.errstate(over="ignore", invalid="ignore",
-                                                     divide="ignore"):
+            with cpu.use_threads(threads), np.errstate(over="ignore", invalid="ignore",
+                                                       divide="ignore"):
                 trainer.run(model, resume=resume)
         except TrainingInterrupted:
             return 130
@@ -260,6 +266,7 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     print(f"{settings.steps} steps of {_batch_words(comm.size, settings)} tokens, lr "
           f"{settings.lr:g}, warmup {settings.warmup}, {settings.precision}; best model -> {out}",
           flush=True)
+    print(f"threads: {threads} ({why})", flush=True)
 
     bpb = corpus.bits_per_byte
     started = time.monotonic()
@@ -291,7 +298,7 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     try:
         # A diverging run overflows inside NumPy; the loop itself detects and reports
         # non-finite losses, so NumPy's RuntimeWarnings would only garble the bar.
-        with _blas_threads(threads), np.errstate(over="ignore", invalid="ignore",
+        with cpu.use_threads(threads), np.errstate(over="ignore", invalid="ignore",
                                                  divide="ignore"):
             summary = trainer.run(model, resume=resume, on_event=on_event)
     except TrainingInterrupted as e:
@@ -333,6 +340,17 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
           + (f", {summary.skipped_steps} skipped" if summary.skipped_steps else ""), flush=True)
     return 0
+
+
+def _choose_threads(comm, requested: int | None) -> tuple[int, str]:
+    """`cpu.choose_threads`, except that ranks of an MPI job on one host share its cores
+    (each measuring the others as load would be a race): cores // ranks on the host."""
+    from . import cpu
+    local = comm.local_size() if comm.size > 1 else 1
+    if requested is not None or local == 1:
+        return cpu.choose_threads(requested)
+    cores = len(cpu.available_cpus())
+    return max(1, cores // local), f"{local} MPI ranks share this host's {cores} cores"
 
 
 def _batch_words(ranks: int, settings) -> str:
@@ -475,23 +493,6 @@ def _resumed_settings(resume, given: dict, args):
         return TrainSettings.from_dict(saved)
     except (TypeError, ValueError) as e:
         raise UsageError(_flag_spelling(str(e))) from None
-
-
-def _blas_threads(n: int):
-    """A context that runs NumPy's BLAS on n threads (threadpoolctl), or changes nothing when
-    threadpoolctl is not installed.
-
-    Why the default is 1: OpenBLAS's worker threads spin while they wait for work, so when
-    other processes hold the cores a thread that is switched out stalls every matrix product.
-    On the 2-core machine of the README, a default training step took 1.24 s with 2 BLAS
-    threads and 0.10 s with 1 while two other jobs ran; with the machine idle, 2 threads
-    are only 10-20% faster (0.09 vs 0.11 s)."""
-    import contextlib
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=n, user_api="blas")
 
 
 def _progress_bar(total: int):

@@ -80,6 +80,9 @@ class SerialCommunicator:
     def abort(self, message: str, code: int = 1):
         raise SystemExit(message)  # nothing else to stop; never called by the Trainer
 
+    def local_size(self) -> int:
+        return 1
+
     def close(self) -> None:
         return None
 
@@ -156,6 +159,11 @@ class MPICommunicator:
         print(message, file=sys.stderr, flush=True)
         self.comm.Abort(code)
         os._exit(code)  # not reached: MPI_Abort does not return
+
+    def local_size(self) -> int:
+        """How many ranks of the job run on this rank's host (itself included)."""
+        host = self.peers[self.rank]["host"]
+        return sum(1 for p in self.peers if p["host"] == host)
 
     def close(self) -> None:
         """Stop the watchdog (idempotent); the communicator is not used afterwards."""
