@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 SUPERVISED = "GLASSLLM_SUPERVISED"  # set in the child: it is the rank's real work
 # What MPI launchers set: MPICH's hydra, Intel MPI and Slurm's PMI-2 (PMI_*), Open MPI,
@@ -88,6 +89,7 @@ def supervise(command: list[str]) -> int:
     print(f"glassllm: {who} (pid {child.pid} on {socket.gethostname()}) was killed by {name} "
           f"(signal {number}): `kill -{number}`, the out-of-memory killer or a crash; the "
           f"launcher ends the other ranks", file=sys.stderr, flush=True)
+    time.sleep(0.5)  # let the launcher forward that line before it learns of the exit
     return 128 + number
 
 
