@@ -173,9 +173,12 @@ def residual_parts(model: GlassLM, cache, position: int) -> tuple[list[str], np.
 
 
 def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None = None,
-                      against: int | None = None) -> Attribution:
+                      against: int | None = None, cache=None) -> Attribution:
     """Direct logit attribution of `token`'s logit (minus `against`'s, if given) at
     `position` of one sequence. token defaults to the model's top prediction there.
+    cache: a `run_with_cache` Cache of these ids holding token_embedding (and
+    position_embedding), head_output, mlp.output, the last residual_out and logits; None runs
+    the model.
 
     With the final norm's per-position scale (1/rms, or 1/std after centring) frozen, the
     norm is linear, so logit = sum over parts of norm_part(part) . W_U[:, token], plus the
@@ -196,10 +199,11 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     L = cfg.n_layers
     names = ["token_embedding", "position_embedding"] if cfg.family == "gpt2" else \
         ["token_embedding"]
-    names += [f"blocks.*.attention.head_output", "blocks.*.mlp.output",
-              f"blocks.{L - 1}.residual_out"]
-    logits, cache = run_with_cache(model, ids, names=names)
-    z = logits[0, position].astype(np.float64)
+    names += ["blocks.*.attention.head_output", "blocks.*.mlp.output",
+              f"blocks.{L - 1}.residual_out", "logits"]
+    if cache is None:  # one run can serve many positions: pass a cache holding these names
+        _, cache = run_with_cache(model, ids, names=names)
+    z = cache["logits"][0, position].astype(np.float64)
     if token is None:
         token = int(np.argmax(z))
     for t in (token, against):
