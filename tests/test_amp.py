@@ -138,6 +138,169 @@ def test_model_under_autocast_keeps_float32_weights_loss_and_is_close_to_fp32():
     assert all(p.dtype == np.float32 for p in model.parameters())
 
 
+# --------------------------------------------------------------------------- Tensor @ Tensor
+MATMUL_SHAPES = [((5, 7), (7, 3)), ((2, 3, 4, 5), (5, 6)), ((2, 1, 4, 5), (3, 5, 6)),
+                 ((4, 5), (3, 5, 6)), ((3, 8, 64), (64, 16)), ((5, 3, 1, 4, 9), (3, 6, 9, 2)),
+                 ((7,), (7, 3)), ((4, 7), (7,)), ((7,), (7,)), ((2, 4, 7), (7,)),
+                 ((64,), (2, 64, 5))]
+
+
+def _operands(shape_a, shape_b, seed=0, scale=4.0):
+    rng = np.random.default_rng(seed)
+    return (scale * rng.standard_normal(shape_a)).astype(np.float32), \
+        (scale * rng.standard_normal(shape_b)).astype(np.float32)
+
+
+def test_tensor_matmul_is_autocast_and_overflows_above_65504():
+    # 256 * 256 = 65536 > 65504 (float16's largest finite value): inf, as on a GPU; 255 * 256
+    # = 65280 is representable. The same products outside autocast stay finite.
+    for shape_a, shape_b in ([(1, 1), (1, 1)], [(1,), (1,)], [(2, 1, 1), (1, 1)]):
+        big = Tensor(np.full(shape_a, 256.0, dtype=np.float32))
+        w = Tensor(np.full(shape_b, 256.0, dtype=np.float32))
+        with amp.autocast("float16"):
+            assert np.isposinf((big @ w).data).all()
+            assert np.isneginf((-big @ w).data).all()
+            assert ((big @ (w * np.float32(255 / 256))).data == 65280.0).all()
+        assert ((big @ w).data == 65536.0).all()
+        with amp.autocast("bfloat16"):
+            assert ((big @ w).data == 65536.0).all()  # bfloat16 has float32's range
+    # 120000 (the issue's example) in a (2, 2) product
+    x = Tensor(np.array([[300.0, 100.0], [1.0, 1.0]], dtype=np.float32))
+    with amp.autocast("float16"):
+        assert np.isposinf((x @ x.T).data[0, 0])
+
+
+@pytest.mark.parametrize("shapes", [s for s in MATMUL_SHAPES if len(s[1]) == 2], ids=str)
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_tensor_matmul_rounds_as_the_fused_ops_forward_and_backward(shapes, name):
+    """x @ W is bit-identical to the fused `linear(x, W)` under autocast -- inputs rounded to
+    the low dtype, float32 accumulation, output rounded; the weight's gradient one folded
+    GEMM -- forward and backward, the backward in the forward's precision although it runs
+    after the with block."""
+    a_np, b_np = _operands(*shapes)
+    g = _operands(np.matmul(a_np, b_np).shape, (1,), seed=1)[0]
+    a, b = Tensor(a_np, requires_grad=True), Tensor(b_np, requires_grad=True)
+    fa, fb = Tensor(a_np, requires_grad=True), Tensor(b_np, requires_grad=True)
+    with amp.autocast(name):
+        out, fused = a @ b, F.linear(fa, fb)
+        np.testing.assert_array_equal(out.data, amp.matmul(a_np, b_np))
+    out.backward(g)
+    fused.backward(g)
+    low = amp.resolve_dtype(name)
+    np.testing.assert_array_equal(out.data, fused.data)
+    np.testing.assert_array_equal(out.data, amp.round_to(out.data, low))  # low dtype values
+    assert not np.array_equal(out.data, np.matmul(a_np, b_np))  # the rounding is applied
+    for mine, theirs in ((a.grad, fa.grad), (b.grad, fb.grad)):
+        np.testing.assert_array_equal(mine, theirs)
+        np.testing.assert_array_equal(mine, amp.round_to(mine, low))
+    plain = Tensor(a_np, requires_grad=True)
+    (plain @ Tensor(b_np)).backward(g)
+    assert not np.array_equal(plain.grad, a.grad)  # float32 gradients differ: rounding seen
+
+
+def test_tensor_matmul_backward_runs_in_the_forward_precision():
+    # d(x @ w)/dw with x = 300 and upstream gradient 300: 90000 overflows float16
+    x = Tensor(np.array([[300.0]], dtype=np.float32))
+    w = Tensor(np.array([[1.0]], dtype=np.float32), requires_grad=True)
+    with amp.autocast("float16"):
+        y = x @ w
+    (y * 300.0).sum().backward()  # after the block, as a training loop does
+    assert np.isposinf(w.grad[0, 0])
+    w.grad = None
+    (x @ w * 300.0).sum().backward()  # a float32 forward has a float32 backward
+    assert w.grad[0, 0] == 90000.0
+
+
+def test_tensor_matmul_of_float64_operands_is_never_rounded():
+    a, b = _operands((3, 5), (5, 2))
+    a64, b64 = Tensor(a.astype(np.float64)), Tensor(b.astype(np.float64))
+    with amp.autocast("float16"):
+        out = a64 @ b64
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out.data, a.astype(np.float64) @ b.astype(np.float64))
+
+
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES, ids=str)
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_tensor_matmul_matches_torch_cpu_autocast(shapes, name):
+    torch = pytest.importorskip("torch")
+    a_np, b_np = _operands(*shapes)
+    g_np = _operands(np.matmul(a_np, b_np).shape or (1,), (1,), seed=1)[0]
+    a, b = Tensor(a_np, requires_grad=True), Tensor(b_np, requires_grad=True)
+    with amp.autocast(name):
+        out = a @ b
+    out.backward(g_np.reshape(out.shape))
+    ta = torch.tensor(a_np, requires_grad=True)
+    tb = torch.tensor(b_np, requires_grad=True)
+    with torch.autocast("cpu", dtype=getattr(torch, name)):
+        tout = ta @ tb
+    assert tout.dtype == getattr(torch, name)
+    tout.backward(torch.tensor(g_np.reshape(out.shape)).to(tout.dtype))
+    ulp = 2.0 ** -10 if name == "float16" else 2.0 ** -7  # one low-dtype ulp, relative
+    for mine, theirs in ((out.data, tout.detach().float().numpy()),
+                         (a.grad, ta.grad.numpy()), (b.grad, tb.grad.numpy())):
+        assert mine.shape == theirs.shape
+        # Bit-identical on this machine for every shape here (the gradient of a shared
+        # operand included: both fold the batch into one GEMM); float32 accumulation in
+        # another BLAS's order could flip a rounding tie now and then, so allow one ulp.
+        np.testing.assert_allclose(mine, theirs, rtol=ulp, atol=0)
+        assert np.mean(mine == theirs) > 0.95
+
+
+def test_autocast_state_is_per_thread():
+    import threading
+    seen = {}
+    a = np.full((1, 1), 256.0, dtype=np.float32)
+
+    def other_thread():
+        seen["dtype"] = amp.matmul_dtype()
+        seen["product"] = (Tensor(a) @ Tensor(a)).data[0, 0]
+        with amp.autocast("bfloat16"):
+            seen["inner"] = amp.matmul_dtype()
+            started.set()
+            resume.wait(10)
+
+    started, resume = threading.Event(), threading.Event()
+    with amp.autocast("float16"):
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        started.wait(10)
+        # the other thread's autocast("bfloat16") does not reach this one
+        assert amp.matmul_dtype() == np.float16
+        assert np.isposinf((Tensor(a) @ Tensor(a)).data[0, 0])
+        resume.set()
+        worker.join(10)
+    assert seen == {"dtype": None, "product": 65536.0, "inner": BF16}
+    assert amp.matmul_dtype() is None
+
+
+def test_parallel_workers_carry_the_callers_autocast_state(monkeypatch):
+    """glassllm.parallel runs elementwise passes in pool threads; whatever a work function
+    computes there sees the caller's autocast dtype, and the pool threads are left clean."""
+    from glassllm import parallel
+    monkeypatch.setattr(parallel, "_num_threads", 2)
+    monkeypatch.setattr(parallel, "_pool", None)
+    seen = []
+
+    def work(rows):
+        seen.append((threading_name(), amp.matmul_dtype()))
+
+    import threading
+
+    def threading_name():
+        return threading.current_thread().name
+
+    n_rows = 8 * parallel.SLICE_ELEMENTS // 1024
+    with amp.autocast("float16"):
+        parallel.for_slices(work, n_rows, 1024)
+    assert len({name for name, _ in seen}) == 2  # the caller and a pool thread both ran
+    assert {dtype for _, dtype in seen} == {np.dtype(np.float16)}
+    seen.clear()
+    parallel.for_slices(work, n_rows, 1024)
+    assert len({name for name, _ in seen}) == 2 and {dtype for _, dtype in seen} == {None}
+    parallel._pool.shutdown(wait=True)
+
+
 # --------------------------------------------------------------------------- GradScaler
 # clean (0) / overflowing (1) iterations, with growth_interval=3
 PATTERN = [0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0]

@@ -137,6 +137,34 @@ def test_train_from_files_equals_train_from_text(tmp_path, small):
         BPETokenizer.train([SAMPLE], vocab_size=256)
 
 
+def test_train_on_one_str_is_one_text_not_its_characters(small):
+    """A str is the whole corpus (it used to be iterated character by character, which
+    learns no merge at all); lists, tuples and generators of str still work."""
+    one = BPETokenizer.train(SAMPLE, vocab_size=300)
+    assert one.vocab_size == 300  # 43 merges learned, as from [SAMPLE]
+    assert one.encode(SAMPLE).tolist() == small.encode(SAMPLE).tolist()
+    assert len(one.encode(SAMPLE)) < 0.6 * len(SAMPLE.encode())
+    assert one.id_to_token(299) is not None and len(one.id_to_token(299)) > 1  # a merge
+    lines = SAMPLE.splitlines(keepends=True)
+    for texts in (lines, tuple(lines), (line for line in lines)):
+        tok = BPETokenizer.train(texts, vocab_size=300)
+        assert tok.vocab_size == 300 and len(tok.encode(SAMPLE)) < 0.6 * len(SAMPLE.encode())
+
+
+@pytest.mark.parametrize("text", ["\udcff", "caf\udce9", "ok \ud800 then", "\udfff"])
+def test_encode_of_text_that_is_not_unicode_is_a_value_error(small, text):
+    """Lone surrogates (what surrogateescape makes of undecodable bytes) have no UTF-8: both
+    tokenizers raise the documented ValueError naming the position (the BPE one used to raise
+    TypeError from the Rust side)."""
+    where = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+    for tok in (small, ByteTokenizer()):
+        with pytest.raises(ValueError, match=f"not valid Unicode.*at character {where}"):
+            tok.encode(text)
+    with pytest.raises(ValueError, match="expected str"):
+        ByteTokenizer().encode(b"bytes")
+    assert small.bos_id is None and ByteTokenizer().bos_id is None
+
+
 def test_json_save_load_round_trip(tmp_path, small):
     again = tokenizer_from_json(small.to_json())
     assert isinstance(again, BPETokenizer)

@@ -22,7 +22,7 @@ def model_path(tmp_path):
     model = GlassLM(CFG, seed=4)
     model.token_embedding.weight.data *= 6  # logits of a few nats: varied, decided text
     path = tmp_path / "tiny.safetensors"
-    files.save(model, path)
+    files.save(model, path, tokenizer=ByteTokenizer())
     return path
 
 
@@ -36,7 +36,7 @@ def eot_model_path(tmp_path):
     model.final_norm.weight.data[:] = 0.0
     model.final_norm.bias.data[:] = 10 * emb[256]
     path = tmp_path / "eot.safetensors"
-    files.save(model, path)
+    files.save(model, path, tokenizer=ByteTokenizer())
     return path
 
 
@@ -136,9 +136,72 @@ def test_bad_options_one_line_exit_2(capsys, model_path, flags, message):
     assert err.count("\n") == 1 and message in err and err.startswith("glassllm generate: error")
 
 
-def test_empty_prompt(capsys, model_path):
-    code, _, err = run(capsys, "--model", model_path, "--prompt", "")
-    assert code == 2 and "--prompt is empty" in err
+def test_empty_prompt_samples_unconditionally_from_end_of_text(capsys, model_path):
+    """The byte tokenizer has no BOS: an empty prompt starts from eot_id (256), as nanoGPT
+    and transformers start GPT-2; the start token itself is not printed."""
+    code, out, err = run(capsys, "--model", model_path, "--prompt", "", "--max-new-tokens", 20,
+                         "--seed", 5)
+    assert code == 0 and err == ""
+    model = files.load(model_path)
+    tok = ByteTokenizer()
+    new = generate(model, [tok.eot_id], 20, Sampling(0.8), np.random.default_rng(5),
+                   stop_id=tok.eot_id)
+    assert new and new[0] != tok.eot_id
+    new = new[:-1] if new[-1] == tok.eot_id else new
+    assert out == tok.decode(new) + "\n" and len(out) > 1
+
+
+class BosByteTokenizer(ByteTokenizer):
+    """The byte tokenizer with a begin-of-sequence id, as a SentencePiece tokenizer has
+    (llama2.c's: bos 1, eot 2); here BOS is the byte 'A', so printing it would show."""
+    bos_id = 65
+
+
+def test_empty_prompt_starts_from_bos_when_the_tokenizer_has_one(capsys, monkeypatch,
+                                                                  model_path):
+    import glassllm.cli as cli
+    model = files.load(model_path)
+    monkeypatch.setattr(cli, "load_model_and_tokenizer",
+                        lambda path: (model, BosByteTokenizer()))
+    code, out, err = run(capsys, "--model", model_path, "--prompt", "", "--max-new-tokens", 12,
+                         "--temperature", 0)
+    assert code == 0 and err == ""
+    from_bos = generate(model, [65], 12, Sampling(0), stop_id=256)
+    from_eot = generate(model, [256], 12, Sampling(0), stop_id=256)
+    assert from_bos != from_eot  # so the output tells which start was used
+    from_bos = from_bos[:-1] if from_bos[-1] == 256 else from_bos
+    assert out == ByteTokenizer().decode(from_bos) + "\n"  # no leading "A": BOS unprinted
+
+
+def test_weights_only_model_needs_tokenizer_option(capsys, tmp_path):
+    """A weights-only file (vocab 8, spec 001's example model) exits 2 with one line saying
+    how to give a tokenizer; --tokenizer then makes it generate."""
+    small = tmp_path / "v8.safetensors"
+    model = GlassLM(Config(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1,
+                           max_len=4), seed=0)
+    files.save(model, small)
+    code, out, err = run(capsys, "--model", small, "--prompt", "x")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "has no tokenizer" in err and "--tokenizer PATH" in err
+    # a tokenizer bigger than the model is refused, naming both sizes
+    code, out, err = run(capsys, "--model", small, "--prompt", "x", "--tokenizer", "byte")
+    assert code == 2 and "257 ids" in err and "vocab_size is 8" in err and out == ""
+
+    byte_model = GlassLM(CFG, seed=4)
+    weights = tmp_path / "weights.safetensors"
+    files.save(byte_model, weights)
+    tok_file = tmp_path / "byte.json"
+    tok_file.write_text(ByteTokenizer().to_json())
+    args = ("--prompt", "ab", "--max-new-tokens", 8, "--temperature", 0)
+    code, out, err = run(capsys, "--model", weights, *args)
+    assert code == 2 and "--tokenizer" in err
+    new = generate(byte_model, ByteTokenizer().encode("ab"), 8, Sampling(0), stop_id=256)
+    new = new[:-1] if new[-1] == 256 else new
+    for given in (tok_file, "byte"):
+        code, out, err = run(capsys, "--model", weights, "--tokenizer", given, *args)
+        assert (code, err) == (0, "") and out == "ab" + ByteTokenizer().decode(new) + "\n"
+    code, out, err = run(capsys, "--model", weights, "--tokenizer", tmp_path / "no.json", *args)
+    assert code == 2 and "no.json" in err and err.count("\n") == 1
 
 
 def test_missing_corrupt_and_directory_paths(capsys, tmp_path):

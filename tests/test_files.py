@@ -34,7 +34,7 @@ def logits(model, ids=PROBE):
 @pytest.fixture
 def saved(tmp_path):
     path = tmp_path / "model.safetensors"
-    files.save(tiny(), path)
+    files.save(tiny(), path, tokenizer=ByteTokenizer())
     return path
 
 
@@ -73,15 +73,48 @@ def test_file_layout_names_dtypes_and_metadata(saved):
     assert json.loads(meta["tokenizer"]) == {"type": "byte"}
 
 
-def test_load_tokenizer_default_and_absent(tmp_path, saved):
+def test_load_tokenizer_stored_and_absent(tmp_path, saved):
     assert isinstance(files.load_tokenizer(saved), ByteTokenizer)
-    # A glassllm file whose metadata has no tokenizer entry: ByteTokenizer by default.
+    # A glassllm file whose metadata has no tokenizer entry is weights-only: None.
     model = tiny()
     path = tmp_path / "no_tok.safetensors"
     save_file(model.state_dict(), path, metadata={"format": "glassllm",
                                                   "config": json.dumps(model.cfg.to_dict())})
-    assert isinstance(files.load_tokenizer(path), ByteTokenizer)
+    assert files.load_tokenizer(path) is None
     assert files.load(path).cfg == model.cfg
+
+
+# The vocabularies of no known tokenizer: spec 001's example model has vocab_size 8.
+@pytest.mark.parametrize("cfg", [
+    Config(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, max_len=4),
+    Config(vocab_size=2, d_model=8, n_layers=1, n_heads=2, max_len=1, family="gpt2"),
+    Config(vocab_size=257, d_model=8, n_layers=1, n_heads=2, max_len=4),
+    Config(vocab_size=3000, d_model=8, n_layers=1, n_heads=2, max_len=4,
+           tie_embeddings=False),
+], ids=["spec001_vocab8", "gpt2_vocab2", "vocab257", "vocab3000_untied"])
+def test_save_without_tokenizer_writes_weights_only_for_any_vocab(tmp_path, cfg):
+    model = GlassLM(cfg, seed=1)
+    path, half = tmp_path / "m.safetensors", tmp_path / "h.safetensors"
+    files.save(model, path)
+    files.export_float16(model, half)
+    for p in (path, half):
+        with safe_open(p, framework="numpy") as f:
+            assert "tokenizer" not in f.metadata()  # no tokenizer metadata at all
+        assert files.load_tokenizer(p) is None
+    ids = np.arange(cfg.max_len)[None, :] % cfg.vocab_size
+    np.testing.assert_array_equal(logits(files.load(path), ids), logits(model, ids))
+    assert files.load(half).cfg == cfg
+    # A tokenizer that fits is stored; one with more ids than the model is still refused.
+    if cfg.vocab_size >= 257:
+        files.save(model, path, tokenizer=ByteTokenizer())
+        assert isinstance(files.load_tokenizer(path), ByteTokenizer)
+    else:
+        before = path.read_bytes()
+        for save in (files.save, files.export_float16):
+            with pytest.raises(ValueError, match=f"257 ids but the model's vocab_size is "
+                                                 f"{cfg.vocab_size}"):
+                save(model, path, tokenizer=ByteTokenizer())
+        assert path.read_bytes() == before
 
 
 def test_load_tokenizer_corrupt_description(tmp_path):
@@ -104,6 +137,14 @@ def test_save_refuses_tokenizer_larger_than_vocab(tmp_path):
     with pytest.raises(ValueError, match="1000 ids"):
         files.save(tiny(), path, tokenizer=BigTokenizer())
     assert not path.exists() and leftovers(tmp_path) == []
+    # load_tokenizer refuses one written around save's check (a vocab-8 model, 257 ids).
+    model = GlassLM(Config(vocab_size=8, d_model=8, n_layers=1, n_heads=2, max_len=4))
+    meta = {"format": "glassllm", "config": json.dumps(model.cfg.to_dict()),
+            "tokenizer": ByteTokenizer().to_json()}
+    save_file(model.state_dict(), path, metadata=meta)
+    with pytest.raises(ValueError, match="257 ids but the model's vocab_size is 8") as e:
+        files.load_tokenizer(path)
+    assert str(path) in str(e.value)
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -429,7 +470,10 @@ def test_whole_config_is_checked_against_the_header_before_building(tmp_path, na
     fields = dict(json.loads(config), **{field: value})
     path = write_glassllm(tmp_path / "m.safetensors", state, json.dumps(fields))
     start = time.perf_counter()
-    with pytest.raises(ValueError, match="tensors do not match|has shape") as e:
+    # gpt2 has no grouped KV heads: that config is refused before its tensors are looked at
+    expected = "invalid model config.*grouped-query" if (name, field) == ("gpt2", "n_kv_heads") \
+        else "tensors do not match|has shape"
+    with pytest.raises(ValueError, match=expected) as e:
         files.load(path)
     assert time.perf_counter() - start < 1.0  # no walk over 10**9 layers, no allocation
     assert str(path) in str(e.value)

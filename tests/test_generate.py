@@ -306,7 +306,7 @@ def test_generate_runs_the_model_under_no_grad(monkeypatch):
 
 
 @pytest.mark.parametrize("prompt,match", [
-    ([], "empty"), (np.zeros((1, 0), dtype=int), "empty"), ([1.5, 2.0], "integer"),
+    ([], "empty.*start_id"), (np.zeros((1, 0), dtype=int), "empty"), ([1.5, 2.0], "integer"),
     ([1, 257], "257.*outside"), ([-1], "outside"), (np.zeros((2, 3), dtype=int), "1-D"),
 ])
 def test_bad_prompts(prompt, match):
@@ -314,6 +314,66 @@ def test_bad_prompts(prompt, match):
         Generator(tiny("llama"), prompt)
     with pytest.raises(ValueError, match=match):
         generate(tiny("llama"), prompt, 3)
+
+
+def test_empty_prompt_starts_from_start_id():
+    """Unconditional generation: [] with start_id is the prompt [start_id] (transformers'
+    generate() without input_ids starts from bos_token_id; it refuses when there is none, and
+    so does this API without start_id); the start id is not in the result."""
+    model = tiny("gpt2")
+    for start in (256, 1):
+        gen = Generator(model, [], start_id=start)
+        assert gen.tokens == [start]
+        want = generate(model, [start], 10, Sampling(0.9), rng=3)
+        assert generate(model, [], 10, Sampling(0.9), rng=3, start_id=start) == want
+        assert generate(model, np.zeros(0, dtype=np.uint16), 10, Sampling(0.9), rng=3,
+                        start_id=np.int64(start)) == want
+    assert generate(model, [], 10, Sampling(0), start_id=256) != \
+        generate(model, [], 10, Sampling(0), start_id=1)  # the start really matters here
+    # start_id is for empty prompts only: a non-empty prompt is used as given
+    assert generate(model, [7], 5, Sampling(0), start_id=256) == generate(model, [7], 5,
+                                                                          Sampling(0))
+    with pytest.raises(ValueError, match="start_id"):
+        generate(model, [], 3)
+    for bad, match in ((257, "outside"), (-1, "outside"), (1.0, "integer"), (True, "integer")):
+        with pytest.raises(ValueError, match=match):
+            Generator(model, [], start_id=bad)
+
+
+def test_start_id_is_bos_or_else_eot():
+    from glassllm.tokenizer import ByteTokenizer, start_id
+
+    class SentencePieceLike:  # llama2.c's tokenizer: bos 1, eot (eos) 2
+        vocab_size, bos_id, eot_id = 512, 1, 2
+
+    class NoBosAttribute:
+        vocab_size, eot_id = 10, 9
+
+    assert ByteTokenizer.bos_id is None and start_id(ByteTokenizer()) == 256
+    assert start_id(SentencePieceLike()) == 1 and start_id(NoBosAttribute()) == 9
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-300, 1e-45])
+def test_a_temperature_too_small_to_divide_by_is_greedy_never_nan(temperature):
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        logits = rng.normal(0, 3, 50).astype(np.float32)
+        if trial % 2:
+            logits -= 100  # all negative: max / t is -inf, and -inf - -inf is NaN too
+        if trial % 5 == 0:
+            logits[::7] = -np.inf
+        probs = sampling_distribution(logits, Sampling(temperature))
+        assert not np.isnan(probs).any()
+        expected = np.zeros(50)
+        expected[int(np.argmax(logits))] = 1.0
+        np.testing.assert_array_equal(probs, expected)
+        for sampling in (Sampling(temperature), Sampling(temperature, top_k=3, top_p=0.5)):
+            assert sample_next(logits, sampling, rng) == int(np.argmax(logits))
+    # a small temperature that still divides is a real (sharp) softmax, not greedy
+    sharp = sampling_distribution(np.array([0.0, 1e-3]), Sampling(1e-3))
+    np.testing.assert_allclose(sharp, softmax64([0.0, 1e-3], 1e-3), rtol=1e-12)
+    assert generate(tiny("llama"), [1, 2], 6, Sampling(1e-310), rng=0) == \
+        generate(tiny("llama"), [1, 2], 6, Sampling(0))
 
 
 def test_bad_push_and_max_new_tokens():

@@ -245,12 +245,32 @@ def test_round_trip_through_transformers(tmp_path, family, tie):
         np.testing.assert_array_equal(again[name], before[name], err_msg=name)
 
 
-def test_export_gpt2_with_grouped_kv_heads_is_refused(tmp_path):
-    cfg = Config(family="gpt2", vocab_size=V, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2,
-                 max_len=16)
+def test_to_hf_bos_token_id_is_the_tokenizers_start_id(tmp_path):
+    """A tokenizer with a BOS (SentencePiece/Llama: bos 1, eos 2) exports bos_token_id 1, so
+    transformers' generate() starts where glassllm's unconditional sample does."""
+    from glassllm.tokenizer import ByteTokenizer
+
+    class WithBos(ByteTokenizer):
+        bos_id = 1
+
+        def to_json(self):
+            return json.dumps({"type": "test-with-bos"})  # not a BPE: no tokenizer.json
+
+    hf.to_hf(glass_model("llama"), tmp_path, WithBos())
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"]) == (1, 256)
+
+
+def test_gpt2_with_grouped_kv_heads_is_not_a_valid_config(tmp_path):
+    # GPT-2 has no grouped KV heads: such a model could never be exported, so it is refused
+    # when the config is made, and to_hf's own check stays as a second line.
+    with pytest.raises(ValueError, match="n_kv_heads=2 must equal n_heads=4"):
+        Config(family="gpt2", vocab_size=V, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2,
+               max_len=16)
+    cfg = Config(family="gpt2", vocab_size=V, d_model=64, n_layers=1, n_heads=4, max_len=16)
+    cfg.n_kv_heads = 2  # dataclasses do not re-validate on assignment
     with pytest.raises(ValueError, match="n_kv_heads"):
-        hf.to_hf(GlassLM(cfg), tmp_path)
-    assert not (tmp_path / "model.safetensors").exists()
+        hf.config_to_hf(cfg)
 
 
 # --------------------------------------------------------------------------- other checkpoints
@@ -449,8 +469,7 @@ def test_tokenizer_from_hf_dir(gpt2_dir_with_tokenizer, bpe, tmp_path):
         hf.tokenizer_from_hf(gpt2_dir_with_tokenizer, vocab_size=V - 1)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="no tokenizer"):
-        hf.tokenizer_from_hf(empty, vocab_size=V)
+    assert hf.tokenizer_from_hf(empty, vocab_size=V) is None  # weights only
     assert hf.tokenizer_from_hf(empty, vocab_size=257).vocab_size == 257  # byte tokenizer
 
 
@@ -501,11 +520,13 @@ def test_cli_byte_model_round_trip(tmp_path, capsys):
     """A byte-level glassllm model exported to HF needs no tokenizer file to generate."""
     from glassllm import files
     model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)
-    files.save(model, tmp_path / "m.safetensors")
+    from glassllm.tokenizer import ByteTokenizer
+    files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
     code, _, _ = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors",
                          "--to-hf", tmp_path / "hf")
     assert code == 0 and not (tmp_path / "hf" / "tokenizer.json").exists()
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == 256
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["eos_token_id"] == written["bos_token_id"] == 256  # no BOS: start at eot
     args = ("--prompt", "ab", "--max-new-tokens", 6, "--temperature", 0)
     code, from_file, _ = run_cli(capsys, "generate", "--model", tmp_path / "m.safetensors", *args)
     code2, from_dir, _ = run_cli(capsys, "generate", "--model", tmp_path / "hf", *args)
@@ -518,11 +539,45 @@ def test_cli_convert_errors(tmp_path, capsys, gpt2_checkpoint):
     assert code == 2 and "either --from-hf DIR --out FILE" in err
     code, _, err = run_cli(capsys, "convert", "--from-hf", tmp_path, "--out", tmp_path / "x")
     assert code == 2 and "config.json" in err
-    # vocab 300 and no tokenizer files: refused rather than saved with a wrong tokenizer
-    code, _, err = run_cli(capsys, "convert", "--from-hf", directory, "--out", tmp_path / "y")
-    assert code == 2 and "no tokenizer" in err and not (tmp_path / "y").exists()
-    code, _, err = run_cli(capsys, "generate", "--model", directory, "--prompt", "a")
-    assert code == 2 and "no tokenizer" in err
+
+
+def test_cli_convert_directory_without_tokenizer(tmp_path, capsys, gpt2_checkpoint, bpe):
+    """vocab 300 and no tokenizer files: the weights convert alone (never with a wrong
+    tokenizer), stderr says so; generate asks for --tokenizer, then works with it."""
+    from glassllm import files
+    _, _, directory, glass = gpt2_checkpoint
+    out = tmp_path / "y.safetensors"
+    code, stdout, err = run_cli(capsys, "convert", "--from-hf", directory, "--out", out)
+    assert code == 0 and "tokenizer none" in stdout
+    assert err.count("\n") == 1 and "has no tokenizer files" in err and str(out) in err
+    assert files.load_tokenizer(out) is None
+    loaded = files.load(out).state_dict()
+    for name, value in glass.state_dict().items():
+        np.testing.assert_array_equal(loaded[name], value, err_msg=name)
+    for model in (directory, out):
+        code, stdout, err = run_cli(capsys, "generate", "--model", model, "--prompt", "a")
+        assert code == 2 and stdout == "" and err.count("\n") == 1
+        assert "has no tokenizer" in err and "--tokenizer PATH" in err
+    tok_path = tmp_path / "bpe.json"
+    bpe.save(tok_path)
+    args = ("--prompt", PROMPT, "--max-new-tokens", 5, "--temperature", 0, "--tokenizer",
+            tok_path)
+    code, from_file, _ = run_cli(capsys, "generate", "--model", out, *args)
+    code2, from_dir, _ = run_cli(capsys, "generate", "--model", directory, *args)
+    assert code == code2 == 0 and from_file == from_dir and from_file.startswith(PROMPT)
+    # a weights-only file exports to HF too, with no tokenizer file and no special ids
+    code, stdout, err = run_cli(capsys, "convert", "--model", out, "--to-hf", tmp_path / "re")
+    assert code == 0 and "tokenizer none" in stdout and err == ""
+    assert not (tmp_path / "re" / "tokenizer.json").exists()
+    assert json.loads((tmp_path / "re" / "config.json").read_text())["bos_token_id"] is None
+    again = hf.from_hf(tmp_path / "re").state_dict()
+    for name, value in glass.state_dict().items():
+        np.testing.assert_array_equal(again[name], value, err_msg=name)
+    # --tokenizer at conversion time stores it
+    code, _, err = run_cli(capsys, "convert", "--from-hf", directory, "--out", out,
+                           "--tokenizer", tok_path)
+    assert code == 0 and err == ""
+    assert files.load_tokenizer(out).encode(TEXT).tolist() == bpe.encode(TEXT).tolist()
 
 
 # --------------------------------------------------------------------------- overwriting, types

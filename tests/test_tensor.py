@@ -70,6 +70,9 @@ CASES = {
     "matmul_batched": (lambda a, b: a @ b, lambda a, b: a @ b, [r(2, 3, 4), r(2, 4, 2)]),
     "matmul_batch_broadcast": (lambda a, b: a @ b, lambda a, b: a @ b,
                                [r(2, 1, 3, 4), r(3, 4, 2)]),
+    # a shared 2-D operand: its gradient is one GEMM over the folded batch (as torch)
+    "matmul_batched_mat": (lambda a, b: a @ b, lambda a, b: a @ b, [r(2, 3, 3, 4), r(4, 2)]),
+    "matmul_mat_batched": (lambda a, b: a @ b, lambda a, b: a @ b, [r(3, 4), r(2, 3, 4, 2)]),
     "matmul_batched_vec": (lambda a, b: a @ b, lambda a, b: a @ b, [r(2, 3, 4), r(4)]),
     "matmul_vec_batched": (lambda a, b: a @ b, lambda a, b: a @ b, [r(3), r(2, 3, 4)]),
     "matmul_array": (lambda a: a @ M.T, lambda a: a @ _t(a, M.T), [r(2, 3)]),

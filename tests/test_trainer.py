@@ -352,3 +352,32 @@ def test_settings_take_numpy_numbers_as_plain_python_ones():
     assert type(s.steps) is int and type(s.batch_size) is int and type(s.lr) is float
     assert s.steps == 10 and s.lr == 0.5 and s.warmup == 1
     assert TrainSettings.from_dict(s.to_dict()) == s
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, max_len=16),
+    dict(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, max_len=4),  # spec 001
+], ids=["vocab16", "spec001_vocab8"])
+def test_any_vocab_size_saves_its_best_model_and_checkpoints(tmp_path, cfg):
+    """No tokenizer given: the model file is weights-only, whatever the vocabulary (a model
+    of vocab 16 used to be refused for not fitting the 257-id byte tokenizer)."""
+    from glassllm import checkpoint
+    V, T = cfg["vocab_size"], cfg["max_len"]
+    ids = np.tile(np.arange(V, dtype=np.int64), 40)
+    path, ckpt = tmp_path / "model.safetensors", tmp_path / "ckpt.safetensors"
+    trainer = Trainer(settings(steps=6, seq_len=T, eval_every=2, checkpoint_every=3),
+                      ArrayBatches(ids[:-5 * V]), ArrayBatches(ids[-5 * V:]),
+                      model_path=path, checkpoint_path=ckpt)
+    model = GlassLM(Config(**cfg), seed=0)
+    events = []
+    summary = trainer.run(model, on_event=events.append)
+    assert [e.step for e in events if isinstance(e, Checkpointed)] == [3, 6]
+    assert any(isinstance(e, Saved) for e in events) and summary.model_path == str(path)
+    saved = files.load(path)
+    assert saved.cfg == model.cfg and files.load_tokenizer(path) is None
+    assert evaluate(saved, ids[-5 * V:], 4, T, n_batches=2, seed=1234) == \
+        summary.best_val_loss
+    state = checkpoint.load_checkpoint(ckpt)
+    assert state.step == 6 and "tokenizer" not in state.extra
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(state.weights[name], value, err_msg=name)

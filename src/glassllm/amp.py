@@ -6,12 +6,15 @@ dtype, the products are accumulated in float32, and the result is rounded to the
 dtype again (stored back in a float32 array). The values therefore carry exactly the rounding
 and the range of the low dtype -- in float16 anything above 65504 becomes inf, as on a GPU --
 while the arithmetic stays NumPy float32. `matmul()` below is the single place where this
-rounding happens; every matrix product of `glassllm.functional` goes through it.
+rounding happens; every matrix product goes through it: those of `glassllm.functional`'s
+fused ops and `Tensor @ Tensor` of `glassllm.tensor` (any batch shape, 1-D operands too), so
+a user's own layer written with `@` is autocast as in PyTorch.
 
 Precision table (inside `autocast(dtype)`; outside it everything is float32):
 
-    op (glassllm.functional)              forward                    backward
+    op                                    forward                    backward
     ------------------------------------  -------------------------  --------------------------
+    Tensor @ Tensor (float32 operands)    low in, f32 acc, low out   low in, f32 acc, low out
     linear, unembed (x @ W, x @ E^T)      low in, f32 acc, low out   low in, f32 acc, low out
     attention scores q k^T, probs @ v     low in, f32 acc, low out   low in, f32 acc, low out
     attention softmax, causal mask        float32                    float32
@@ -22,8 +25,8 @@ Precision table (inside `autocast(dtype)`; outside it everything is float32):
     master weights, gradients, AdamW      float32                    float32
     GradScaler scale/unscale, grad norm   float32 (norm in float64)  --
 
-Notes: linear's bias is added in float32 to the rounded product; `Tensor @ Tensor` of
-`glassllm.tensor` is not autocast (only the fused ops above are, which is all the model uses).
+Notes: linear's bias is added in float32 to the rounded product. `Tensor @ Tensor` with a
+float64 operand (gradient checks) is not autocast, as torch's autocast leaves float64 alone.
 
 "low" is float16 (IEEE binary16: 5 exponent bits, max 65504, 11-bit significand) or
 bfloat16 (8 exponent bits like float32, max ~3.4e38, 8-bit significand; from `ml_dtypes`).
@@ -32,9 +35,15 @@ arithmetic trick bit-identical to NumPy's float16 cast and ~3x faster (`_round_f
 
 Backward follows the forward: as in PyTorch, the backward of an op that ran under autocast
 runs in the precision the forward used, even though `loss.backward()` is called after the
-`with autocast(...)` block has closed. The fused ops record the autocast dtype when they run
-(`keep_autocast`) and their backward closures restore it. So in float16 the backward matrix
-products can overflow too; that is what `GradScaler` is for.
+`with autocast(...)` block has closed. The fused ops and `Tensor.__matmul__` record the
+autocast dtype when they run (`keep_autocast`) and their backward closures restore it. So in
+float16 the backward matrix products can overflow too; that is what `GradScaler` is for.
+
+The autocast state is per thread (`threading.local`), as torch's: `autocast` in one thread
+does not change the products another thread computes, and a new thread starts in float32.
+glassllm's own worker threads (`glassllm.parallel`) run only elementwise passes; every matrix
+product runs on the thread that entered autocast, and `parallel.for_slices` carries the
+caller's state into its workers all the same, so a product there would round alike.
 
 Sources: Micikevicius et al. 2018, "Mixed Precision Training" (arXiv 1710.03740), for loss
 scaling; PyTorch's `torch.autocast` / `torch.amp.GradScaler` (torch/amp/grad_scaler.py), whose
@@ -44,11 +53,19 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 
 import ml_dtypes
 import numpy as np
 
-_autocast_dtype = None  # np.dtype of float16/bfloat16 inside autocast, None in float32
+
+class _AutocastState(threading.local):
+    """The autocast dtype of the current thread (np.dtype of float16/bfloat16 inside
+    autocast, None in float32). A class attribute is the default every new thread sees."""
+    dtype = None
+
+
+_state = _AutocastState()
 
 _DTYPES = {
     "float16": np.dtype(np.float16), "fp16": np.dtype(np.float16), "half": np.dtype(np.float16),
@@ -79,8 +96,15 @@ def resolve_dtype(dtype) -> np.dtype:
 
 
 def matmul_dtype():
-    """The NumPy dtype matmul inputs/outputs are rounded to, or None outside autocast."""
-    return _autocast_dtype
+    """The NumPy dtype matmul inputs/outputs are rounded to in this thread, or None outside
+    autocast."""
+    return _state.dtype
+
+
+def set_matmul_dtype(low) -> None:
+    """Set this thread's autocast dtype (a resolved low dtype, or None), without the context
+    manager: for code that carries a caller's state into another thread (`parallel`)."""
+    _state.dtype = low
 
 
 def round_to(x: np.ndarray, low) -> np.ndarray:
@@ -108,6 +132,8 @@ def _round_float16(x: np.ndarray) -> np.ndarray:
     # float16's spacing in that binade. Below float16's smallest normal the spacing is fixed
     # (2**-24), so the binade is clamped up to 2**-14 there.
     x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 0:  # vector @ vector gives a scalar; the in-place passes need an array
+        return _round_float16(x.reshape(1)).reshape(())
     with np.errstate(over="ignore", invalid="ignore"):
         c = (x.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)  # 2**e (0 if tiny)
         np.maximum(c, _F16_MIN_NORMAL, out=c)
@@ -128,7 +154,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     tensor-core emulation of the module doc -- round(a) @ round(b) accumulated in float32,
     then the result rounded to `low` (so float16 outputs above 65504 are inf).
     """
-    low = _autocast_dtype
+    low = _state.dtype
     if low is None:
         return a @ b
     with np.errstate(invalid="ignore"):  # inf * 0 after an overflow: NaN is the honest result
@@ -141,19 +167,20 @@ def autocast(dtype):
 
     Everything else stays float32 (see the precision table in the module doc); parameters
     are not cast (they remain float32 master weights). Nesting restores the outer state on
-    exit. `autocast(None)` is a no-op context (float32), handy for `precision="fp32"`.
+    exit. `autocast(None)` is a no-op context (float32), handy for `precision="fp32"`. The
+    state is the calling thread's only (as torch.autocast): other threads are unaffected.
 
     Raises:
         ValueError: an unknown dtype (see `resolve_dtype`).
     """
-    global _autocast_dtype
     low = None if dtype is None else resolve_dtype(dtype)
-    previous = _autocast_dtype
-    _autocast_dtype = low
+    state = _state
+    previous = state.dtype
+    state.dtype = low
     try:
         yield
     finally:
-        _autocast_dtype = previous
+        state.dtype = previous
 
 
 def keep_autocast(backward):
@@ -164,18 +191,18 @@ def keep_autocast(backward):
     runs and restores the caller's state afterwards, as PyTorch runs an autocast op's
     backward in the forward's dtype.
     """
-    low = _autocast_dtype
+    low = _state.dtype
     if low is None:
         return backward
 
     def backward_in_forward_precision(grad):
-        global _autocast_dtype
-        previous = _autocast_dtype
-        _autocast_dtype = low
+        state = _state
+        previous = state.dtype
+        state.dtype = low
         try:
             return backward(grad)
         finally:
-            _autocast_dtype = previous
+            state.dtype = previous
 
     return backward_in_forward_precision
 

@@ -564,7 +564,8 @@ def _plot(history_csv: str, png: str) -> str | None:
 
 def load_model_and_tokenizer(path):
     """(GlassLM, tokenizer) from a glassllm model file (see `glassllm.files`), or from a
-    Hugging Face checkpoint directory, one holding config.json (see `glassllm.hf`).
+    Hugging Face checkpoint directory, one holding config.json (see `glassllm.hf`). The
+    tokenizer is None for a weights-only file or a directory without tokenizer files.
 
     Raises FileNotFoundError / IsADirectoryError / ValueError as `files.load`, `hf.from_hf`
     and `hf.tokenizer_from_hf` do.
@@ -585,7 +586,15 @@ def add_generate(sub) -> None:
                    help="model file written by `glassllm train` (glassllm safetensors), or a "
                         "Hugging Face GPT-2/Llama directory (config.json + model.safetensors, "
                         "tokenizer from vocab.json + merges.txt or tokenizer.json)")
-    p.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue")
+    p.add_argument("--prompt", required=True, metavar="TEXT",
+                   help="text to continue; \"\" samples unconditionally, from the tokenizer's "
+                        "begin-of-sequence token (end-of-text for GPT-2 and byte tokenizers), "
+                        "which is not printed")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer to use instead of the model's (needed for a weights-only "
+                        "model): a tokenizer JSON (BPETokenizer.save, a Hugging Face "
+                        "tokenizer.json), a directory with GPT-2's vocab.json + merges.txt, or "
+                        "`byte`")
     p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
                    help="most tokens to generate (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T",
@@ -606,7 +615,7 @@ def run_generate(args) -> int:
     import numpy as np
 
     from .generate import Generator, Sampling
-    from .tokenizer import StreamDecoder
+    from .tokenizer import StreamDecoder, start_id
 
     try:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
         args.prompt.encode("utf-8")
@@ -620,12 +629,29 @@ def run_generate(args) -> int:
     except ValueError as e:
         raise UsageError(f"bad --temperature/--top-k/--top-p: {e}") from None
     model, tokenizer = load_model_and_tokenizer(args.model)
-    prompt_ids = tokenizer.encode(args.prompt)
-    if len(prompt_ids) == 0:
-        raise UsageError("--prompt is empty; give at least one character to continue")
+    if args.tokenizer is not None:
+        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
+    elif tokenizer is None:
+        raise UsageError(f"{args.model} has no tokenizer (a weights-only model); give one with "
+                         f"--tokenizer PATH (a tokenizer JSON, a directory with GPT-2's "
+                         f"vocab.json + merges.txt, or `byte`)")
+    # A tokenizer with a begin-of-sequence id (SentencePiece/Llama: BOS 1) starts every
+    # context with it, as llama2.c's run.c and Llama's training do; an empty prompt is then
+    # BOS alone: an unconditional sample. A tokenizer without one (GPT-2, byte) starts an
+    # unconditional sample from end-of-text, as nanoGPT and transformers do (`start_id`).
+    # The start token is never printed. Generation stops at the tokenizer's `stop_ids`
+    # (SentencePieceTokenizer: EOS and, as run.c, BOS), else at end-of-text.
+    bos = getattr(tokenizer, "bos_id", None)
+    prompt_ids = [int(i) for i in tokenizer.encode(args.prompt)]
+    if bos is not None:
+        prompt_ids = [int(bos)] + prompt_ids
+    if not prompt_ids:
+        prompt_ids = [start_id(tokenizer)]
+    stop_ids = set(getattr(tokenizer, "stop_ids", (tokenizer.eot_id,)))
     generator = Generator(model, prompt_ids)
     rng = np.random.default_rng(args.seed)
-    decoder = StreamDecoder(tokenizer)  # holds back bytes of a character not yet complete
+    # holds back bytes of a character not yet complete; knows the token before the first
+    decoder = StreamDecoder(tokenizer, prev_id=prompt_ids[-1])
     # The first draw comes before any output, so an error (a model whose logits are NaN)
     # is a clean one-line error rather than a prompt followed by a message.
     first = generator.next_token(sampling, rng) if args.max_new_tokens > 0 else None
@@ -633,7 +659,7 @@ def run_generate(args) -> int:
         print(args.prompt, end="", flush=True)
         for i in range(args.max_new_tokens):
             token = first if i == 0 else generator.next_token(sampling, rng)
-            if token == tokenizer.eot_id:
+            if token in stop_ids:
                 break
             print(decoder.push(token), end="", flush=True)
         print(decoder.flush(), flush=True)
@@ -642,6 +668,26 @@ def run_generate(args) -> int:
         # point stdout at devnull so the interpreter's final flush does not complain.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _tokenizer_option(path: str, vocab_size: int):
+    """--tokenizer PATH (or `byte`) of generate: the tokenizer, which must fit the model. A
+    `.bin` file is read as llama2.c's tokenizer.bin, anything else as `load_tokenizer` does."""
+    from .llama2c import tokenizer_from_llama2c
+    from .tokenizer import ByteTokenizer, load_tokenizer
+    try:
+        if path == "byte":
+            tokenizer = ByteTokenizer()
+        elif path.endswith(".bin") and os.path.isfile(path):
+            tokenizer = tokenizer_from_llama2c(path)
+        else:
+            tokenizer = load_tokenizer(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--tokenizer {path}: {_one_line(e)}") from None
+    if tokenizer.vocab_size > vocab_size:
+        raise UsageError(f"--tokenizer {path}: it has {tokenizer.vocab_size} ids but the "
+                         f"model's vocab_size is {vocab_size}")
+    return tokenizer
 
 
 def add_prepare(sub) -> None:
@@ -723,22 +769,40 @@ def run_plot(args) -> int:
 
 
 # --------------------------------------------------------------------------------- convert
+CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
+                 "--from-llama2c CKPT.bin [--tokenizer TOK.bin] --out FILE [--max-len T], "
+                 "--model FILE --to-hf DIR [--force] or --model FILE --to-llama2c OUT.bin")
+
+
 def add_convert(sub) -> None:
     p = sub.add_parser(
-        "convert", help="import/export Hugging Face GPT-2 and Llama checkpoints",
+        "convert", help="import/export Hugging Face and llama2.c checkpoints",
         description="--from-hf DIR --out FILE: a transformers checkpoint directory (config.json "
                     "+ model.safetensors, GPT2LMHeadModel or LlamaForCausalLM) to a glassllm "
                     "model file, with the directory's tokenizer. --model FILE --to-hf DIR: the "
-                    "reverse; transformers' from_pretrained(DIR) then gives the same logits.")
+                    "reverse; transformers' from_pretrained(DIR) then gives the same logits. "
+                    "--from-llama2c CKPT.bin --out FILE: a llama2.c checkpoint (legacy "
+                    "version 0, float32) to a glassllm model file, with llama2.c's "
+                    "tokenizer.bin given by --tokenizer. --model FILE --to-llama2c OUT.bin: "
+                    "the reverse, a file llama2.c's run.c runs.")
     p.add_argument("--from-hf", metavar="DIR", help="Hugging Face checkpoint directory to read")
-    p.add_argument("--out", metavar="FILE", help="glassllm model file to write (with --from-hf)")
-    p.add_argument("--model", metavar="FILE", help="glassllm model file to read (with --to-hf)")
+    p.add_argument("--from-llama2c", metavar="CKPT.bin",
+                   help="llama2.c checkpoint to read (legacy version 0, e.g. stories260K.bin)")
+    p.add_argument("--out", metavar="FILE",
+                   help="glassllm model file to write (with --from-hf / --from-llama2c)")
+    p.add_argument("--model", metavar="FILE",
+                   help="glassllm model file to read (with --to-hf / --to-llama2c)")
     p.add_argument("--to-hf", metavar="DIR", help="Hugging Face directory to write (with --model)")
+    p.add_argument("--to-llama2c", metavar="OUT.bin",
+                   help="llama2.c checkpoint (version 0) to write (with --model)")
     p.add_argument("--tokenizer", metavar="PATH",
                    help="with --from-hf: tokenizer to store when DIR has none (tokenizer JSON, "
-                        "or a directory with vocab.json + merges.txt)")
+                        "or a directory with vocab.json + merges.txt); with --from-llama2c: "
+                        "llama2.c's tokenizer.bin (e.g. tok512.bin); without it the file "
+                        "holds the weights only")
     p.add_argument("--max-len", type=int, metavar="T",
-                   help="with --from-hf: a shorter context than the checkpoint's")
+                   help="with --from-hf / --from-llama2c: a shorter context than the "
+                        "checkpoint's")
     p.add_argument("--force", action="store_true",
                    help="with --to-hf: replace a checkpoint already in DIR (never the source "
                         "model file itself)")
@@ -746,45 +810,115 @@ def add_convert(sub) -> None:
 
 
 def run_convert(args) -> int:
+    sources = [flag for flag in ("from_hf", "from_llama2c", "model")
+               if getattr(args, flag) is not None]
+    targets = [flag for flag in ("out", "to_hf", "to_llama2c") if getattr(args, flag) is not None]
+    extras = {flag for flag in ("tokenizer", "max_len") if getattr(args, flag) is not None}
+    if args.force:
+        extras.add("force")
+    allowed = {("from_hf", "out"): {"tokenizer", "max_len"},
+               ("from_llama2c", "out"): {"tokenizer", "max_len"},
+               ("model", "to_hf"): {"force"}, ("model", "to_llama2c"): set()}
+    mode = (sources[0], targets[0]) if len(sources) == len(targets) == 1 else None
+    if mode not in allowed or not extras <= allowed[mode]:
+        raise UsageError(CONVERT_USAGE)
+    if mode == ("from_hf", "out"):
+        model, tokenizer = _convert_from_hf(args)
+    elif mode == ("from_llama2c", "out"):
+        model, tokenizer = _convert_from_llama2c(args)
+    elif mode == ("model", "to_hf"):
+        model, tokenizer = _convert_to_hf(args)
+    else:
+        model, tokenizer = _convert_to_llama2c(args)
+    src, dst = getattr(args, mode[0]), getattr(args, mode[1])
+    cfg = model.cfg
+    kind = json.loads(tokenizer.to_json())["type"] if tokenizer is not None else "none"
+    print(f"{src} -> {dst}: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} layers, "
+          f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), vocab {cfg.vocab_size}, "
+          f"{sum(p.size for p in model.parameters()):,} parameters; tokenizer {kind}",
+          flush=True)
+    return 0
+
+
+def _check_out_file(out: str, source: str, what: str) -> None:
+    """--out must be a file path other than the input (which it would replace)."""
+    if os.path.isdir(out):
+        raise UsageError(f"--out {out} is a directory; give a file path")
+    if os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source):
+        raise UsageError(f"--out {out} is the {what} being converted; write the result "
+                         f"elsewhere")
+
+
+def _convert_from_hf(args):
     from . import files, hf
     from .tokenizer import load_tokenizer
 
-    importing = (args.from_hf, args.out)
-    exporting = (args.model, args.to_hf)
-    if all(importing) and not any(exporting):
-        if os.path.isdir(args.out):
-            raise UsageError(f"--out {args.out} is a directory; give a file path")
-        # Writing into the checkpoint's own directory could replace its model.safetensors
-        # (or a shard) with a glassllm file: refuse any output that is one of its files.
-        if os.path.isdir(args.from_hf) and os.path.exists(args.out) and any(
-                os.path.samefile(args.out, os.path.join(args.from_hf, name))
-                for name in os.listdir(args.from_hf)):
-            raise UsageError(f"--out {args.out} is a file of the --from-hf checkpoint "
-                             f"{args.from_hf}; write the glassllm model elsewhere")
-        model = hf.from_hf(args.from_hf, max_len=args.max_len)
-        if args.tokenizer:
-            tokenizer = load_tokenizer(args.tokenizer)
-        else:
-            tokenizer = hf.tokenizer_from_hf(args.from_hf, model.cfg.vocab_size)
-        files.save(model, args.out, tokenizer)
-        src, dst = args.from_hf, args.out
-    elif all(exporting) and not any(importing) and args.tokenizer is None \
-            and args.max_len is None:
-        model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
-        try:
-            hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model)
-        except FileExistsError as e:
-            raise UsageError(f"--to-hf: {e}") from None
-        src, dst = args.model, args.to_hf
+    _check_out_file(args.out, args.from_hf, "--from-hf checkpoint")
+    # Writing into the checkpoint's own directory could replace its model.safetensors
+    # (or a shard) with a glassllm file: refuse any output that is one of its files.
+    if os.path.isdir(args.from_hf) and os.path.exists(args.out) and any(
+            os.path.samefile(args.out, os.path.join(args.from_hf, name))
+            for name in os.listdir(args.from_hf)):
+        raise UsageError(f"--out {args.out} is a file of the --from-hf checkpoint "
+                         f"{args.from_hf}; write the glassllm model elsewhere")
+    model = hf.from_hf(args.from_hf, max_len=args.max_len)
+    if args.tokenizer:
+        tokenizer = load_tokenizer(args.tokenizer)
     else:
-        raise UsageError("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T]"
-                         " or --model FILE --to-hf DIR")
-    cfg = model.cfg
-    print(f"{src} -> {dst}: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} layers, "
-          f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), vocab {cfg.vocab_size}, "
-          f"{sum(p.size for p in model.parameters()):,} parameters; tokenizer "
-          f"{json.loads(tokenizer.to_json())['type']}", flush=True)
-    return 0
+        tokenizer = hf.tokenizer_from_hf(args.from_hf, model.cfg.vocab_size)
+    files.save(model, args.out, tokenizer)
+    if tokenizer is None:
+        print(f"note: {args.from_hf} has no tokenizer files (vocab.json + merges.txt or "
+              f"tokenizer.json): {args.out} holds the weights only; give --tokenizer PATH "
+              f"here or to `glassllm generate`", file=sys.stderr, flush=True)
+    return model, tokenizer
+
+
+def _convert_from_llama2c(args):
+    from . import files, llama2c
+
+    _check_out_file(args.out, args.from_llama2c, "--from-llama2c checkpoint")
+    if args.tokenizer is not None:
+        _check_out_file(args.out, args.tokenizer, "--tokenizer")
+    model = llama2c.from_llama2c(args.from_llama2c, max_len=args.max_len)
+    tokenizer = None  # a llama2.c checkpoint holds no tokenizer: weights-only unless given
+    if args.tokenizer is not None:
+        tokenizer = llama2c.tokenizer_from_llama2c(args.tokenizer)
+        if tokenizer.vocab_size != model.cfg.vocab_size:
+            raise UsageError(f"--tokenizer {args.tokenizer} has {tokenizer.vocab_size} pieces "
+                             f"but {args.from_llama2c} has vocab_size {model.cfg.vocab_size}; "
+                             f"give the checkpoint's own tokenizer.bin")
+    files.save(model, args.out, tokenizer)
+    if tokenizer is None:
+        print(f"note: no --tokenizer: {args.out} holds the weights only; give llama2.c's "
+              f"tokenizer.bin (e.g. tok512.bin for stories260K.bin) here, or a tokenizer to "
+              f"`glassllm generate --tokenizer`", file=sys.stderr, flush=True)
+    return model, tokenizer
+
+
+def _convert_to_hf(args):
+    from . import files, hf
+
+    model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
+    try:
+        hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model)
+    except FileExistsError as e:
+        raise UsageError(f"--to-hf: {e}") from None
+    return model, tokenizer
+
+
+def _convert_to_llama2c(args):
+    from . import files, llama2c
+
+    if os.path.isdir(args.to_llama2c):
+        raise UsageError(f"--to-llama2c {args.to_llama2c} is a directory; give a file path")
+    if os.path.exists(args.to_llama2c) and os.path.exists(args.model) and \
+            os.path.samefile(args.to_llama2c, args.model):
+        raise UsageError(f"--to-llama2c {args.to_llama2c} is the model being converted; "
+                         f"write the llama2.c file elsewhere")
+    model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
+    llama2c.to_llama2c(model, args.to_llama2c)
+    return model, tokenizer
 
 
 # --------------------------------------------------------------------------------- inspect

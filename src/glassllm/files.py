@@ -9,7 +9,10 @@ bytes), read and written only through the `safetensors` package:
     "format":    "glassllm" -- marks the file as ours; anything else is refused as foreign;
     "config":    JSON text of `Config.to_dict()` -- nested description in one string (004), so
                  the model is rebuilt from the file alone;
-    "tokenizer": the tokenizer's `to_json()` (ByteTokenizer when absent);
+    "tokenizer": the tokenizer's `to_json()`; absent in a weights-only file (`save` without a
+                 tokenizer), where `load_tokenizer` returns None. A model's vocabulary need
+                 not be a known tokenizer's: weights are the product, a tokenizer is optional
+                 metadata (as a Hugging Face checkpoint's tokenizer files are);
     "dtype":     "float32" or "float16", informative.
 
 Every write is atomic: the file is written under a temporary name in the destination's
@@ -30,7 +33,7 @@ from safetensors.numpy import save_file
 from .atomic import atomic_replace
 from .model import Config, GlassLM, n_parameter_tensors, parameter_shape, parameter_shapes
 from .tensor import no_grad
-from .tokenizer import ByteTokenizer, tokenizer_from_json
+from .tokenizer import tokenizer_from_json
 
 FORMAT = "glassllm"
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504.0
@@ -44,7 +47,10 @@ def save(model: GlassLM, path, tokenizer=None) -> None:
     Args:
         model: a GlassLM; its config goes in the metadata, its parameters are the tensors.
         path: destination file (str or os.PathLike); replaced if it exists.
-        tokenizer: any tokenizer with `to_json()` and `vocab_size`; default ByteTokenizer().
+        tokenizer: any tokenizer with `to_json()` and `vocab_size` (at most the model's
+            vocab_size), stored in the metadata; None (default) writes a weights-only file,
+            whatever the model's vocab_size (`load_tokenizer` then returns None, and
+            `glassllm generate` asks for `--tokenizer`).
 
     Raises:
         ValueError: a parameter holds NaN/inf (a broken model is never written), the
@@ -52,7 +58,6 @@ def save(model: GlassLM, path, tokenizer=None) -> None:
         FileNotFoundError / PermissionError: the destination directory is missing / not writable.
     """
     path = _destination(path)
-    tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
     _check_tokenizer_fits(tokenizer, model.cfg, where=path)
     tensors = {}
     for name, p in model.named_parameters():
@@ -84,7 +89,7 @@ def export_float16(model: GlassLM, path, probe_ids=None, tolerance: float = 1e-2
         probe_ids: int array (B, T) or (T,) of ids to compare on; default a fixed pseudo-random
             batch of shape (2, min(max_len, 32)) drawn with seed 0.
         tolerance: relative tolerance of the rule above (> 0).
-        tokenizer: stored in the metadata as in `save` (default ByteTokenizer()).
+        tokenizer: stored in the metadata as in `save` (default None: weights only).
 
     Returns:
         dict with "max_abs_logit_diff" (float, logit units), "tolerance" (the absolute bound it
@@ -98,7 +103,6 @@ def export_float16(model: GlassLM, path, probe_ids=None, tolerance: float = 1e-2
     path = _destination(path)
     if not tolerance > 0:
         raise ValueError(f"export_float16: tolerance must be > 0, got {tolerance!r}")
-    tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
     _check_tokenizer_fits(tokenizer, model.cfg, where=path)
     cfg = model.cfg
     tensors = {}
@@ -147,8 +151,10 @@ def _destination(path) -> str:
 
 
 def _metadata(cfg: Config, tokenizer, dtype: str) -> dict[str, str]:
-    return {"format": FORMAT, "config": json.dumps(cfg.to_dict()),
-            "tokenizer": tokenizer.to_json(), "dtype": dtype}
+    metadata = {"format": FORMAT, "config": json.dumps(cfg.to_dict()), "dtype": dtype}
+    if tokenizer is not None:  # none: a weights-only file
+        metadata["tokenizer"] = tokenizer.to_json()
+    return metadata
 
 
 def _atomic_save_file(tensors: dict, metadata: dict, path) -> None:
@@ -201,7 +207,12 @@ def load(path) -> GlassLM:
 
 
 def load_tokenizer(path):
-    """The tokenizer stored in a glassllm file (ByteTokenizer if the file has none).
+    """The tokenizer stored in a glassllm file, or None for a weights-only file (one written
+    by `save`/`export_float16` without a tokenizer). Files written before weights-only files
+    existed always carry a tokenizer, and load as they did.
+
+    Returns:
+        a ByteTokenizer or BPETokenizer (see `glassllm.tokenizer.tokenizer_from_json`), or None.
 
     Raises:
         FileNotFoundError / IsADirectoryError: as `load`.
@@ -214,7 +225,7 @@ def load_tokenizer(path):
     cfg = _config_from(metadata, path)
     text = metadata.get("tokenizer")
     if text is None:
-        return ByteTokenizer()
+        return None
     try:
         tokenizer = tokenizer_from_json(text)
     except (ValueError, KeyError, TypeError) as e:
@@ -312,6 +323,6 @@ def _check_finite(name: str, array: np.ndarray, where: str) -> None:
 
 
 def _check_tokenizer_fits(tokenizer, cfg: Config, where: str) -> None:
-    if tokenizer.vocab_size > cfg.vocab_size:
+    if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"{where}: the tokenizer has {tokenizer.vocab_size} ids but the "
                          f"model's vocab_size is {cfg.vocab_size}")

@@ -28,7 +28,9 @@ class Sampling:
     Fields:
         temperature: logits are divided by it before the softmax. 1 samples the model's own
             distribution; < 1 sharpens it, > 1 flattens it; 0 is greedy (always the argmax;
-            ties go to the lowest id, as np.argmax).
+            ties go to the lowest id, as np.argmax). A temperature so small that the division
+            overflows (e.g. 1e-310) acts as greedy too -- the limit of the softmax as the
+            temperature goes to 0 -- so the distribution is never NaN.
         top_k: keep only the k most probable tokens (None: no limit).
         top_p: nucleus sampling (Holtzman et al. 2019): keep the smallest set of most probable
             tokens whose cumulative probability reaches top_p (None: no limit).
@@ -66,7 +68,8 @@ def sampling_distribution(logits, sampling: Sampling) -> np.ndarray:
     "then" top-p is the same as taking the smaller set. (Hugging Face instead recomputes top-p
     on the renormalised top-k distribution, which can keep fewer tokens.) The kept
     probabilities are renormalised to sum to 1; the rest are 0. Temperature 0 gives a one-hot
-    at the argmax.
+    at the argmax, and so does a temperature too small to divide by (logits / temperature
+    overflows to inf: softmax's limit, instead of the NaN of inf - inf).
 
     Args:
         logits: (V,) float scores of the next token (float32 from the model; -inf allowed for
@@ -89,8 +92,13 @@ def sampling_distribution(logits, sampling: Sampling) -> np.ndarray:
     if sampling.temperature == 0:
         probs[int(np.argmax(logits))] = 1.0
         return probs
-    scaled = logits / sampling.temperature
-    weights = np.exp(scaled - scaled.max())  # max-subtraction: exp never overflows
+    with np.errstate(over="ignore"):
+        scaled = logits / sampling.temperature
+    top = scaled.max()
+    if not np.isfinite(top):  # overflow (temperature ~1e-310): inf - inf would be NaN
+        probs[int(np.argmax(logits))] = 1.0
+        return probs
+    weights = np.exp(scaled - top)  # max-subtraction: exp never overflows
     full = weights / weights.sum()
     order = np.argsort(-full, kind="stable")  # most probable first, ties by lower id
     kept = logits.size
@@ -162,19 +170,29 @@ class Generator:
     window would see them. This costs O(max_len) work per token from then on, and the tokens
     are the same as a no-cache loop that forwards `tokens[-max_len:]` at each step.
 
+    Unconditional generation: an empty prompt starts from `start_id`, the sequence then being
+    [start_id] (as transformers' `generate()` without input_ids starts from bos_token_id, and
+    llama2.c from BOS). The model has no tokenizer, so there is no default: pass
+    `glassllm.tokenizer.start_id(tokenizer)` -- the tokenizer's `bos_id`, or its `eot_id` when
+    it has none (GPT-2, the byte tokenizer: nanoGPT and transformers start GPT-2 from
+    <|endoftext|>). `start_id` is only used for an empty prompt; a tokenizer that wants BOS
+    before every prompt (Llama) puts it in the prompt ids itself.
+
     Args:
         model: a GlassLM (only read; its weights are not changed).
-        prompt_ids: 1-D int ids (or (1, T)); any length >= 1 (longer than max_len is cropped
-            as above).
+        prompt_ids: 1-D int ids (or (1, T)); any length (longer than max_len is cropped as
+            above; empty needs `start_id`).
+        start_id: the id an empty prompt starts from (None: an empty prompt is refused).
 
     Raises:
-        ValueError: empty prompt, not integers, not 1-D, or ids outside [0, vocab_size).
+        ValueError: empty prompt without start_id, not integers, not 1-D, or ids (start_id
+            included) outside [0, vocab_size).
     """
 
-    def __init__(self, model: GlassLM, prompt_ids):
+    def __init__(self, model: GlassLM, prompt_ids, start_id: int | None = None):
         self.model = model
         self.cfg = model.cfg
-        ids = _check_prompt(model, prompt_ids)
+        ids = _check_prompt(model, prompt_ids, start_id)
         self.tokens: list[int] = [int(t) for t in ids]
         self._cache = KVCache(self.cfg, batch_size=1)
         self._fed = 0  # tokens[:_fed] are in the cache (meaningless once cropping starts)
@@ -228,12 +246,16 @@ class Generator:
 
 def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling = Sampling(),
              rng: np.random.Generator | int | None = None,
-             stop_id: int | None = None) -> list[int]:
+             stop_id: int | None = None, start_id: int | None = None) -> list[int]:
     """Extend `prompt_ids` by up to `max_new_tokens` tokens; return the new tokens only.
+
+    Unconditional sampling: `generate(model, [], n, start_id=start_id(tokenizer))` (from
+    `glassllm.tokenizer`) starts from the tokenizer's BOS, or end-of-text if it has none;
+    the start id is not part of the result. See `Generator`.
 
     Args:
         model: a GlassLM.
-        prompt_ids: 1-D int ids, non-empty (see `Generator`).
+        prompt_ids: 1-D int ids; empty only with `start_id` (see `Generator`).
         max_new_tokens: how many tokens to draw (>= 0).
         sampling: temperature / top_k / top_p (default: temperature 1, no cut-off).
         rng: numpy Generator for the draws, or an int seed (becomes
@@ -241,12 +263,14 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
             fresh unseeded one (not reproducible). Unused when greedy.
         stop_id: if given (e.g. the tokenizer's eot_id), stop right after drawing it; it is
             the last element of the result.
+        start_id: the id an empty prompt starts from (None: an empty prompt is refused).
 
     Returns:
         list of max_new_tokens ints (fewer if stop_id was drawn).
 
     Raises:
-        ValueError: bad prompt ids, max_new_tokens < 0, a negative seed.
+        ValueError: bad prompt ids (or empty without start_id), max_new_tokens < 0, a
+            negative seed.
         TypeError: rng is neither a np.random.Generator, an int nor None.
     """
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
@@ -259,7 +283,7 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
             or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    generator = Generator(model, prompt_ids)
+    generator = Generator(model, prompt_ids, start_id)
     if rng is None and sampling.temperature > 0:
         rng = np.random.default_rng()
     new: list[int] = []
@@ -271,15 +295,20 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
     return new
 
 
-def _check_prompt(model: GlassLM, prompt_ids) -> np.ndarray:
+def _check_prompt(model: GlassLM, prompt_ids, start_id: int | None = None) -> np.ndarray:
     ids = np.asarray(prompt_ids)
     if ids.ndim == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.ndim != 1:
         raise ValueError(f"prompt_ids must be 1-D (T,) or (1, T), got shape {ids.shape}")
     if ids.size == 0:
-        raise ValueError("prompt_ids is empty: generation needs at least one token to start "
-                         "from (e.g. the tokenizer's eot_id)")
+        if start_id is None:
+            raise ValueError("prompt_ids is empty: an unconditional sample needs start_id, "
+                             "the id to start from (glassllm.tokenizer.start_id(tokenizer): "
+                             "its bos_id, or eot_id when it has none)")
+        if isinstance(start_id, bool) or not isinstance(start_id, (int, np.integer)):
+            raise ValueError(f"start_id must be an integer token id, got {start_id!r}")
+        ids = np.array([int(start_id)], dtype=np.int64)
     if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"prompt_ids must be integer token ids, got dtype {ids.dtype}")
     bad = np.flatnonzero((ids < 0) | (ids >= model.cfg.vocab_size))

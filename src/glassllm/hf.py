@@ -90,7 +90,8 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` then builds a
     `GPT2LMHeadModel` (family gpt2) or `LlamaForCausalLM` (family llama) with the same logits.
     Dropout probabilities are written as 0, since glassllm has none: continued training in
-    PyTorch starts from the same function.
+    PyTorch starts from the same function. A gpt2-family config's `rope_theta` (unused: GPT-2
+    has learned positions) is not written, so `from_hf` gives that field its default.
 
     Args:
         model: the GlassLM to export.
@@ -100,7 +101,10 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             replaced by accident).
         tokenizer: optional. A `BPETokenizer` is written as `tokenizer.json` (the `tokenizers`
             library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
-            it from vocab_size 257). Its `eot_id` becomes the config's bos/eos_token_id.
+            it from vocab_size 257). Its `eot_id` becomes the config's eos_token_id and its
+            start id (`glassllm.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none,
+            as GPT-2's config has bos = eos = 50256) the bos_token_id, from which
+            transformers' `generate()` starts an unconditional sample.
         overwrite: allow replacing an existing checkpoint in out_dir.
         source: optional path of the file `model` was read from; writing over it is refused
             even with overwrite=True (it would destroy the model being converted).
@@ -130,7 +134,9 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     cfg = model.cfg
     hf_config = config_to_hf(cfg)
     if tokenizer is not None:
-        hf_config["bos_token_id"] = hf_config["eos_token_id"] = int(tokenizer.eot_id)
+        from .tokenizer import start_id
+        hf_config["bos_token_id"] = start_id(tokenizer)
+        hf_config["eos_token_id"] = int(tokenizer.eot_id)
     tensors = _state_to_hf(cfg, model.state_dict())
     out.mkdir(parents=True, exist_ok=True)
     atomic_replace(out / WEIGHTS_FILE,
@@ -152,15 +158,19 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
     Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json` (a
     byte-level BPE with an "<|endoftext|>" token, as `to_hf` writes), both read by
     `glassllm.tokenizer.load_tokenizer`. With neither, a model of vocab_size 257 gets the
-    `ByteTokenizer` (a byte-level glassllm model exported by `to_hf` has no tokenizer file).
+    `ByteTokenizer` (a byte-level glassllm model exported by `to_hf` has no tokenizer file),
+    any other model none: the result is None (the weights convert alone, as a weights-only
+    glassllm file; see `glassllm.files.save`).
 
     Args:
         path: the checkpoint directory (or a file inside it).
         vocab_size: the model's; checked against the tokenizer's (None: no check, and no
             ByteTokenizer fallback).
 
+    Returns:
+        a tokenizer, or None when the directory has no tokenizer files.
+
     Raises:
-        FileNotFoundError: no tokenizer files and vocab_size is not 257.
         ValueError: unreadable tokenizer files, or a tokenizer with more ids than vocab_size.
     """
     from .tokenizer import ByteTokenizer, load_tokenizer
@@ -172,8 +182,7 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
     elif vocab_size == ByteTokenizer.vocab_size:
         tokenizer = ByteTokenizer()
     else:
-        raise FileNotFoundError(f"{directory}: no tokenizer (vocab.json + merges.txt, or "
-                                f"{TOKENIZER_FILE}) for a model of vocab_size {vocab_size}")
+        return None
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids, more than "
                          f"the model's vocab_size {vocab_size}")

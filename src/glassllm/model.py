@@ -39,7 +39,8 @@ class Config:
         d_model: C, width of the residual stream.
         n_layers: number of transformer blocks.
         n_heads: query heads; head_dim = d_model // n_heads.
-        n_kv_heads: key/value heads (grouped-query attention); None means n_heads.
+        n_kv_heads: key/value heads (grouped-query attention, llama family); None means
+            n_heads. GPT-2 has no grouped-query attention: gpt2 needs n_kv_heads == n_heads.
         max_len: longest sequence (context length) in tokens.
         family: "llama" or "gpt2" (see the module doc).
         d_ff: MLP hidden width. None -> 4*d_model for gpt2; for llama 8/3*d_model rounded up
@@ -56,7 +57,8 @@ class Config:
         ValueError: sizes that are not positive integers (bools refused), rope_theta/norm_eps
             not finite positive numbers, tie_embeddings not a bool, d_model not divisible by
             n_heads, n_heads not divisible by n_kv_heads, odd head_dim with RoPE, unknown
-            family, untied gpt2.
+            family, untied gpt2, gpt2 with n_kv_heads != n_heads (neither is GPT-2, nor
+            could be written as a `GPT2LMHeadModel` checkpoint).
     """
 
     vocab_size: int = 257
@@ -94,6 +96,9 @@ class Config:
                              f"(d_model={self.d_model} / n_heads={self.n_heads})")
         if self.family == "gpt2" and not self.tie_embeddings:
             raise ValueError("Config: the gpt2 family always ties its embeddings")
+        if self.family == "gpt2" and self.n_kv_heads != self.n_heads:
+            raise ValueError(f"Config: the gpt2 family has no grouped-query attention: "
+                             f"n_kv_heads={self.n_kv_heads} must equal n_heads={self.n_heads}")
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model if self.family == "gpt2" else \
                 32 * math.ceil(8 * self.d_model / 3 / 32)

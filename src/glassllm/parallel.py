@@ -8,7 +8,9 @@ pool of threads: NumPy releases the GIL inside a ufunc loop, so the threads trul
 same time. Slices of about 256K elements also keep the passes over a slice in cache.
 
 The work function must only write to its own slice of preallocated outputs. Calls from
-inside a worker run serially (no nested pools, no deadlock).
+inside a worker run serially (no nested pools, no deadlock). The caller's autocast state
+(per thread, `glassllm.amp`) is carried into the workers, so a matrix product in a work
+function rounds as it would on the calling thread.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+from . import amp
 
 # Elements per slice: big enough that handing it to a thread and taking the GIL back between
 # NumPy calls is cheap next to the work (64K-element slices were measurably slower on two
@@ -61,11 +65,14 @@ def _get_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _run_as_worker(fn, part):
+def _run_as_worker(fn, part, low=None):
     _in_worker.active = True
+    previous = amp.matmul_dtype()
+    amp.set_matmul_dtype(low)  # the caller's autocast dtype: the state is per thread
     try:
         fn(part)
     finally:
+        amp.set_matmul_dtype(previous)
         _in_worker.active = False
 
 
@@ -108,9 +115,10 @@ def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
     pool = _get_pool()
     # The calling thread takes every n-th slice itself instead of idling.
     n = _num_threads
-    futures = [pool.submit(_run_as_worker, fn, part)
+    low = amp.matmul_dtype()
+    futures = [pool.submit(_run_as_worker, fn, part, low)
                for i, part in enumerate(parts) if i % n]
     for part in parts[::n]:
-        _run_as_worker(fn, part)
+        _run_as_worker(fn, part, low)
     for future in futures:
         future.result()

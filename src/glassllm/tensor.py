@@ -23,6 +23,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import amp  # autocast's matmul hook; amp depends on NumPy alone
+
 _grad_enabled = True
 
 
@@ -328,8 +330,16 @@ class Tensor:
 
     # ----------------------------------------------------------------- linear algebra
     def __matmul__(self, other):
+        """Matrix product with np.matmul's shapes (batched, broadcast, 1-D operands).
+
+        Inside `glassllm.amp.autocast` a product of float32 operands goes through
+        `amp.matmul` (tensor-core rounding: low-precision inputs and output, float32
+        accumulation), forward and backward, the backward in the forward's precision, as
+        PyTorch autocasts every matmul. float64 operands (gradient checks) are never rounded.
+        """
         other = other if isinstance(other, Tensor) else Tensor(other)
         a, b = self, other
+        mm = amp.matmul if a.data.dtype == b.data.dtype == np.float32 else np.matmul
 
         def backward(g):
             ad, bd = a.data, b.data
@@ -339,11 +349,24 @@ class Tensor:
                 bd, g = bd[:, None], np.expand_dims(g, -1)
             if ad.ndim == 1:
                 ad, g = ad[None, :], np.expand_dims(g, -2)
-            ga = unbroadcast(g @ np.swapaxes(bd, -1, -2), ad.shape).reshape(a.shape)
-            gb = unbroadcast(np.swapaxes(ad, -1, -2) @ g, bd.shape).reshape(b.shape)
-            return ga, gb
+            # Now ad (..., m, k), bd (..., k, n), g (..., m, n). The gradient of an operand
+            # shared by a batch is a sum over the batch; as torch.matmul does, the batch is
+            # folded into the contraction so that sum is one GEMM (under autocast: one
+            # float32 accumulation, rounded once, not a sum of rounded products).
+            if bd.ndim == 2 and ad.ndim > 2:  # (..., m, k) @ (k, n): fold the rows
+                ga = mm(g, bd.T)
+                gb = mm(ad.reshape(-1, ad.shape[-1]).T, g.reshape(-1, g.shape[-1]))
+            elif ad.ndim == 2 and bd.ndim > 2:  # (m, k) @ (..., k, n): fold the columns
+                ga = mm(np.moveaxis(g, -2, 0).reshape(g.shape[-2], -1),
+                        np.swapaxes(bd, -1, -2).reshape(-1, bd.shape[-2]))
+                gb = mm(ad.T, g)
+            else:  # both batched (or both matrices): broadcast batch axes are summed
+                ga = _sum_to(mm(g, np.swapaxes(bd, -1, -2)), ad.shape, mm)
+                gb = _sum_to(mm(np.swapaxes(ad, -1, -2), g), bd.shape, mm)
+            return ga.reshape(a.shape), gb.reshape(b.shape)
 
-        return Tensor.from_op(a.data @ b.data, (a, b), backward)
+        out = np.asarray(mm(a.data, b.data))  # vector @ vector: a 0-d array, not a scalar
+        return Tensor.from_op(out, (a, b), amp.keep_autocast(backward))
 
     def __rmatmul__(self, other):
         return Tensor(other) @ self
@@ -398,6 +421,17 @@ class Tensor:
             return (full,)
 
         return Tensor.from_op(a.data[index], (a,), backward)
+
+
+def _sum_to(grad: np.ndarray, shape: tuple, mm) -> np.ndarray:
+    """unbroadcast for a matmul gradient: under autocast the batch sum of low-precision
+    products is rounded to the low dtype once more (torch sums the expanded operand's
+    gradient in that dtype, accumulating in float32)."""
+    summed = unbroadcast(grad, shape)
+    low = amp.matmul_dtype()
+    if summed.shape != grad.shape and mm is amp.matmul and low is not None:
+        summed = amp.round_to(summed, low)
+    return summed
 
 
 def _can_add_into(total: np.ndarray, g: np.ndarray) -> bool:

@@ -412,7 +412,8 @@ class Trainer:
             (`ArrayBatches`) and a multi-GB memory-mapped file work alike.
         model_path: where the best model is written with `glassllm.files.save` (None: never).
         checkpoint_path: where checkpoints go (None: no checkpoints, even on Ctrl-C).
-        tokenizer: stored in the model file (default ByteTokenizer) and in checkpoints.
+        tokenizer: stored in the model file and in checkpoints; None (default): the model
+            file is weights-only (any vocab_size; see `glassllm.files.save`).
         extra: JSON-serialisable facts stored in checkpoints (e.g. the data sources).
 
     Each update is one `glassllm.safety.TrainStep` call: loss, backward, clip, AdamW at
