@@ -74,7 +74,7 @@ def test_title_and_data_cannot_break_out_of_the_page(model):
 
 def test_cli_inspect(model, tmp_path, capsys):
     path = tmp_path / "m.safetensors"
-    files.save(model, path)
+    files.save(model, path, tokenizer=ByteTokenizer())
     out = tmp_path / "r.html"
     run = tmp_path / "run"
     run.mkdir()
@@ -95,11 +95,22 @@ def test_cli_inspect(model, tmp_path, capsys):
     (["--prompt", "x" * 40], "max_len"),
     (["--prompt", "ab", "--top-k", "0"], "--top-k"),
     (["--prompt", "ab", "--run", "/nonexistent/run"], "/nonexistent/run"),
+    (["--prompt", "ab", "--tokenizer", "nope.json"], "nope.json"),
 ])
 def test_cli_inspect_errors(model, tmp_path, capsys, args, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    files.save(model, tmp_path / "m.safetensors")
+    files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
+    files.save(model, tmp_path / "weights.safetensors")
     assert main(["inspect", "--model", "m.safetensors", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("glassllm inspect: error:") and message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_inspect_weights_only_needs_a_tokenizer(model, tmp_path, capsys):
+    files.save(model, tmp_path / "w.safetensors")
+    args = ["inspect", "--model", str(tmp_path / "w.safetensors"), "--prompt", "ab",
+            "--out", str(tmp_path / "r.html")]
+    assert main(args) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    assert main(args + ["--tokenizer", "byte"]) == 0

@@ -933,6 +933,10 @@ def add_inspect(sub) -> None:
     p.add_argument("--model", required=True, metavar="PATH",
                    help="glassllm model file or Hugging Face directory (as generate)")
     p.add_argument("--prompt", required=True, metavar="TEXT", help="text to inspect")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer instead of the model's (as generate: a tokenizer JSON, a "
+                        "GPT-2 vocab.json + merges.txt directory, llama2.c's tokenizer.bin, or "
+                        "`byte`)")
     p.add_argument("--out", default="report.html", metavar="FILE",
                    help="HTML report to write (default report.html)")
     p.add_argument("--run", default=None, metavar="DIR",
@@ -957,7 +961,14 @@ def run_inspect(args) -> int:
     if not args.out.lower().endswith((".html", ".htm")):
         raise UsageError(f"--out {args.out}: the report is HTML; give a .html path")
     model, tokenizer = load_model_and_tokenizer(args.model)
-    ids = tokenizer.encode(args.prompt)
+    if args.tokenizer is not None:
+        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
+    elif tokenizer is None:
+        raise UsageError(f"{args.model} has no tokenizer (a weights-only model); give one with "
+                         f"--tokenizer PATH")
+    ids = [int(i) for i in tokenizer.encode(args.prompt)]
+    if getattr(tokenizer, "bos_id", None) is not None:  # as generate: BOS starts a context
+        ids = [int(tokenizer.bos_id)] + ids
     if len(ids) < 2:
         raise UsageError(f"--prompt is {len(ids)} token(s); inspect needs at least 2 (one to "
                          f"predict)")
