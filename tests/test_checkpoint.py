@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from glassllm import Config, GlassLM, files
+from glassllm.amp import GradScaler
 from glassllm.checkpoint import (Checkpoint, load_checkpoint, load_optimizer_state,
                                  optimizer_state, save_checkpoint)
 from glassllm.data import ArrayBatches
@@ -110,7 +111,7 @@ def test_checkpoint_round_trip(tmp_path):
                       optimizer=optimizer_state(model, opt), rng_state=rng.bit_generator.state,
                       settings={"steps": 5}, best_val_loss=1 / 3, best_step=0,
                       history=[{"step": 0, "loss": 0.1 + 0.2, "lr": 1e-3, "val_loss": 1 / 3}],
-                      scaler={"precision": "fp16", "scaler": {"scale": 65536.0}},
+                      scaler={"precision": "fp16", "scaler": GradScaler().state_dict()},
                       extra={"tokenizer": '{"type": "byte"}'})
     path = save_checkpoint(tmp_path / "sub" / "c.ckpt", ckpt)
     assert sorted(os.listdir(tmp_path / "sub")) == ["c.ckpt"]  # no temporary left
@@ -208,3 +209,169 @@ def test_unwritable_checkpoint_paths_name_the_path_not_a_temporary(tmp_path):
         assert "cannot write the checkpoint" in str(info.value)
     assert sorted(os.listdir(tmp_path)) == ["adir", "afile"]
     assert os.listdir(tmp_path / "adir") == []
+
+
+# ------------------------------------------------------------------ issue 9: nothing damaged
+def written_checkpoint(tmp_path, **kw):
+    t = make_trainer(tmp_path, "run", checkpoint_every=3, steps=3, **kw)
+    t.run(GlassLM(Config(**CFG)))
+    return tmp_path / "run.ckpt"
+
+
+def rewrite(path, out, tensors=None, state=None, digest=True, version=None):
+    """A copy of checkpoint `path` with other tensors and/or state, with a fresh digest (as
+    a tool that rewrote the file consistently would make) unless digest=False."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from glassllm import integrity
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata()
+        old = {n: f.get_tensor(n) for n in f.keys()}
+    tensors = old if tensors is None else tensors(old)
+    meta = {k: v for k, v in meta.items() if k != "digest"}
+    if state is not None:
+        s = json.loads(meta["state"])
+        state(s)
+        meta["state"] = json.dumps(s)
+    if version is not None:
+        meta["version"] = version
+    if digest:
+        meta = integrity.sign(tensors, meta)
+    save_file(tensors, str(out), metadata=meta)
+    return out
+
+
+def test_a_checkpoint_rewritten_as_int32_is_refused(tmp_path):
+    """Today's bug: int32 tensors loaded as zero weights and the run went on (exit 0)."""
+    ckpt = written_checkpoint(tmp_path)
+    as_int = {"tensors": lambda t: {n: a.astype(np.int32) for n, a in t.items()}}
+    for digest in (True, False):  # a consistent rewrite, and one that kept the old digest
+        bad = rewrite(ckpt, tmp_path / f"int{digest}.ckpt", digest=digest, **as_int)
+        with pytest.raises(ValueError, match=f"int{digest}.ckpt") as info:
+            load_checkpoint(bad)
+        assert ("dtype I32; checkpoints hold float32" if digest else "digest") in \
+            str(info.value) or "damaged" in str(info.value)
+        with pytest.raises(ValueError):
+            make_trainer(tmp_path, "run", steps=3).run(GlassLM(Config(**CFG)), resume=bad)
+
+
+def test_a_flipped_bit_in_a_checkpoint_names_the_file_and_the_tensor(tmp_path):
+    ckpt = written_checkpoint(tmp_path)
+    data = bytearray(ckpt.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(bytes(data[8:8 + n]))
+    lo = header["optimizer.v.blocks.1.mlp.up.weight"]["data_offsets"][0]
+    data[8 + n + lo + 2] ^= 0x01  # the lowest mantissa bit of one moment: finite, positive
+    (tmp_path / "flip.ckpt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"flip\.ckpt.*tensor "
+                                         r"'optimizer\.v\.blocks\.1\.mlp\.up\.weight' is damaged"):
+        load_checkpoint(tmp_path / "flip.ckpt")
+
+
+def set_path(state, dotted, value):
+    *parents, last = dotted.split(".")
+    for p in parents:
+        state = state[int(p) if p.isdigit() else p]
+    state[int(last) if last.isdigit() else last] = value
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("step", "3", "state.step must be an integer"),
+    ("step", -1, "state.step must be an integer >= 0"),
+    ("step", 4, "state.history must be a list of 4 entries"),
+    ("config", [1], "state.config must be an object"),
+    ("config.d_model", "16", "state.config is invalid"),
+    ("optimizer.t", 2.5, "state.optimizer.t must be an integer"),
+    ("optimizer.lr", "0.01", "state.optimizer.lr must be a finite number"),
+    ("optimizer.betas", [0.9], "state.optimizer.betas must be two numbers"),
+    ("optimizer.steps", {}, "state.optimizer.steps must map each parameter"),
+    ("optimizer.eps", 0, "state.optimizer.eps must be a finite number > 0"),
+    ("rng_state", None, "state.rng_state is not a PCG64 state"),
+    ("rng_state.state.state", -5, "state.rng_state is not a PCG64 state"),
+    ("rng_state.bit_generator", "MT19937", "state.rng_state is not a PCG64 state"),
+    ("settings", [], "state.settings must be an object"),
+    ("best_val_loss", "low", "state.best_val_loss must be a finite number"),
+    ("best_step", None, "must both be set or both null"),
+    ("best_step", 3, "state.best_step must be an integer >= 0 below 3"),
+    ("history", {}, "state.history must be a list"),
+    ("history.0", 5, "state.history[0] must be an object"),
+    ("history.1.step", 0, "state.history[1].step must be 1"),
+    ("history.1.lr", None, "state.history[1].lr must be a finite number"),
+    ("history.0.skipped", "yes", "state.history[0].skipped must be one of"),
+    ("scaler", "fp32", "state.scaler must be null or"),
+    ("scaler.precision", "fp16", "state.scaler.precision is 'fp16' but state.settings"),
+    ("extra", [], "state.extra must be an object"),
+    ("data", {"train": 1}, "state: data must be an object with 'train' and 'val'"),
+    ("data.train.sha256", "abc", "data.train must be"),
+    ("data.val.tokens", -1, "data.val must be"),
+])
+def test_every_json_field_of_the_state_is_checked(tmp_path, field, value, match):
+    """A consistent rewrite (fresh digest) with one field of the wrong type or range: one
+    ValueError line naming the file and the field, never AttributeError/TypeError/KeyError."""
+    ckpt = written_checkpoint(tmp_path)
+    bad = rewrite(ckpt, tmp_path / "bad.ckpt", state=lambda s: set_path(s, field, value))
+    with pytest.raises(ValueError) as info:
+        load_checkpoint(bad)
+    message = str(info.value)
+    assert message.startswith(f"checkpoint {str(bad)!r}: ") and match in message, message
+    assert "\n" not in message
+    # the same state with the digest of the original file: refused as damaged
+    stale = rewrite(ckpt, tmp_path / "stale.ckpt", state=lambda s: set_path(s, field, value),
+                    digest=False, version="2")
+    with pytest.raises(ValueError, match="stale.ckpt.*(digest|not what was written)"):
+        load_checkpoint(stale)
+
+
+def test_missing_and_unknown_state_fields_are_named(tmp_path):
+    ckpt = written_checkpoint(tmp_path)
+    bad = rewrite(ckpt, tmp_path / "bad.ckpt", state=lambda s: (s.pop("rng_state"),
+                                                               s.update(lucky=7)))
+    with pytest.raises(ValueError, match=r"lacks \['rng_state'\]; has unknown \['lucky'\]"):
+        load_checkpoint(bad)
+
+
+def test_version_1_checkpoints_load_but_cannot_be_resumed(tmp_path):
+    """Written before digests and data identities: they load (all checks but the digest), and
+    a Trainer refuses to resume one, since it cannot tell whether the data is the same."""
+    ckpt = written_checkpoint(tmp_path)
+    old = rewrite(ckpt, tmp_path / "v1.ckpt", state=lambda s: s.pop("data"), digest=False,
+                  version="1")
+    back = load_checkpoint(old)
+    assert back.step == 3 and back.data is None
+    np.testing.assert_array_equal(back.weights["token_embedding.weight"],
+                                  load_checkpoint(ckpt).weights["token_embedding.weight"])
+    with pytest.raises(ValueError, match="records no data identity"):
+        make_trainer(tmp_path, "run", steps=3).run(GlassLM(Config(**CFG)), resume=old)
+    for version, match in (("3", "has version '3'"), ("2", "must carry a digest")):
+        other = rewrite(ckpt, tmp_path / f"v{version}.ckpt", digest=False, version=version)
+        with pytest.raises(ValueError, match=match):
+            load_checkpoint(other)
+
+
+def test_a_trainer_checkpoint_refuses_to_resume_on_other_data(tmp_path):
+    """The Python Trainer records the data identity in every checkpoint and checks it."""
+    ckpt = written_checkpoint(tmp_path)
+    state = load_checkpoint(ckpt)
+    train, val = data()
+    assert state.data == {"train": {"tokens": 540, "sha256": train.fingerprint()},
+                          "val": {"tokens": 60, "sha256": val.fingerprint()}}
+    t = make_trainer(tmp_path, "again", steps=3, checkpoint_every=3)
+    t.train_data = ArrayBatches(train.ids[::-1].copy())  # same tokens and count, other order
+    with pytest.raises(ValueError, match="the training data differs from the checkpoint's "
+                                         r"\(same length, other content"):
+        t.run(GlassLM(Config(**CFG)), resume=ckpt)
+    assert not (tmp_path / "again.ckpt").exists()
+
+
+def test_save_refuses_what_load_would_refuse(tmp_path):
+    ckpt = small_checkpoint()
+    ckpt.weights["token_embedding.weight"] = ckpt.weights["token_embedding.weight"].astype(
+        np.float64)
+    with pytest.raises(ValueError, match="token_embedding.weight' has dtype float64"):
+        save_checkpoint(tmp_path / "c.ckpt", ckpt)
+    ckpt = small_checkpoint()
+    ckpt.optimizer["t"] = "0"
+    with pytest.raises(ValueError, match="state.optimizer.t must be an integer"):
+        save_checkpoint(tmp_path / "c.ckpt", ckpt)
+    assert os.listdir(tmp_path) == []

@@ -66,7 +66,11 @@ def test_prepare_with_gpt2_directory(corpus, tmp_path, capsys):
     (["prepare", "CORPUS", "--out", "OUT", "--tokenizer", "bpe:x"], "bpe:N"),
     (["prepare", "CORPUS", "--out", "OUT", "--tokenizer", "bpe:100"], "257"),
     (["prepare", "CORPUS", "--out", "OUT", "--tokenizer", "nope.json"], "nope.json"),
-    (["prepare", "CORPUS", "--out", "OUT", "--val-fraction", "1.5"], "val_fraction"),
+    (["prepare", "CORPUS", "--out", "OUT", "--val-fraction", "1.5"], "--val-fraction"),
+    (["prepare", "CORPUS", "--out", "OUT", "--val-fraction", "nan"], "--val-fraction"),
+    (["prepare", "CORPUS", "--out", "OUT", "--tokenizer", "bpe:" + "9" * 30],
+     "--tokenizer: tokenizer bpe:999999999999... (30 digits): N must be in [257, 16777216]"),
+    (["prepare", "CORPUS", "--out", "OUT", "--tokenizer", "bpe:16777217"], "[257, 16777216]"),
 ])
 def test_prepare_errors_are_one_line(corpus, tmp_path, capsys, argv, message):
     argv = [str(corpus) if a == "CORPUS" else str(tmp_path / "o") if a == "OUT"

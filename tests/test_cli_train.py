@@ -1,7 +1,7 @@
 """`glassllm train`: data in, best model + history out, clear errors, Ctrl-C and --resume.
 
-Tiny models and few steps keep these fast; the full tinyshakespeare run of the README is
-marked slow."""
+Tiny models and few steps keep these fast; the README's full runs (the stdlib default corpus,
+tinyshakespeare) are marked slow."""
 from __future__ import annotations
 
 import csv
@@ -19,7 +19,8 @@ import pytest
 
 from glassllm import files
 from glassllm.checkpoint import load_checkpoint
-from glassllm.cli import main, stdlib_corpus
+from glassllm.cli import main
+from glassllm.data import stdlib_corpus
 from glassllm.train import TrainSettings
 
 TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "1",
@@ -62,7 +63,7 @@ def test_train_on_a_text_file_writes_model_history_and_plot(tmp_path, text_file,
 
 
 def test_held_out_split_is_the_last_ten_percent(text_file):
-    from glassllm.cli import load_corpus
+    from glassllm.data import load_corpus
     corpus = load_corpus([str(text_file)], seq_len=16)
     raw = np.frombuffer(text_file.read_bytes(), dtype=np.uint8)
     n_val = len(raw) // 10
@@ -180,6 +181,23 @@ def test_ctrl_c_exits_130_with_checkpoint_and_csv_intact_then_resume_matches(tmp
 
 
 @pytest.mark.slow
+def test_readme_main_job_stdlib_defaults(tmp_path, capsys):
+    """The README's two commands: `glassllm train` with every default (the stdlib corpus, no
+    data file at all), then `glassllm generate` on its model with a Python prompt. Measured
+    1.42 nats per byte after 1000 steps; 1.6 leaves room for another Python version's
+    stdlib."""
+    out = tmp_path / "model.safetensors"
+    assert main(["train", "--out", str(out)]) == 0
+    rows = read_csv(tmp_path / "history.csv")
+    best = min(float(r["val_loss"]) for r in rows if r["val_loss"])
+    assert best < 1.6, best
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), "--prompt", "import os", "--seed", "0"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("import os") and len(text) > 100
+
+
+@pytest.mark.slow
 def test_readme_main_job_tinyshakespeare_defaults(tmp_path, capsys):
     """The README's first command, with the default model and steps: under 15 minutes on two
     cores, validation below 2.0 nats per byte."""
@@ -214,15 +232,40 @@ def one_error_line(err: str) -> str:
 @pytest.mark.parametrize("lr", ["1e10", "1e300"])
 def test_a_diverged_run_exits_1_and_writes_no_model(tmp_path, text_file, capsys, lr):
     out = tmp_path / "r" / "m.safetensors"
+    log = tmp_path / "steps.csv"
     rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "5", "--lr", lr,
-               "--warmup", "0", "--out", str(out)])
+               "--warmup", "0", "--out", str(out), "--log-csv", str(log)])
     captured = capsys.readouterr()
     assert rc == 1
     line = one_error_line(captured.err)
-    assert "not finite" in line and "no model file was written" in line
+    assert "step 0: the validation loss is not finite (nan)" in line
+    assert "no model file was written" in line
     assert "saved (best so far)" not in captured.out and "val nan" not in captured.out
-    assert not out.exists() and not (tmp_path / "r" / "history.csv").exists()
+    assert not out.exists()
+    # the failing step has its rows: in the per-step CSV and in history.csv
+    assert [int(r["step"]) for r in read_csv(log)] == [0]
+    assert [int(r["step"]) for r in read_csv(tmp_path / "r" / "history.csv")] == [0]
     assert "RuntimeWarning" not in captured.err
+
+
+def test_a_non_finite_gradient_is_reported_as_the_gradient_norm(tmp_path, text_file, capsys):
+    """lr 1e30: step 0 makes the weights ~1e30; step 1's loss is still finite (the norms
+    rescale) but its gradient is NaN. The message names the gradient norm and its value, not
+    the loss (5.5) as the gradient norm; both CSVs hold the failing step 1."""
+    out = tmp_path / "r" / "m.safetensors"
+    log = tmp_path / "steps.csv"
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "5", "--lr", "1e30",
+               "--warmup", "0", "--eval-every", "1", "--out", str(out), "--log-csv", str(log)])
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 1
+    rows = read_csv(log)
+    assert [int(r["step"]) for r in rows] == [0, 1]
+    assert rows[1]["skip_reason"] == "nonfinite_grad" and math.isfinite(float(rows[1]["loss"]))
+    assert f"step 1: the gradient norm (before clipping) is not finite " \
+           f"({rows[1]['grad_l2_pre_clip']})" in line
+    assert f"{out} keeps the best model, from step 0" in line
+    history = read_csv(tmp_path / "r" / "history.csv")
+    assert [int(r["step"]) for r in history] == [0, 1] and history[1]["val_loss"] == ""
 
 
 def test_gpt2_default_kv_heads_follow_the_family(tmp_path, text_file, capsys):
@@ -257,7 +300,7 @@ def test_a_directory_gives_only_its_text_files(tmp_path, text_file, capsys):
     (folder / "sub" / "b.md").write_text("# notes\n" * 40)
     (folder / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
     (folder / "tokens.bin").write_bytes(np.arange(300, dtype=np.uint16).tobytes())  # NULs
-    from glassllm.cli import load_corpus
+    from glassllm.data import load_corpus
     corpus = load_corpus([str(folder)], seq_len=16)
     assert corpus.sources == [str(folder / "a.txt"), str(folder / "sub" / "b.md")]
     assert corpus.train.token_count() + corpus.val.token_count() == \
@@ -288,7 +331,13 @@ def test_a_prepare_directory_cannot_be_mixed_with_files(tmp_path, text_file, cap
     (["--checkpoint", "{dir}"], "is a directory"),
     (["--log-csv", "{dir}/afile/x.csv"], "afile is a file, not a directory"),
     (["--out", "{dir}/afile/m.st"], "afile is a file, not a directory"),
-    (["--out", "{data}"], "is one of the --data files"),
+    (["--out", "{data}"], "is one of the data files"),
+    (["--out", ""], "--out is empty"),
+    (["--out", "{dir}/"], "names a directory; give a file path such as"),
+    (["--out", "{dir}/."], "names a directory"),
+    (["--out", "{dir}"], "is a directory"),
+    (["--log-csv", ""], "--log-csv is empty"),
+    (["--checkpoint", "{dir}/sub/"], "--checkpoint {dir}/sub/ names a directory"),
 ])
 def test_conflicting_or_bad_output_paths_fail_before_training(tmp_path, text_file, capsys,
                                                              flags, message):
@@ -299,6 +348,7 @@ def test_conflicting_or_bad_output_paths_fail_before_training(tmp_path, text_fil
     fill = dict(out=out, dir=run_dir, data=text_file)
     argv = ["train", "--data", str(text_file), *TINY_ARGS, "--out", str(out)]
     argv += [f.format(**fill) for f in flags]
+    message = message.format(**fill)
     rc = main(argv)
     captured = capsys.readouterr()
     assert rc == 2 and message in captured.err and captured.err.count("\n") == 1
@@ -314,7 +364,9 @@ def test_missing_log_csv_directories_are_created(tmp_path, text_file):
 
 
 def test_os_errors_and_memory_errors_are_one_line(tmp_path, text_file, capsys, monkeypatch):
-    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--batch-size", "1000000000000",
+    # within every flag's bounds, but 12 * 65536**2 floats per layer do not fit anywhere
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--d-model", "65536",
+               "--n-heads", "1", "--n-kv-heads", "1", "--n-layers", "1024",
                "--out", str(tmp_path / "m.st")])
     captured = capsys.readouterr()
     assert rc == 2
@@ -350,15 +402,18 @@ def test_resume_refuses_other_data_of_the_same_length(tmp_path, text_file, capsy
     assert main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "4",
                  "--checkpoint-every", "2", "--checkpoint", str(ckpt),
                  "--out", str(tmp_path / "m.st")]) == 0
-    saved = load_checkpoint(ckpt).extra["data"]
-    import hashlib
-    assert len(saved["sha256"]) == 64 and saved["sha256"] != hashlib.sha256(b"").hexdigest()
+    from glassllm.data import load_corpus, token_fingerprint
+    saved = load_checkpoint(ckpt).data  # the Trainer's data identity
+    corpus = load_corpus([str(text_file)], 16)
+    assert saved["train"] == {"tokens": corpus.train.token_count(),
+                              "sha256": token_fingerprint(corpus.train.ids)}
     text = text_file.read_bytes()
     text_file.write_bytes(text.replace(b"quick", b"QUICK"))  # same length, other content
     capsys.readouterr()
     rc = main(["train", "--resume", str(ckpt)])
-    assert rc == 2 and "the data differs from the checkpoint's (content)" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--resume {ckpt}: the training data differs from the checkpoint's " \
+        f"(same length, other content" in err and err.count("\n") == 1
     text_file.write_bytes(text)
     assert main(["train", "--resume", str(ckpt)]) == 0
 
@@ -386,10 +441,12 @@ def test_settings_errors_use_the_flag_spelling(tmp_path, text_file, capsys):
     rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--batch-size", "0",
                "--out", str(tmp_path / "m.st")])
     err = capsys.readouterr().err
-    assert rc == 2 and "--batch-size must be positive, got 0" in err and "batch_size" not in err
+    assert rc == 2 and "--batch-size must be an integer in [1, 1048576], got 0" in err
+    assert "batch_size" not in err
     rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--eval-every", "0",
                "--out", str(tmp_path / "m.st")])
-    assert rc == 2 and "--eval-every must be positive" in capsys.readouterr().err
+    assert rc == 2 and "--eval-every must be an integer in [1, 1000000000], got 0" in \
+        capsys.readouterr().err
 
 
 def test_resume_refuses_more_steps_and_says_why(tmp_path, text_file, capsys):
@@ -419,3 +476,77 @@ def test_main_turns_any_os_error_into_one_line(tmp_path, text_file, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("glassllm prepare: error:") and str(blocker) in err
     assert err.count("\n") == 1 and "Traceback" not in err and blocker.read_text() == "x"
+
+
+# ------------------------------------------------------------------------- issue 9, point 6
+def test_a_fully_skipped_fp16_run_exits_1(tmp_path, text_file, capsys, monkeypatch):
+    """Every fp16 step of this run overflows (its model's weights are scaled x100, finite in
+    float32): each loss is NaN and skipped. Such a run made no update; it must exit 1, with
+    every step in both CSVs, not exit 0 with an untrained model."""
+    from glassllm import model as model_module
+
+    class Overflowing(model_module.GlassLM):
+        def __init__(self, cfg, seed=0):
+            super().__init__(cfg, seed=seed)
+            for p in self.parameters():
+                p.data *= 100
+    monkeypatch.setattr(model_module, "GlassLM", Overflowing)
+    log = tmp_path / "steps.csv"
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "6",
+               "--precision", "fp16", "--out", str(tmp_path / "m.st"), "--log-csv", str(log)])
+    line = one_error_line(capsys.readouterr().err)
+    assert rc == 1
+    assert "step 5: the last 6 updates were all skipped (last: non-finite training loss " \
+           "(nan)" in line and "no progress" in line
+    rows = read_csv(log)
+    assert [int(r["step"]) for r in rows] == list(range(6))
+    assert {r["skip_reason"] for r in rows} == {"nonfinite_loss"}
+    assert [int(r["step"]) for r in read_csv(tmp_path / "history.csv")] == list(range(6))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--threads", "99999999999999999999999"], "--threads must be an integer in [1, 1024], got "
+                                               "99999999999999999999999"),
+    (["--threads", "9" * 40], "--threads must be an integer in [1, 1024], got 999999999999... "
+                              "(40 digits)"),
+    (["--seed", str(2**64)], "--seed must be an integer in [0, 9223372036854775807]"),
+    (["--d-model", "100000"], "--d-model must be an integer in [1, 65536]"),
+    (["--n-layers", "0"], "--n-layers must be an integer in [1, 1024]"),
+    (["--steps", str(10**10)], "--steps must be an integer in [0, 1000000000]"),
+    (["--seq-len", str(2**40)], "--seq-len must be an integer in [1, 1048576]"),
+    (["--checkpoint-every", "0"], "--checkpoint-every must be an integer in [1, 1000000000]"),
+    (["--max-consecutive-skips", "0"], "--max-consecutive-skips must be an integer in [1, "),
+    (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    (["--max-skip-rate", "1"], "--max-skip-rate must be a number in [0, 1), got 1.0"),
+])
+def test_every_numeric_flag_is_bounded_and_named(tmp_path, text_file, capsys, argv, message):
+    rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--out", str(tmp_path / "m.st"),
+               *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"glassllm train: error: {message}"), err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err and "Overflow" not in err
+    assert os.listdir(tmp_path) == ["text.txt"]
+
+
+def test_a_checkpoint_whose_extra_fields_have_wrong_types_is_refused(tmp_path, text_file,
+                                                                    capsys):
+    from glassllm.checkpoint import save_checkpoint
+    ckpt = tmp_path / "c.st"
+    assert main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "4",
+                 "--checkpoint-every", "2", "--checkpoint", str(ckpt),
+                 "--out", str(tmp_path / "m.st")]) == 0
+    state = load_checkpoint(ckpt)
+    for field, value, match in (("threads", 10**30, "extra.threads must be an integer"),
+                                ("out", 5, "extra.out must be a file path"),
+                                ("data", {"sources": "a.txt"}, "extra.data.sources")):
+        bad = load_checkpoint(ckpt)
+        bad.extra[field] = value
+        save_checkpoint(tmp_path / "bad.st", bad)  # a valid checkpoint for the library
+        capsys.readouterr()
+        assert main(["train", "--resume", str(tmp_path / "bad.st")]) == 2
+        err = capsys.readouterr().err
+        assert f"checkpoint {str(tmp_path / 'bad.st')!r}: {match}" in err and \
+            err.count("\n") == 1, err
+    assert state.step == 4

@@ -294,3 +294,72 @@ def test_prepare_with_gpt2_matches_whole_text_encoding(tmp_path):
     prepare([src], tmp_path / "o", gpt2, val_fraction=0.0, chunk_bytes=997)
     assert TokenFile(tmp_path / "o" / "train.bin").tokens.tolist() == gpt2.encode(text).tolist()
     assert (tmp_path / "o" / "tokenizer.json").is_file()
+
+
+# --- data identity (issue 9) -----------------------------------------------------------------
+
+def test_the_fingerprint_is_the_sha256_of_the_ids_whatever_their_dtype(tmp_path):
+    import hashlib
+    ids = np.random.default_rng(0).integers(0, 257, size=1000)
+    expected = hashlib.sha256(b"glassllm-tokens|<u4|1000|"
+                              + ids.astype("<u4").tobytes()).hexdigest()
+    assert data.token_fingerprint(ids) == expected
+    for dtype in (np.uint16, np.int32, np.int64, np.uint64):
+        assert ArrayBatches(ids.astype(dtype)).fingerprint() == expected
+    assert write_tokens(tmp_path / "t.bin", ids).fingerprint() == expected  # memory-mapped
+    swapped = ids.copy()
+    swapped[[10, 11]] = swapped[[11, 10]]
+    assert data.token_fingerprint(swapped) != expected or ids[10] == ids[11]
+    assert data.token_fingerprint(ids[:-1]) != expected
+    # ids outside uint32 (invalid, but an ArrayBatches may hold them) hash as int64
+    neg = np.array([-1, 2, 3])
+    assert data.token_fingerprint(neg) == hashlib.sha256(
+        b"glassllm-tokens|<i8|3|" + neg.astype("<i8").tobytes()).hexdigest()
+    small = data.FINGERPRINT_CHUNK
+    data.FINGERPRINT_CHUNK = 7  # chunked hashing equals one pass
+    try:
+        assert data.token_fingerprint(ids) == expected
+    finally:
+        data.FINGERPRINT_CHUNK = small
+
+
+def test_data_identity_and_the_resume_check():
+    a, b = ArrayBatches(np.arange(100) % 7), ArrayBatches(np.arange(50) % 5)
+    identity = data.data_identity(a, b)
+    assert identity == {"train": {"tokens": 100, "sha256": a.fingerprint()},
+                        "val": {"tokens": 50, "sha256": b.fingerprint()}}
+    data.check_identity(identity, "here")
+    data.check_same_data(identity, a, b)
+    with pytest.raises(ValueError, match=r"^resume: the validation data differs from the "
+                                         r"checkpoint's \(49 tokens vs 50\)"):
+        data.check_same_data(identity, a, ArrayBatches(np.arange(49) % 5))
+    with pytest.raises(ValueError, match="the training data differs .*other content"):
+        data.check_same_data(identity, ArrayBatches(np.arange(100) % 11), b)
+    with pytest.raises(ValueError, match="records no data identity"):
+        data.check_same_data(None, a, b)
+
+    class NoFingerprint:
+        def token_count(self):
+            return 10
+    with pytest.raises(ValueError, match="training data .NoFingerprint. has no fingerprint"):
+        data.data_identity(NoFingerprint(), b)
+
+
+def test_load_corpus_offers_what_train_data_reads(tmp_path):
+    text = tmp_path / "a.txt"
+    text.write_bytes(b"hello world\n" * 100)
+    corpus = data.load_corpus([str(text)], seq_len=16)
+    assert corpus.sources == [str(text)] and corpus.name == str(text)
+    assert corpus.train.token_count() == 1080 and corpus.val.token_count() == 120
+    assert corpus.identity() == data.data_identity(corpus.train, corpus.val)
+    assert corpus.describe()["sha256"] == corpus.fingerprint() and len(corpus.fingerprint()) == 64
+    prepare([str(text)], tmp_path / "p")
+    prepared = data.load_corpus([str(tmp_path / "p")], seq_len=16)
+    assert isinstance(prepared.train, TokenFile) and prepared.tokenizer.vocab_size == 257
+    stdlib = data.load_corpus(None, seq_len=64, stdlib_bytes=100_000)
+    assert stdlib.sources is None and "Python standard library" in stdlib.name
+    assert stdlib.train.token_count() + stdlib.val.token_count() == 100_000
+    with pytest.raises(ValueError, match="too little text for seq_len 200"):
+        data.load_corpus([str(text)], seq_len=200)
+    with pytest.raises(ValueError, match="val_fraction"):
+        data.load_corpus([str(text)], val_fraction=0)

@@ -259,10 +259,13 @@ def test_flipped_header_byte(tmp_path, saved, where):
     assert str(path) in str(e.value)
 
 
-def test_any_header_byte_flip_gives_value_error_or_a_model(tmp_path, saved):
-    """Fuzz every 3rd header byte: the only outcomes are ValueError or (when the flip lands in
-    a harmless spot, e.g. a config digit) a loaded model -- never a raw library error."""
+def test_any_header_byte_flip_gives_value_error_or_the_same_model(tmp_path, saved):
+    """Fuzz every 3rd header byte: the only outcomes are ValueError naming the file or (when
+    the flip lands in a harmless spot) exactly the saved model -- never a raw library error,
+    never a changed model: the digest covers the config, so a flipped config digit that used
+    to load as another model is refused now (tests/test_fuzz_files.py goes further)."""
     data = saved.read_bytes()
+    original = files.load(saved).state_dict()
     start, end = header_span(data)
     path = tmp_path / "fuzz.safetensors"
     outcomes = {"ValueError": 0, "loaded": 0}
@@ -271,12 +274,16 @@ def test_any_header_byte_flip_gives_value_error_or_a_model(tmp_path, saved):
         broken[at] ^= 0x01 if at >= start else 0x40
         path.write_bytes(bytes(broken))
         try:
-            files.load(path)
-            outcomes["loaded"] += 1
+            model = files.load(path)
         except ValueError as e:
             assert str(path) in str(e)
             outcomes["ValueError"] += 1
-    assert outcomes["ValueError"] > outcomes["loaded"] > 0
+        else:
+            outcomes["loaded"] += 1
+            assert model.cfg == tiny().cfg
+            for name, w in model.state_dict().items():
+                np.testing.assert_array_equal(w, original[name])
+    assert outcomes["ValueError"] > 100
 
 
 def test_torch_style_safetensors_is_foreign(tmp_path):
@@ -503,3 +510,82 @@ def test_directory_error_explains_what_a_hugging_face_directory_needs(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(IsADirectoryError, match="has model.safetensors\\)"):
         files.load(tmp_path)
+
+
+# --------------------------------------------------------------------------- digest (issue 9)
+def test_a_flipped_bit_in_the_data_names_the_file_and_the_tensor(tmp_path, saved):
+    """A weight of 0.0025 with one exponent bit flipped is still finite (8.6e35-like): only
+    the digest sees it."""
+    data = bytearray(saved.read_bytes())
+    start, end = header_span(bytes(data))
+    with safe_open(str(saved), framework="numpy") as f:
+        name = "blocks.1.mlp.down.weight"
+        lo = json.loads(bytes(data[start:end]))[name]["data_offsets"][0]
+    data[end + lo + 3] ^= 0x20  # the exponent's top bit of the first float32 (little-endian)
+    path = tmp_path / "flipped.safetensors"
+    path.write_bytes(bytes(data))
+    with safe_open(str(path), framework="numpy") as f:
+        w = f.get_tensor(name)
+    assert np.all(np.isfinite(w))  # finiteness alone would have let it through
+    with pytest.raises(ValueError, match=re.escape(f"{path}: tensor '{name}' is damaged")):
+        files.load(path)
+
+
+def test_the_digest_is_in_the_metadata_and_covers_every_tensor(saved):
+    from glassllm import integrity
+    with safe_open(str(saved), framework="numpy") as f:
+        meta = f.metadata()
+        tensors = {n: f.get_tensor(n) for n in f.keys()}
+    assert meta["version"] == files.VERSION == "2"
+    digest = json.loads(meta["digest"])
+    assert digest["algorithm"] == "sha256" and set(digest["tensors"]) == set(tensors)
+    for name, array in tensors.items():
+        assert digest["tensors"][name] == integrity.tensor_sha256(array)
+    assert digest["metadata"] == integrity.metadata_sha256(meta)
+
+
+def test_version_1_files_without_a_digest_still_load(tmp_path):
+    model = tiny(seed=5)
+    path = write_glassllm(tmp_path / "old.safetensors", model.state_dict(),
+                          json.dumps(model.cfg.to_dict()), tokenizer=ByteTokenizer().to_json())
+    loaded = files.load(path)
+    for name, w in model.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[name], w)
+    assert files.load_tokenizer(path).vocab_size == 257
+
+
+@pytest.mark.parametrize("version, digest, match", [
+    ("2", None, "must carry a digest"),
+    ("3", None, "version '3'"),
+    ("3", "keep", "version '3'"),
+    (None, "keep", "version '1'"),  # a digest on a file that says nothing of its version
+])
+def test_a_missing_digest_or_an_unknown_version_is_refused(tmp_path, saved, version, digest,
+                                                          match):
+    from glassllm import integrity
+    with safe_open(str(saved), framework="numpy") as f:
+        meta = f.metadata()
+        tensors = {n: f.get_tensor(n) for n in f.keys()}
+    meta = {k: v for k, v in meta.items() if k not in ("version", "digest")}
+    if version is not None:
+        meta["version"] = version
+    if digest == "keep":
+        meta = integrity.sign(tensors, meta)
+    path = tmp_path / "v.safetensors"
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ".*" + re.escape(match)):
+        files.load(path)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        files.load_tokenizer(path)
+
+
+def test_an_edited_config_or_tokenizer_is_refused(tmp_path, saved):
+    with safe_open(str(saved), framework="numpy") as f:
+        meta = f.metadata()
+        tensors = {n: f.get_tensor(n) for n in f.keys()}
+    cfg = json.loads(meta["config"])
+    cfg["norm_eps"] = cfg["norm_eps"] * 10  # a valid config of the same shapes: another model
+    path = tmp_path / "edited.safetensors"
+    save_file(tensors, str(path), metadata={**meta, "config": json.dumps(cfg)})
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ".*metadata.*not what was"):
+        files.load(path)

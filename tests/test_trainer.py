@@ -381,3 +381,87 @@ def test_any_vocab_size_saves_its_best_model_and_checkpoints(tmp_path, cfg):
     assert state.step == 6 and "tokenizer" not in state.extra
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(state.weights[name], value, err_msg=name)
+
+
+# ------------------------------------------------------------- no real update (issue 9, point 6)
+class OverflowingLM(GlassLM):
+    """Every weight x100: finite float32 numbers, but the fp16 matrix products of the forward
+    overflow (attention scores ~1e6 > 65504), so every fp16 loss is NaN and every step is
+    skipped, for ever (a skipped step changes no weight)."""
+
+    def __init__(self, cfg, seed=0):
+        super().__init__(cfg, seed=seed)
+        for p in self.parameters():
+            p.data *= 100
+
+
+def test_a_fully_skipped_fp16_run_fails_with_no_progress_and_logs_every_step(tmp_path):
+    from glassllm.train import NoProgressError
+    log = tmp_path / "steps.csv"
+    with pytest.raises(NoProgressError) as info:
+        run(model=OverflowingLM(Config(**CFG)), precision="fp16", steps=6,
+            log_csv=str(log))
+    err = info.value
+    assert isinstance(err, NonFiniteLossError) and err.step == 5 and err.skipped == 6
+    assert "the last 6 updates were all skipped (last: non-finite training loss (nan)" in \
+        str(err)
+    assert [h["skipped"] for h in err.history] == ["nonfinite_loss"] * 6
+    rows = log.read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(6))  # the last one included
+
+
+def test_max_consecutive_skips_stops_a_long_run_in_time():
+    from glassllm.train import NoProgressError
+    with pytest.raises(NoProgressError) as info:
+        run(model=OverflowingLM(Config(**CFG)), precision="fp16", steps=1000,
+            max_consecutive_skips=7)
+    assert info.value.step == 6 and len(info.value.history) == 7
+
+
+def test_a_few_skips_among_real_updates_are_no_failure():
+    """The loss scaler's ordinary back-off (fp16, a skip now and then) must not stop a run:
+    skips at steps 3 and 4 of 10, then real updates again, in a run whose limit is 2."""
+    model = ExplodingLM(Config(**CFG), bad=[3, 4])
+    _, summary, _, _ = run(model=model, precision="fp16", max_consecutive_skips=3)
+    assert summary.skipped_steps == 2 and summary.steps == 10
+    # ...but a run whose last steps are all skipped, as many as the limit, does fail
+    from glassllm.train import NoProgressError
+    with pytest.raises(NoProgressError):
+        run(model=ExplodingLM(Config(**CFG), bad=[7, 8, 9]), precision="fp16",
+            max_consecutive_skips=3)
+
+
+def test_fp32_with_a_skip_alert_fails_when_no_update_is_made():
+    """fp32 skips instead of stopping when max_skip_rate is set; a run whose every step is
+    skipped must still fail, even if it is shorter than the alert's 100-step window."""
+    from glassllm.train import NoProgressError
+    with pytest.raises(NoProgressError) as info:  # every training loss inf
+        run(model=ExplodingLM(Config(**CFG), bad=range(100)), max_skip_rate=0.99, steps=5)
+    assert info.value.skipped == 5
+
+
+def test_the_skip_rate_alert_works_in_a_run_shorter_than_its_window():
+    from glassllm.safety import SkipRateExceeded
+    # 2 skips in 10 steps: rate 0.2, above 0.1 -> the short run fails at its end
+    with pytest.raises(SkipRateExceeded) as info:
+        run(model=ExplodingLM(Config(**CFG), bad=[3, 4]), max_skip_rate=0.1)
+    assert info.value.rate == pytest.approx(0.2) and info.value.step == 9
+    # below the limit it passes
+    _, summary, _, _ = run(model=ExplodingLM(Config(**CFG), bad=[3, 4]), max_skip_rate=0.25)
+    assert summary.skipped_steps == 2
+
+
+def test_divergence_messages_name_the_quantity_that_is_not_finite(tmp_path):
+    """lr 1e30: after step 0 the weights are ~1e30; step 1's loss is still finite (the norms
+    rescale) but its gradient is NaN: the error names the gradient norm and its value, and the
+    per-step CSV has the failing step's row."""
+    log = tmp_path / "steps.csv"
+    with pytest.raises(NonFiniteLossError) as info:
+        run(lr=1e30, warmup=0, eval_every=100, log_csv=str(log))
+    err = info.value
+    rows = log.read_text().splitlines()
+    last = dict(zip(rows[0].split(","), rows[-1].split(",")))
+    assert err.reason == "nonfinite_grad" and err.step == int(last["step"]) == 1
+    assert np.isfinite(float(last["loss"])) and np.isnan(err.value)
+    assert "step 1: the gradient norm (before clipping) is not finite (nan)" in str(err)
+    assert last["loss"] not in str(err)

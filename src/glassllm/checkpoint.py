@@ -5,12 +5,24 @@ A checkpoint is one safetensors file (no pickle, so loading one cannot run code)
     tensors   model.<name>          the weights, by `named_parameters()` name (float32)
               optimizer.m.<name>    AdamW's first moment of that parameter
               optimizer.v.<name>    AdamW's second moment
-    metadata  format = "glassllm-checkpoint", version = "1"
+    metadata  format = "glassllm-checkpoint", version = "2"
               state  = one JSON string: step, model config, the optimizer's global `t` and
                        per-parameter update counts and hyper-parameters, the batch sampler's
                        `bit_generator.state`, the trainer settings, the best validation loss
-                       and the step it came from, the history, the loss scaler's state and
-                       free-form `extra` (tokenizer, data sources, ...)
+                       and the step it came from, the history, the loss scaler's state, the
+                       data's identity (`glassllm.data.data_identity`: token counts and
+                       SHA-256 of the training and validation streams) and free-form `extra`
+                       (tokenizer, data sources, ...)
+              digest = SHA-256 of every tensor and of the other entries
+                       (`glassllm.integrity`), checked on load
+
+Loading checks everything before a run may use it, as `glassllm.files` does for models: the
+digest (a flipped bit is an error naming the tensor), then the type and range of every field
+of the JSON state, then tensor names, dtypes (float32) and shapes against the stored config,
+then finiteness (and v >= 0). Each problem is one ValueError line naming the file. Version 1
+checkpoints (no digest, no data identity) still load, with every check but the digest; a
+`Trainer` refuses to resume one, since it cannot prove the data is the same. Version 2 without
+a digest, or a newer version, is refused.
 
 JSON keeps Python floats exactly (shortest round-trip repr) and integers of any size (PCG64's
 128-bit state), so a restored run draws the same batches and makes the same updates as one
@@ -31,12 +43,17 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from . import integrity
 from .atomic import atomic_replace
-from .model import Config, GlassLM
+from .data import check_identity
+from .model import Config, GlassLM, n_parameter_tensors, parameter_shape
 from .optim import AdamW
+from .safety import PRECISIONS, SKIP_REASONS
 
 FORMAT = "glassllm-checkpoint"
-VERSION = "1"
+VERSION = "2"
+_UNSIGNED_VERSIONS = ("1",)  # read without a digest
+TENSOR_GROUPS = ("model.", "optimizer.m.", "optimizer.v.")
 
 
 @dataclasses.dataclass
@@ -57,6 +74,9 @@ class Checkpoint:
         scaler: the loss scaler's `state_dict()` (mixed precision) or None.
         extra: JSON-serialisable run facts the trainer itself does not need (tokenizer JSON,
             data sources, ...).
+        data: the data's identity, `glassllm.data.data_identity(train, val)`; None in a
+            version 1 checkpoint.
+        source: the file it was loaded from (not part of the state; None if built in memory).
     """
 
     step: int
@@ -70,6 +90,8 @@ class Checkpoint:
     history: list = dataclasses.field(default_factory=list)
     scaler: dict | None = None
     extra: dict = dataclasses.field(default_factory=dict)
+    data: dict | None = None
+    source: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def optimizer_state(model: GlassLM, optimizer: AdamW) -> dict:
@@ -129,21 +151,48 @@ def _check_same_params(model: GlassLM, optimizer: AdamW) -> list[str]:
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     """Write `ckpt` to `path` atomically; return the path. Parent directories are created.
 
+    The checkpoint is checked as `load_checkpoint` checks one, so a run never writes a file it
+    could not resume from.
+
     Raises:
-        ValueError: a weight or moment is not a float array, or `state` is not JSON-able.
+        ValueError: a field of the state of the wrong type or range, a tensor that is not
+            float32, has the wrong shape or is not finite, or a state that is not JSON-able
+            (the message names `path` and the field).
         IsADirectoryError / OSError: `path` is a directory or cannot be written; the message
             names `path`, never the temporary file.
     """
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "the checkpoint path is a directory", str(path))
+    tensors, state_json = _encode(ckpt, f"checkpoint {str(path)!r}")
+    metadata = integrity.sign(tensors, {"format": FORMAT, "version": VERSION,
+                                        "state": state_json})
+    atomic_replace(path, lambda tmp: save_file(tensors, tmp, metadata=metadata),
+                   doing="cannot write the checkpoint", make_parents=True)
+    return path
+
+
+def check_checkpoint(ckpt: Checkpoint, where: str = "checkpoint") -> None:
+    """Check an in-memory Checkpoint as `load_checkpoint` checks a file (types and ranges of
+    the state, tensor names, dtypes, shapes, finiteness).
+
+    Raises:
+        ValueError: "<where>: ..." naming the first problem.
+    """
+    _encode(ckpt, where)
+
+
+def _encode(ckpt: Checkpoint, where: str) -> tuple[dict, str]:
+    """(tensors by file name, state JSON) of a checked checkpoint."""
     tensors = {}
-    for prefix, arrays in (("model.", ckpt.weights), ("optimizer.m.", ckpt.optimizer["m"]),
-                           ("optimizer.v.", ckpt.optimizer["v"])):
+    for prefix, arrays in zip(TENSOR_GROUPS, (ckpt.weights, _get(ckpt.optimizer, "m"),
+                                              _get(ckpt.optimizer, "v"))):
+        if not isinstance(arrays, dict):
+            raise ValueError(f"{where}: {prefix[:-1]} must be a dict of arrays")
         for name, array in arrays.items():
             tensors[prefix + name] = np.ascontiguousarray(array)
     state = {
-        "step": int(ckpt.step),
+        "step": ckpt.step,
         "config": ckpt.config,
         "optimizer": {k: v for k, v in ckpt.optimizer.items() if k not in ("m", "v")},
         "rng_state": ckpt.rng_state,
@@ -153,73 +202,317 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         "history": ckpt.history,
         "scaler": ckpt.scaler,
         "extra": ckpt.extra,
+        "data": ckpt.data,
     }
     try:
         # allow_nan=False: a NaN in the history would be written as a non-JSON token.
         state_json = json.dumps(state, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"checkpoint: state is not JSON-serialisable: {e}") from None
-    metadata = {"format": FORMAT, "version": VERSION, "state": state_json}
-    atomic_replace(path, lambda tmp: save_file(tensors, tmp, metadata=metadata),
-                   doing="cannot write the checkpoint", make_parents=True)
-    return path
+        raise ValueError(f"{where}: the state is not JSON-serialisable: {e}") from None
+    state = json.loads(state_json)  # check what a reader will see (tuples become lists, ...)
+    cfg = _check_state(state, where, version=VERSION)
+    _check_layout(cfg, {k: (a.shape, _DTYPE_NAMES.get(a.dtype, str(a.dtype)))
+                        for k, a in tensors.items()}, where)
+    for key, array in tensors.items():
+        _check_values(key, array, where)
+    return tensors, state_json
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Read a checkpoint written by `save_checkpoint`.
+    """Read and check a checkpoint written by `save_checkpoint` (see the module docstring).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file is not a glassllm checkpoint (foreign safetensors, truncated,
-            corrupt, another version, or missing tensors), with the path in the message.
+        ValueError: one line naming the file: not a glassllm checkpoint (foreign
+            safetensors, truncated, corrupt), another version, a damaged tensor or state
+            (digest), a state field of the wrong type or range, missing/unexpected tensors,
+            a dtype other than float32, a wrong shape, a NaN/inf.
     """
     path = Path(path)
+    where = f"checkpoint {str(path)!r}"
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{where} does not exist")
     if path.is_dir():
-        raise ValueError(f"checkpoint {str(path)!r} is a directory, not a file")
+        raise ValueError(f"{where} is a directory, not a file")
     try:
         with safe_open(str(path), framework="numpy") as f:
             metadata = f.metadata() or {}
             if metadata.get("format") != FORMAT:
                 raise ValueError(f"{str(path)!r} is not a glassllm checkpoint (format "
                                  f"{metadata.get('format')!r})")
-            if metadata.get("version") != VERSION:
-                raise ValueError(f"checkpoint {str(path)!r} has version "
-                                 f"{metadata.get('version')!r}, this glassllm reads {VERSION}")
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-        state = json.loads(metadata["state"])
-    except (SafetensorError, OSError, json.JSONDecodeError, KeyError, UnicodeError) as e:
-        raise ValueError(f"checkpoint {str(path)!r} is unreadable or corrupt: "
-                         f"{type(e).__name__}: {e}") from None
-    return _from_parts(path, tensors, state)
+            version = metadata.get("version")
+            digests = integrity.verify_metadata(metadata, where)
+            if version not in (VERSION, *_UNSIGNED_VERSIONS):
+                raise ValueError(f"{where} has version {version!r}, this glassllm reads "
+                                 f"{' and '.join(_UNSIGNED_VERSIONS + (VERSION,))}")
+            if version == VERSION and digests is None:
+                raise ValueError(f"{where}: a version {VERSION} checkpoint must carry a digest "
+                                 f"and this one has none; the header is damaged or was edited")
+            if "state" not in metadata:
+                raise ValueError(f"{where} has no state in its metadata")
+            state = json.loads(metadata["state"])
+            cfg = _check_state(state, where, version=version)
+            found = {}
+            for name in f.keys():
+                piece = f.get_slice(name)
+                found[name] = (tuple(piece.get_shape()), piece.get_dtype())
+            if digests is not None:
+                integrity.verify_names(found, digests, where)
+            _check_layout(cfg, found, where)
+            tensors = {}
+            for name in found:
+                array = f.get_tensor(name)
+                if digests is not None:
+                    integrity.verify_tensor(name, array, digests, where)
+                _check_values(name, array, where)
+                tensors[name] = array
+    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeError) as e:
+        raise ValueError(f"{where} is unreadable or corrupt: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())}") from None
+    groups = {prefix: {} for prefix in TENSOR_GROUPS}
+    for key, array in tensors.items():
+        prefix = next(p for p in TENSOR_GROUPS if key.startswith(p))
+        groups[prefix][key[len(prefix):]] = array
+    optimizer = dict(state["optimizer"])
+    optimizer["m"], optimizer["v"] = groups["optimizer.m."], groups["optimizer.v."]
+    return Checkpoint(
+        step=state["step"], config=cfg.to_dict(), weights=groups["model."],
+        optimizer=optimizer, rng_state=state["rng_state"], settings=state["settings"],
+        best_val_loss=state["best_val_loss"], best_step=state["best_step"],
+        history=state["history"], scaler=state["scaler"], extra=state["extra"],
+        data=state.get("data"), source=str(path))
 
 
-def _from_parts(path: Path, tensors: dict, state: dict) -> Checkpoint:
+# ------------------------------------------------------------------------ checking the state
+# Every field of the JSON state, its type and range. One function per part, each raising
+# ValueError("<where>: state.<field> ...") at the first problem.
+_STATE_FIELDS = ("step", "config", "optimizer", "rng_state", "settings", "best_val_loss",
+                 "best_step", "history", "scaler", "extra")
+_OPTIMIZER_FIELDS = ("steps", "t", "lr", "betas", "eps", "weight_decay")
+_HISTORY_FIELDS = {"step", "loss", "lr", "train_loss", "val_loss", "skipped"}
+_SCALER_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval",
+                  "_growth_tracker")
+_DTYPE_NAMES = {np.dtype(np.float32): "F32"}
+
+
+def _check_state(state, where: str, version: str) -> Config:
+    """Check the decoded JSON state; return its model Config."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{where}: the state must be a JSON object, got {_kind(state)}")
+    wanted = _STATE_FIELDS + (("data",) if version != "1" else ())
+    missing = [k for k in wanted if k not in state]
+    unknown = sorted(set(state) - set(wanted))
+    if missing or unknown:
+        raise ValueError(f"{where}: the state " + "; ".join(
+            ([f"lacks {missing}"] if missing else []) + ([f"has unknown {unknown}"]
+                                                       if unknown else [])))
+    step = _int(state, "step", where)
+    if not isinstance(state["config"], dict):
+        raise ValueError(f"{where}: state.config must be an object, got "
+                         f"{_kind(state['config'])}")
     try:
-        config = Config.from_dict(state["config"])
-        groups = {"model.": {}, "optimizer.m.": {}, "optimizer.v.": {}}
-        for key, array in tensors.items():
-            prefix = next((p for p in groups if key.startswith(p)), None)
-            if prefix is None:
-                raise ValueError(f"unexpected tensor {key!r}")
-            groups[prefix][key[len(prefix):]] = array
-        names = set(groups["model."])
-        for prefix, arrays in groups.items():
-            if set(arrays) != names:
-                odd = sorted(set(arrays) ^ names)[:3]
-                raise ValueError(f"weights and {prefix[:-1]} name different tensors: {odd}")
-        optimizer = dict(state["optimizer"])
-        optimizer["m"], optimizer["v"] = groups["optimizer.m."], groups["optimizer.v."]
-        return Checkpoint(
-            step=int(state["step"]), config=config.to_dict(), weights=groups["model."],
-            optimizer=optimizer, rng_state=state["rng_state"], settings=state["settings"],
-            best_val_loss=state.get("best_val_loss"), best_step=state.get("best_step"),
-            history=state["history"], scaler=state.get("scaler"),
-            extra=state.get("extra") or {})
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"checkpoint {str(path)!r} is incomplete or inconsistent: {e}") from None
+        cfg = Config.from_dict(state["config"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: state.config is invalid: {e}") from None
+    _check_optimizer(state["optimizer"], cfg, where)
+    _check_rng_state(state["rng_state"], where)
+    settings = state["settings"]
+    if not isinstance(settings, dict) or not all(
+            isinstance(v, (int, float, str, type(None))) for v in settings.values()):
+        raise ValueError(f"{where}: state.settings must be an object of numbers, strings and "
+                         f"nulls, got {_short(settings)}")
+    best_val, best_step = state["best_val_loss"], state["best_step"]
+    if (best_val is None) != (best_step is None):
+        raise ValueError(f"{where}: state.best_val_loss and state.best_step must both be set "
+                         f"or both null, got {best_val!r} and {best_step!r}")
+    if best_val is not None:
+        _number(state, "best_val_loss", where)
+        _int(state, "best_step", where, below=step)
+    _check_history(state["history"], step, where)
+    _check_scaler(state["scaler"], settings.get("precision"), where)
+    if not isinstance(state["extra"], dict):
+        raise ValueError(f"{where}: state.extra must be an object, got {_kind(state['extra'])}")
+    if state.get("data") is not None:
+        check_identity(state["data"], f"{where}: state")
+    return cfg
+
+
+def _check_optimizer(opt, cfg: Config, where: str) -> None:
+    name = "state.optimizer"
+    if not isinstance(opt, dict) or set(opt) != set(_OPTIMIZER_FIELDS):
+        raise ValueError(f"{where}: {name} must be an object with exactly "
+                         f"{list(_OPTIMIZER_FIELDS)}, got {_short(opt)}")
+    steps = opt["steps"]
+    if not isinstance(steps, dict) or len(steps) != n_parameter_tensors(cfg) or any(
+            parameter_shape(cfg, k) is None for k in steps):
+        raise ValueError(f"{where}: {name}.steps must map each parameter name of the config "
+                         f"to its update count")
+    for key in steps:
+        _int(steps, key, where, label=f"{name}.steps[{key!r}]")
+    _int(opt, "t", where, label=f"{name}.t")
+    _number(opt, "lr", where, label=f"{name}.lr", low=0.0)
+    betas = opt["betas"]
+    if not isinstance(betas, list) or len(betas) != 2 or not all(
+            _is_number(b) and 0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{where}: {name}.betas must be two numbers in [0, 1), got "
+                         f"{_short(betas)}")
+    _number(opt, "eps", where, label=f"{name}.eps", low=0.0, strict=True)
+    _number(opt, "weight_decay", where, label=f"{name}.weight_decay", low=0.0)
+
+
+def _check_rng_state(rng, where: str) -> None:
+    """numpy's PCG64 `bit_generator.state` (what `np.random.default_rng` uses)."""
+    ok = (isinstance(rng, dict) and set(rng) == {"bit_generator", "state", "has_uint32",
+                                                 "uinteger"}
+          and rng["bit_generator"] == "PCG64" and isinstance(rng["state"], dict)
+          and set(rng["state"]) == {"state", "inc"}
+          and all(_is_int(v) and 0 <= v < 2**128 for v in rng["state"].values())
+          and rng["has_uint32"] in (0, 1) and _is_int(rng["has_uint32"])
+          and _is_int(rng["uinteger"]) and 0 <= rng["uinteger"] < 2**32)
+    if ok:
+        try:
+            np.random.default_rng().bit_generator.state = rng
+        except (TypeError, ValueError, KeyError):
+            ok = False
+    if not ok:
+        raise ValueError(f"{where}: state.rng_state is not a PCG64 state (bit_generator, "
+                         f"state: {{state, inc}} < 2**128, has_uint32 0/1, uinteger < 2**32), "
+                         f"got {_short(rng)}")
+
+
+def _check_history(history, step: int, where: str) -> None:
+    if not isinstance(history, list) or len(history) != step:
+        raise ValueError(f"{where}: state.history must be a list of {step} entries (one per "
+                         f"update), got {_kind(history)}"
+                         + (f" of {len(history)}" if isinstance(history, list) else ""))
+    for i, entry in enumerate(history):
+        label = f"state.history[{i}]"
+        if not isinstance(entry, dict) or not {"step", "loss", "lr"} <= set(entry) or \
+                not set(entry) <= _HISTORY_FIELDS:
+            raise ValueError(f"{where}: {label} must be an object with step, loss, lr (and "
+                             f"optionally train_loss, val_loss, skipped), got {_short(entry)}")
+        if entry["step"] != i or not _is_int(entry["step"]):
+            raise ValueError(f"{where}: {label}.step must be {i}, got {entry['step']!r}")
+        for key in ("loss", "train_loss"):
+            if key in entry and entry[key] is not None:
+                _number(entry, key, where, label=f"{label}.{key}")
+        _number(entry, "lr", where, label=f"{label}.lr", low=0.0)
+        if "val_loss" in entry:
+            _number(entry, "val_loss", where, label=f"{label}.val_loss")
+        if "skipped" in entry and entry["skipped"] not in SKIP_REASONS[1:]:
+            raise ValueError(f"{where}: {label}.skipped must be one of {list(SKIP_REASONS[1:])}"
+                             f", got {entry['skipped']!r}")
+
+
+def _check_scaler(scaler, precision, where: str) -> None:
+    """`TrainStep.state_dict()`: the precision (the settings' one, when they name it) and the
+    GradScaler's state, which is empty unless the precision is fp16."""
+    if scaler is None:
+        return
+    if not isinstance(scaler, dict) or set(scaler) != {"precision", "scaler"} or \
+            not isinstance(scaler["precision"], str) or scaler["precision"] not in PRECISIONS \
+            or not isinstance(scaler["scaler"], dict):
+        raise ValueError(f"{where}: state.scaler must be null or {{precision: one of "
+                         f"{sorted(PRECISIONS)}, scaler: object}}, got {_short(scaler)}")
+    if precision is not None and scaler["precision"] != precision:
+        raise ValueError(f"{where}: state.scaler.precision is {scaler['precision']!r} but "
+                         f"state.settings.precision is {precision!r}")
+    inner = scaler["scaler"]
+    if bool(inner) != (scaler["precision"] == "fp16"):
+        raise ValueError(f"{where}: state.scaler.scaler must be "
+                         + ("a GradScaler state for fp16" if scaler["precision"] == "fp16"
+                            else f"empty for {scaler['precision']}") + f", got {_short(inner)}")
+    if not inner:
+        return  # a disabled GradScaler (fp32, bf16)
+    if set(inner) != set(_SCALER_FIELDS):
+        raise ValueError(f"{where}: state.scaler.scaler must have exactly "
+                         f"{list(_SCALER_FIELDS)}, got {_short(inner)}")
+    label = "state.scaler.scaler"
+    _number(inner, "scale", where, label=f"{label}.scale", low=0.0, strict=True)
+    _number(inner, "growth_factor", where, label=f"{label}.growth_factor", low=0.0,
+            strict=True)
+    _number(inner, "backoff_factor", where, label=f"{label}.backoff_factor", low=0.0,
+            strict=True)
+    _int(inner, "growth_interval", where, label=f"{label}.growth_interval", low=1)
+    _int(inner, "_growth_tracker", where, label=f"{label}._growth_tracker")
+
+
+def _check_layout(cfg: Config, found: dict, where: str) -> None:
+    """Tensor names, shapes and dtypes (name -> (shape, safetensors dtype)) against the config:
+    exactly model./optimizer.m./optimizer.v. + every parameter name, float32, its shape."""
+    counts = dict.fromkeys(TENSOR_GROUPS, 0)
+    for key, (shape, dtype) in found.items():
+        prefix = next((p for p in TENSOR_GROUPS if key.startswith(p)), None)
+        want = None if prefix is None else parameter_shape(cfg, key[len(prefix):])
+        if want is None:
+            raise ValueError(f"{where}: unexpected tensor {key!r} (not model., optimizer.m. or "
+                             f"optimizer.v. + a parameter of the config)")
+        counts[prefix] += 1
+        if tuple(shape) != tuple(want):
+            raise ValueError(f"{where}: tensor {key!r} has shape {tuple(shape)}, the config "
+                             f"expects {tuple(want)}")
+        if dtype != "F32":
+            raise ValueError(f"{where}: tensor {key!r} has dtype {dtype}; checkpoints hold "
+                             f"float32 (F32)")
+    expected = n_parameter_tensors(cfg)
+    short = {p[:-1]: n for p, n in counts.items() if n != expected}
+    if short:
+        raise ValueError(f"{where}: tensors are missing: the config has {expected} parameters, "
+                         f"the file holds " + ", ".join(f"{n} under {p}"
+                                                        for p, n in short.items()))
+
+
+def _check_values(key: str, array: np.ndarray, where: str) -> None:
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{where}: tensor {key!r} holds NaN or inf")
+    if key.startswith("optimizer.v.") and np.any(array < 0):
+        raise ValueError(f"{where}: tensor {key!r} (a second moment) holds negative values")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _int(d: dict, key: str, where: str, label: str | None = None, low: int = 0,
+         below: int | None = None) -> int:
+    value = d[key]
+    label = label or f"state.{key}"
+    if not _is_int(value) or value < low or (below is not None and value >= below):
+        bound = f" below {below}" if below is not None else ""
+        raise ValueError(f"{where}: {label} must be an integer >= {low}{bound}, got "
+                         f"{_short(value)}")
+    return value
+
+
+def _number(d: dict, key: str, where: str, label: str | None = None,
+            low: float | None = None, strict: bool = False) -> float:
+    value = d[key]
+    label = label or f"state.{key}"
+    if not _is_number(value) or (low is not None and (value <= low if strict
+                                                       else value < low)):
+        bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
+        raise ValueError(f"{where}: {label} must be a finite number{bound}, got "
+                         f"{_short(value)}")
+    return float(value)
+
+
+def _kind(x) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(x), type(x).__name__)
+
+
+def _short(x, n: int = 60) -> str:
+    text = repr(x)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _get(d, key):
+    return d.get(key) if isinstance(d, dict) else None
 
 
 def _finite_or_none(x):
-    return None if x is None or not math.isfinite(x) else float(x)
+    return None if x is None or not _is_number(x) else float(x)

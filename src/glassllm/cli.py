@@ -24,14 +24,24 @@ class UsageError(Exception):
 # run on tinyshakespeare ends below 2.0 nats per byte (1.75) in minutes on two CPU cores.
 # n_kv_heads is not here: its default depends on the family and n_heads (_default_kv_heads).
 TRAIN_MODEL_DEFAULTS = {"family": "llama", "d_model": 128, "n_layers": 4, "n_heads": 4}
-STDLIB_CORPUS_BYTES = 4 << 20  # the default corpus: the first 4 MiB of the stdlib's .py files
-VAL_FRACTION = 0.1             # held out: the last 10% of the token stream
 _MODEL_FLAGS = ("family", "d_model", "n_layers", "n_heads", "n_kv_heads")
 _SETTING_FLAGS = ("steps", "batch_size", "seq_len", "lr", "warmup", "eval_every", "eval_batches",
-                  "seed", "precision", "max_skip_rate")
+                  "seed", "precision", "max_skip_rate", "max_consecutive_skips")
+# Every numeric flag is checked against these bounds before it is used, so a huge value is a
+# one-line error naming the flag (not an OverflowError deep in NumPy or BLAS). Wide enough for
+# any model this library can train; TrainSettings and Config check the finer rules.
+_TRAIN_INT_BOUNDS = {
+    "d_model": (1, 1 << 16), "n_layers": (1, 1 << 10), "n_heads": (1, 1 << 12),
+    "n_kv_heads": (1, 1 << 12), "seq_len": (1, 1 << 20), "batch_size": (1, 1 << 20),
+    "steps": (0, 10**9), "warmup": (0, 10**9), "eval_every": (1, 10**9),
+    "eval_batches": (1, 10**6), "seed": (0, 2**63 - 1), "checkpoint_every": (1, 10**9),
+    "max_consecutive_skips": (1, 10**9), "threads": (1, 1024),
+}
+_TRAIN_FLOAT_BOUNDS = {"lr": (0.0, None), "max_skip_rate": (0.0, 1.0)}  # lr > 0; rate in [0, 1)
 
 
 def add_train(sub) -> None:
+    from .data import STDLIB_CORPUS_BYTES
     from .train import TrainSettings
     d = TrainSettings()
     m = TRAIN_MODEL_DEFAULTS
@@ -45,11 +55,12 @@ def add_train(sub) -> None:
                         "directory gives its files that are UTF-8 text without NUL bytes, "
                         "others are skipped with a note), or one directory written by "
                         "`glassllm prepare` (train.bin/val.bin), alone. Default: the stdlib's "
-                        ".py files, first 4 MiB")
+                        f".py files, first {STDLIB_CORPUS_BYTES >> 20} MiB")
     p.add_argument("--out", default=None, metavar="PATH",
                    help="best model file (default runs/model.safetensors, or the resumed "
                         "run's); its directory also gets history.csv, loss.png and "
-                        "checkpoint.safetensors")
+                        "checkpoint.safetensors. Locked while the run lasts: a second run on "
+                        "the same paths is refused")
     g = p.add_argument_group("model (with --resume the checkpoint's; other values are refused)")
     g.add_argument("--family", choices=["llama", "gpt2"], help=f"default {m['family']}")
     for flag in ("d_model", "n_layers", "n_heads"):
@@ -75,20 +86,26 @@ def add_train(sub) -> None:
                    help="matmul precision; fp16 adds dynamic loss scaling (default fp32)")
     g.add_argument("--max-skip-rate", type=float, metavar="R",
                    help="stop when more than this fraction of the last 100 steps were skipped "
-                        "for inf/NaN, 100 steps in a row (default: no alert)")
+                        "for inf/NaN, 100 steps in a row, or of the whole run when it is "
+                        "shorter (default: no alert)")
+    g.add_argument("--max-consecutive-skips", type=int, metavar="N",
+                   help=f"stop (exit 1) after N skipped steps in a row, or when every step of "
+                        f"the run was skipped: no real update is being made "
+                        f"(default {d.max_consecutive_skips})")
     g = p.add_argument_group("output and resume")
     g.add_argument("--log-csv", metavar="PATH",
                    help="per-step CSV: step,lr,grad_l2_pre_clip,grad_l2_post_clip,loss,"
-                        "skipped,skip_reason,scaler_scale (flushed every row)")
+                        "skipped,skip_reason,scaler_scale (flushed every row, the failing "
+                        "step's included)")
     g.add_argument("--checkpoint-every", type=int, metavar="N",
                    help="write a checkpoint every N updates (always on Ctrl-C)")
     g.add_argument("--checkpoint", metavar="PATH",
                    help="checkpoint file (default: checkpoint.safetensors next to --out; "
                         "with --resume, the resumed file)")
     g.add_argument("--resume", metavar="CKPT",
-                   help="continue the run saved in CKPT with the same data and settings; the "
-                        "result equals an uninterrupted run. --steps cannot grow: the "
-                        "learning-rate schedule depends on it")
+                   help="continue the run saved in CKPT with the same data (checked by its "
+                        "SHA-256) and settings; the result equals an uninterrupted run. "
+                        "--steps cannot grow: the learning-rate schedule depends on it")
     p.add_argument("--threads", type=int, metavar="N",
                    help="threads for matrix products (default 1, or the resumed run's: on a "
                         "busy machine more threads can make each step many times slower)")
@@ -96,73 +113,76 @@ def add_train(sub) -> None:
 
 
 def run_train(args) -> int:
-    import time
+    from . import checkpoint, runfiles
+    from .data import check_same_data, load_corpus
+    from .lock import lock_outputs
+    from .model import Config
+    from .train import TrainSettings
 
-    import numpy as np
-
-    from . import checkpoint
-    from .model import Config, GlassLM
-    from .safety import SkipRateExceeded
-    from .train import (Checkpointed, Evaluated, NonFiniteLossError, Resumed, Saved, Started,
-                        Stepped, Trainer, TrainingInterrupted, TrainSettings)
-
+    _check_bounds(args, _TRAIN_INT_BOUNDS, _TRAIN_FLOAT_BOUNDS)
+    if args.resume == "" or any(not source for source in args.data or ()):
+        raise UsageError(f"{'--resume' if args.resume == '' else '--data'} is an empty path")
     given = {k: getattr(args, k) for k in _MODEL_FLAGS + _SETTING_FLAGS
              if getattr(args, k) is not None}
-    resume = checkpoint.load_checkpoint(args.resume) if args.resume else None
+    resume = checkpoint.load_checkpoint(args.resume) if args.resume is not None else None
+    saved = _resumed_extra(resume, args.resume) if resume is not None else {}
     # A resumed run keeps writing where the interrupted one did, unless told otherwise.
-    out = args.out or (resume.extra.get("out") if resume else None) or \
-        os.path.join("runs", "model.safetensors")
-    run_dir = os.path.dirname(os.path.abspath(out))
-    ckpt_path = args.checkpoint or args.resume or os.path.join(run_dir, "checkpoint.safetensors")
-    threads = args.threads if args.threads is not None else \
-        (resume.extra.get("threads") if resume else None) or 1
-    if threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
+    out = _first_given(args.out, saved.get("out"), os.path.join("runs", "model.safetensors"))
+    threads = _first_given(args.threads, saved.get("threads"), 1)
 
     if resume is not None:
         settings = _resumed_settings(resume, given, args)
         cfg = Config.from_dict(resume.config)
-        sources = args.data or resume.extra.get("data", {}).get("sources")
+        sources = args.data or saved.get("sources")
     else:
         try:
             settings = TrainSettings(
                 **{k: v for k, v in given.items() if k in _SETTING_FLAGS},
-                log_csv=None if args.log_csv is None else os.path.abspath(args.log_csv),
+                log_csv=_absolute(args.log_csv),
                 checkpoint_every=args.checkpoint_every)
         except (TypeError, ValueError) as e:
             raise UsageError(_flag_spelling(str(e))) from None
         cfg = None
         sources = args.data
-    history_csv = os.path.join(run_dir, "history.csv")
-    outputs = {"--out": out, "--checkpoint": ckpt_path, "--log-csv": settings.log_csv,
-               "history.csv (next to --out)": history_csv,
-               "loss.png (next to --out)": os.path.join(run_dir, "loss.png")}
-    _check_distinct_outputs(outputs)
+    paths = runfiles.run_paths(out, _first_given(args.checkpoint, args.resume),
+                               settings.log_csv)
+    outputs = {"--out": paths["model"], "--checkpoint": paths["checkpoint"],
+               "--log-csv": paths["log_csv"],
+               "history.csv (next to --out)": paths["history_csv"],
+               "loss.png (next to --out)": paths["plot"]}
+    runfiles.check_output_paths(outputs)  # before reading any data: a bad path fails at once
     corpus = load_corpus(sources, settings.seq_len)
     for name, note in corpus.notes:
         print(f"note: {name}: {note}", file=sys.stderr, flush=True)
-    _check_outputs_spare_data(outputs, corpus)
+    runfiles.check_output_paths(outputs, inputs=corpus.sources)
     if resume is not None:
-        _check_same_data(resume, corpus)
+        check_same_data(resume.data, corpus.train, corpus.val, where=f"--resume {args.resume}")
     else:
-        model_args = {**TRAIN_MODEL_DEFAULTS, **{k: v for k, v in given.items()
-                                                 if k in _MODEL_FLAGS}}
-        model_args.setdefault("n_kv_heads", _default_kv_heads(model_args))
-        if model_args["family"] == "gpt2" and model_args["n_kv_heads"] != model_args["n_heads"]:
-            raise UsageError(f"--family gpt2 has no grouped-query attention: --n-kv-heads "
-                             f"{model_args['n_kv_heads']} must equal --n-heads "
-                             f"{model_args['n_heads']} (or be left out)")
-        try:
-            cfg = Config(vocab_size=corpus.tokenizer.vocab_size, max_len=settings.seq_len,
-                         **model_args)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    for flag, path in outputs.items():  # before any training: a bad path fails in a second
-        if path is not None:
-            _prepare_output(flag, path)
+        cfg = _new_model_config(given, corpus.tokenizer.vocab_size, settings.seq_len)
+    runfiles.make_parent_dirs(outputs.values())
+    with lock_outputs(outputs.values()) as lock:
+        for holder in lock.stale:
+            print(f"note: took over a lock left by pid {holder.get('pid')} (no longer "
+                  f"running)", file=sys.stderr, flush=True)
+        return _train(args, cfg, settings, corpus, resume, paths, threads)
+
+
+def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
+    """The run itself, output paths checked and locked: build, train, report, write files."""
+    import time
+
+    import numpy as np
+
+    from . import runfiles
+    from .model import GlassLM
+    from .safety import SkipRateExceeded
+    from .train import (Checkpointed, Evaluated, NonFiniteLossError, Resumed, Saved, Started,
+                        Stepped, Trainer, TrainingInterrupted)
+
+    out = paths["model"]
     model = GlassLM(cfg, seed=settings.seed)
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
-                      checkpoint_path=ckpt_path, tokenizer=corpus.tokenizer,
+                      checkpoint_path=paths["checkpoint"], tokenizer=corpus.tokenizer,
                       extra={"data": corpus.describe(), "out": os.path.abspath(out),
                              "threads": threads})
 
@@ -208,7 +228,7 @@ def run_train(args) -> int:
     except TrainingInterrupted as e:
         bar.close()  # ends the bar's line: the message starts on a fresh one
         if e.history:
-            _write_history_csv(history_csv, e.history)
+            runfiles.write_history_csv(paths["history_csv"], e.history)
         where = (f"checkpoint after {e.step} steps: {e.checkpoint_path}; continue with "
                  f"`glassllm train --resume {e.checkpoint_path}`" if e.checkpoint_path
                  else "no checkpoint written")
@@ -216,12 +236,14 @@ def run_train(args) -> int:
         return 130
     except (NonFiniteLossError, SkipRateExceeded) as e:
         bar.close()
+        if getattr(e, "history", None):
+            runfiles.write_history_csv(paths["history_csv"], e.history)
         print(f"glassllm train: error: {e}", file=sys.stderr, flush=True)
         return 1
     finally:
         bar.close()  # any other error: main() prints it, on a line of its own
-    _write_history_csv(history_csv, summary.history)
-    plot = _plot(history_csv, os.path.join(run_dir, "loss.png"))
+    history_csv = runfiles.write_history_csv(paths["history_csv"], summary.history)
+    plot = runfiles.write_plot(history_csv, paths["plot"])
     elapsed = time.monotonic() - started
     if summary.best_val_loss is not None:
         print(f"best val loss {summary.best_val_loss:.4f} nats/token = "
@@ -253,6 +275,81 @@ def _flag_spelling(message: str) -> str:
                   message)
 
 
+def _check_bounds(args, int_bounds: dict, float_bounds: dict) -> None:
+    """Every numeric flag given, against its bounds: UsageError "--flag must be ..." else.
+    Integers in [lo, hi]; floats finite, > lo when hi is None (e.g. --lr), else in [lo, hi)."""
+    import math
+    for name, (lo, hi) in int_bounds.items():
+        value = getattr(args, name, None)
+        if value is not None and not lo <= value <= hi:
+            shown = str(value) if abs(value) < 10**30 else f"{str(value)[:12]}... " \
+                                                          f"({len(str(value))} digits)"
+            raise UsageError(f"--{name.replace('_', '-')} must be an integer in [{lo}, {hi}], "
+                             f"got {shown}")
+    for name, (lo, hi) in float_bounds.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        ok = math.isfinite(value) and (value > lo if hi is None else lo <= value < hi)
+        if not ok:
+            want = f"a finite number > {lo:g}" if hi is None else f"a number in [{lo:g}, {hi:g})"
+            raise UsageError(f"--{name.replace('_', '-')} must be {want}, got {value!r}")
+
+
+def _absolute(path: str | None) -> str | None:
+    """An absolute path (a resumed run may start elsewhere); None and "" stay as they are, so
+    that an empty path is refused rather than turned into the current directory."""
+    return os.path.abspath(path) if path else path
+
+
+def _first_given(*values):
+    """The first value that is not None (an empty string counts as given: it is then refused
+    as a path, not silently replaced by a default)."""
+    return next((v for v in values if v is not None), None)
+
+
+def _resumed_extra(resume, path: str) -> dict:
+    """What `glassllm train` stored in a checkpoint's extra (out, threads, data sources),
+    type-checked: ValueError naming the checkpoint for a field of the wrong type."""
+    extra, found = resume.extra, {}
+    where = f"checkpoint {path!r}"
+    if "out" in extra:
+        if not isinstance(extra["out"], str) or not extra["out"]:
+            raise ValueError(f"{where}: extra.out must be a file path, got {extra['out']!r}")
+        found["out"] = extra["out"]
+    if "threads" in extra:
+        lo, hi = _TRAIN_INT_BOUNDS["threads"]
+        value = extra["threads"]
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise ValueError(f"{where}: extra.threads must be an integer in [{lo}, {hi}], got "
+                             f"{value!r}")
+        found["threads"] = value
+    data = extra.get("data", {})
+    sources = data.get("sources") if isinstance(data, dict) else []
+    if not isinstance(data, dict) or not (sources is None or isinstance(sources, list) and all(
+            isinstance(s, str) for s in sources)):
+        raise ValueError(f"{where}: extra.data.sources must be null or a list of paths, got "
+                         f"{sources!r}")
+    found["sources"] = sources
+    return found
+
+
+def _new_model_config(given: dict, vocab_size: int, seq_len: int):
+    """The Config of a new run: the defaults, the model flags given, the data's vocabulary."""
+    from .model import Config
+    model_args = {**TRAIN_MODEL_DEFAULTS, **{k: v for k, v in given.items()
+                                             if k in _MODEL_FLAGS}}
+    model_args.setdefault("n_kv_heads", _default_kv_heads(model_args))
+    if model_args["family"] == "gpt2" and model_args["n_kv_heads"] != model_args["n_heads"]:
+        raise UsageError(f"--family gpt2 has no grouped-query attention: --n-kv-heads "
+                         f"{model_args['n_kv_heads']} must equal --n-heads "
+                         f"{model_args['n_heads']} (or be left out)")
+    try:
+        return Config(vocab_size=vocab_size, max_len=seq_len, **model_args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def _default_kv_heads(model_args: dict) -> int:
     """Grouped-query attention with 2 KV heads for llama when n_heads is even (the default
     4 heads -> 2), else plain multi-head attention; GPT-2 never groups its heads."""
@@ -260,45 +357,6 @@ def _default_kv_heads(model_args: dict) -> int:
     if model_args["family"] == "llama" and isinstance(n_heads, int) and n_heads % 2 == 0:
         return 2
     return n_heads
-
-
-def _same_file(a: str, b: str) -> bool:
-    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
-
-
-def _check_distinct_outputs(outputs: dict) -> None:
-    """Two outputs of one run on the same path would overwrite each other mid-run."""
-    named = [(flag, path) for flag, path in outputs.items() if path is not None]
-    for i, (flag_a, a) in enumerate(named):
-        for flag_b, b in named[i + 1:]:
-            if _same_file(a, b):
-                raise UsageError(f"{flag_a} and {flag_b} are the same file ({b}); give "
-                                 f"them different paths")
-
-
-def _check_outputs_spare_data(outputs: dict, corpus) -> None:
-    for flag, path in outputs.items():
-        if path is not None and any(_same_file(path, src) for src in corpus.sources or ()):
-            raise UsageError(f"{flag} {path} is one of the --data files; training would "
-                             f"overwrite its own data")
-
-
-def _prepare_output(flag: str, path: str) -> None:
-    """Fail before training if `path` cannot be written: it is a directory, a file stands
-    where a parent directory should, or the directory is not writable. Creates missing parent
-    directories (as --out always did)."""
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path} is a directory; give a file path")
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        blocker = parent
-        while not os.path.exists(blocker):
-            blocker = os.path.dirname(blocker)
-        raise UsageError(f"{flag} {path}: {blocker} is a file, not a directory") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: no permission to write in {parent}")
 
 
 def _resumed_settings(resume, given: dict, args):
@@ -319,200 +377,18 @@ def _resumed_settings(resume, given: dict, args):
                if "steps" in given and saved.get("steps") != given["steps"] else "")
         raise UsageError("--resume continues the saved run unchanged; drop "
                          + ", ".join(conflicts) + why)
+    try:
+        TrainSettings.from_dict(saved)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"checkpoint {args.resume!r}: invalid settings: {e}") from None
     if args.log_csv is not None:
-        saved["log_csv"] = os.path.abspath(args.log_csv)
+        saved["log_csv"] = _absolute(args.log_csv)
     if args.checkpoint_every is not None:
         saved["checkpoint_every"] = args.checkpoint_every
     try:
         return TrainSettings.from_dict(saved)
     except (TypeError, ValueError) as e:
         raise UsageError(_flag_spelling(str(e))) from None
-
-
-def _check_same_data(resume, corpus) -> None:
-    saved = resume.extra.get("data", {})
-    now = corpus.describe()
-    for key in ("train_tokens", "val_tokens", "sha256"):
-        if key in saved and saved[key] != now[key]:
-            what = "content" if key == "sha256" else f"{key} {now[key]} vs {saved[key]}"
-            raise UsageError(f"--resume: the data differs from the checkpoint's ({what}); "
-                             f"pass the same --data")
-
-
-class Corpus:
-    """Training and validation `Batches`, the tokenizer, and how to turn nats/token into
-    bits/byte: bpb = nats * tokens / bytes / ln 2 (tokens/bytes of the validation text).
-    `notes`: (path, remark) pairs for the user, e.g. files of a directory that were skipped."""
-
-    def __init__(self, name, sources, train, val, tokenizer, val_text_bytes, notes=()):
-        self.name, self.sources = name, sources
-        self.train, self.val, self.tokenizer = train, val, tokenizer
-        self.val_text_bytes = val_text_bytes
-        self.notes = list(notes)
-        self._sha256 = None
-
-    def bits_per_byte(self, nats_per_token: float) -> float:
-        import math
-        tokens_per_byte = (self.val.token_count() / self.val_text_bytes
-                           if self.val_text_bytes else 1.0)
-        return nats_per_token * tokens_per_byte / math.log(2)
-
-    def fingerprint(self) -> str:
-        """SHA-256 (hex) of what the model sees: the tokenizer's JSON, then the training and
-        the validation token ids as stored (read in 16 MiB pieces, so a memory-mapped
-        multi-GB file is hashed without loading it: about a second per GB). Computed once.
-        A resumed run must see the same fingerprint: equal token counts alone would let
-        other text of the same length through."""
-        if self._sha256 is None:
-            import hashlib
-
-            import numpy as np
-            h = hashlib.sha256(self.tokenizer.to_json().encode("utf-8"))
-            for part in (self.train, self.val):
-                ids = getattr(part, "ids", None)
-                ids = part.tokens if ids is None else ids  # ArrayBatches / TokenFile
-                h.update(f"|{ids.dtype.str}:{len(ids)}|".encode())
-                step = (16 << 20) // max(ids.itemsize, 1)
-                for start in range(0, len(ids), step):
-                    piece = np.ascontiguousarray(ids[start:start + step])
-                    h.update(memoryview(piece).cast("B"))
-            self._sha256 = h.hexdigest()
-        return self._sha256
-
-    def describe(self) -> dict:
-        return {"sources": self.sources, "train_tokens": int(self.train.token_count()),
-                "val_tokens": int(self.val.token_count()), "sha256": self.fingerprint()}
-
-
-def load_corpus(sources, seq_len: int) -> Corpus:
-    """Read --data: one `glassllm prepare` directory, text files/directories (bytes, byte
-    tokenizer, last 10% held out), or None for the standard-library corpus.
-
-    Which files are text: a file named in `sources` must be UTF-8 (checked as `glassllm
-    prepare` checks it, `glassllm.data`); a directory contributes the files below it that
-    are UTF-8 and hold no NUL byte (text never does; token .bin files, safetensors, images
-    do), and the others are skipped and listed in `Corpus.notes`.
-
-    Raises:
-        FileNotFoundError: a path does not exist. ValueError: a named file is not UTF-8 text
-            (path and byte offset in the message). UsageError: a prepare directory mixed
-            with other data, no text, or too little of it for seq_len.
-    """
-    import numpy as np
-
-    from .data import ArrayBatches, TokenFile
-    from .tokenizer import ByteTokenizer
-
-    prepared = [s for s in sources or () if _is_prepared_dir(s)]
-    if prepared and len(sources) > 1:
-        raise UsageError(f"--data {prepared[0]} is a `glassllm prepare` directory (its own "
-                         f"tokens and split); give it alone, not with other --data")
-    if prepared:
-        train = TokenFile(os.path.join(sources[0], "train.bin"))
-        val = TokenFile(os.path.join(sources[0], "val.bin"))
-        _check_long_enough(train.token_count(), val.token_count(), seq_len, sources[0])
-        return Corpus(sources[0], [os.path.abspath(sources[0])], train, val, train.tokenizer(),
-                      val.text_bytes)
-    notes = []
-    if sources:
-        files, chunks, notes = _read_text_files(sources)
-        text = b"".join(chunks)
-        name = files[0] if len(files) == 1 else f"{len(files)} files"
-    else:
-        files, text = stdlib_corpus()
-        name = f"Python standard library source ({len(files)} .py files, {len(text):,} bytes)"
-    ids = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
-    n_val = int(len(ids) * VAL_FRACTION)
-    _check_long_enough(len(ids) - n_val, n_val, seq_len, name)
-    return Corpus(name, [os.path.abspath(f) for f in files] if sources else None,
-                  ArrayBatches(ids[:len(ids) - n_val]), ArrayBatches(ids[len(ids) - n_val:]),
-                  ByteTokenizer(), n_val, notes)
-
-
-def _is_prepared_dir(path) -> bool:
-    return os.path.isdir(path) and os.path.exists(os.path.join(path, "train.bin"))
-
-
-def _read_text_files(sources) -> tuple[list[str], list[bytes], list[tuple[str, str]]]:
-    """(files, their bytes, notes) for --data FILE_OR_DIR...; see load_corpus."""
-    from .data import _decode  # prepare's UTF-8 check: one rule, one message
-    from .data import list_text_files
-
-    files, chunks, skipped = [], [], []
-    for source in sources:
-        named = os.path.isfile(source)
-        try:
-            found = list_text_files([source])
-        except ValueError:  # an empty directory: nothing to take from it
-            found = []
-        for path in found:
-            data = _read_bytes(path)
-            if named:
-                _decode(path, data, 0)  # ValueError "PATH: not UTF-8 text (... offset N)"
-            else:
-                try:
-                    _decode(path, data, 0)
-                    if b"\0" in data:
-                        raise ValueError("holds NUL bytes")
-                except ValueError:
-                    skipped.append(path)
-                    continue
-            files.append(path)
-            chunks.append(data)
-    notes = []
-    if skipped:
-        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3
-                                          else "")
-        notes.append(("--data", f"skipped {len(skipped)} file(s) that are not UTF-8 text: "
-                                f"{shown}"))
-    if not files:
-        raise UsageError(f"--data {' '.join(map(str, sources))}: no UTF-8 text files")
-    return files, chunks, notes
-
-
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def _check_long_enough(n_train: int, n_val: int, seq_len: int, name: str) -> None:
-    if min(n_train, n_val) <= seq_len:
-        raise UsageError(f"{name}: too little text for --seq-len {seq_len} ({n_train} training "
-                         f"and {n_val} validation tokens; each needs more than {seq_len})")
-
-
-def stdlib_corpus(cap_bytes: int = STDLIB_CORPUS_BYTES) -> tuple[list[str], bytes]:
-    """The default corpus: the standard library's own .py files (from
-    `sysconfig.get_paths()["stdlib"]`), in sorted path order, concatenated and cut at
-    `cap_bytes`. Installed packages (site-/dist-packages) and caches are left out. Real code,
-    on every machine, with no download.
-
-    Raises:
-        UsageError: no .py file found (a Python installed without its sources).
-    """
-    import sysconfig
-    root = sysconfig.get_paths()["stdlib"]
-    paths = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "dist-packages",
-                                                      "__pycache__") and not d.startswith("."))
-        paths += [os.path.join(folder, n) for n in sorted(names) if n.endswith(".py")]
-    paths.sort(key=lambda p: os.path.relpath(p, root))
-    files, chunks, size = [], [], 0
-    for path in paths:
-        if size >= cap_bytes:
-            break
-        try:
-            data = _read_bytes(path)[:cap_bytes - size]
-        except OSError:
-            continue  # an unreadable file is skipped: the corpus is a sample anyway
-        files.append(path)
-        chunks.append(data)
-        size += len(data)
-    if not chunks:
-        raise UsageError(f"no .py files under {root} (Python installed without its sources?); "
-                         "pass --data FILE")
-    return files, b"".join(chunks)
 
 
 def _blas_threads(n: int):
@@ -536,30 +412,6 @@ def _progress_bar(total: int):
     from tqdm import tqdm
     return tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr,
                 mininterval=0.5)
-
-
-def _write_history_csv(path: str, history: list[dict]) -> None:
-    """history.csv (step,train_loss,val_loss,lr), one row per update, written atomically:
-    train_loss is that update's batch loss, val_loss is empty except at evaluations."""
-    import csv
-
-    from .atomic import atomic_write
-    with atomic_write(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["step", "train_loss", "val_loss", "lr"])
-        for h in history:
-            w.writerow([h["step"], "" if h["loss"] is None else repr(h["loss"]),
-                        repr(h["val_loss"]) if "val_loss" in h else "", repr(h["lr"])])
-
-
-def _plot(history_csv: str, png: str) -> str | None:
-    """loss.png from the history, or None if plotting is unavailable or fails (the run's
-    results are already saved; a missing picture must not turn success into an error)."""
-    try:
-        from .plots import plot_history
-        return plot_history(history_csv, png)
-    except Exception:  # noqa: BLE001 -- matplotlib backends fail in many ways
-        return None
 
 
 def load_model_and_tokenizer(path):
@@ -707,13 +559,22 @@ def add_prepare(sub) -> None:
 
 
 def run_prepare(args) -> int:
+    import math
+
     from tqdm import tqdm
 
-    from .data import prepare
+    from .data import bpe_vocab_size, prepare
     from .tokenizer import load_tokenizer
 
+    if not (math.isfinite(args.val_fraction) and 0.0 <= args.val_fraction < 1.0):
+        raise UsageError(f"--val-fraction must be a number in [0, 1), got {args.val_fraction!r}")
     tokenizer = args.tokenizer
-    if tokenizer != "byte" and not tokenizer.startswith("bpe:"):
+    if tokenizer.startswith("bpe:"):
+        try:
+            bpe_vocab_size(tokenizer)
+        except ValueError as e:
+            raise UsageError(f"--tokenizer: {e}") from None
+    elif tokenizer != "byte":
         try:
             tokenizer = load_tokenizer(tokenizer)
         except FileNotFoundError as e:

@@ -13,13 +13,23 @@ bytes), read and written only through the `safetensors` package:
                  tokenizer), where `load_tokenizer` returns None. A model's vocabulary need
                  not be a known tokenizer's: weights are the product, a tokenizer is optional
                  metadata (as a Hugging Face checkpoint's tokenizer files are);
-    "dtype":     "float32" or "float16", informative.
+    "dtype":     "float32" or "float16", informative;
+    "version":   "2" -- the format version; "2" added the digest (files without a version are
+                 version 1);
+    "digest":    SHA-256 of every tensor and of the other metadata entries
+                 (`glassllm.integrity`), checked by `load` and `load_tokenizer`.
+
+Files of version 1 (written before the digest existed, no "version" entry) still load, without
+that check: they are validated as before (names, shapes, dtypes, finiteness) but a flipped bit
+in their data cannot be seen. A file that claims version 2 must carry its digest, and a newer
+version is refused (it was written by a newer glassllm).
 
 Every write is atomic: the file is written under a temporary name in the destination's
 directory, flushed to disk, then renamed over the destination with `os.replace`, so a crash
 or an error never leaves a half-written model (nor a stray temporary file). Every problem a
 reader can meet -- missing file, truncated or foreign file, corrupt JSON, wrong names or shapes,
-non-finite weights -- becomes FileNotFoundError or a ValueError naming the file and the problem.
+non-finite weights, a damaged byte anywhere -- becomes FileNotFoundError or a ValueError naming
+the file (and the tensor) and the problem.
 """
 from __future__ import annotations
 
@@ -30,12 +40,15 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from . import integrity
 from .atomic import atomic_replace
 from .model import Config, GlassLM, n_parameter_tensors, parameter_shape, parameter_shapes
 from .tensor import no_grad
 from .tokenizer import tokenizer_from_json
 
 FORMAT = "glassllm"
+VERSION = "2"              # written by this glassllm
+_UNSIGNED_VERSIONS = ("1",)  # read without a digest (version 1 files have no "version" entry)
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504.0
 _LOADABLE_DTYPES = {"F32": np.float32, "F16": np.float16}
 
@@ -159,6 +172,7 @@ def _metadata(cfg: Config, tokenizer, dtype: str) -> dict[str, str]:
 
 def _atomic_save_file(tensors: dict, metadata: dict, path) -> None:
     # save_file takes a path, so the temporary-file dance is atomic_replace's.
+    metadata = integrity.sign(tensors, {**metadata, "version": VERSION})
     atomic_replace(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
@@ -178,16 +192,21 @@ def load(path) -> GlassLM:
         ValueError: the file is not safetensors (random bytes, truncated, corrupt header), is a
             safetensors file of another library (no "format": "glassllm" metadata), has a
             missing or corrupt config, missing/unexpected tensor names, wrong shapes,
-            unsupported dtypes or non-finite weights. The message names the file and the problem.
+            unsupported dtypes or non-finite weights, a tensor or metadata entry that differs
+            from its digest (named), a version 2 file without a digest, or a newer version.
+            The message names the file and the problem.
     """
     path = os.fspath(path)
     with _open(path) as f:
         metadata = _glassllm_metadata(f, path)
+        digests = _digests(metadata, path)
         cfg = _config_from(metadata, path)
         found = {}
         for name in f.keys():
             piece = f.get_slice(name)
             found[name] = (tuple(piece.get_shape()), piece.get_dtype())
+        if digests is not None:
+            integrity.verify_names(found, digests, path)
         _check_names_shapes_dtypes(cfg, found, path)  # the whole config, before allocating
         try:
             model = GlassLM(cfg)
@@ -200,6 +219,8 @@ def load(path) -> GlassLM:
                 array = f.get_tensor(name)
             except (SafetensorError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}: tensor {name!r} cannot be read: {e}") from None
+            if digests is not None:
+                integrity.verify_tensor(name, array, digests, path)
             _check_finite(name, array, where=path)
             state[name] = array
     model.load_state_dict(state)  # copies into float32 (the F16 upcast happens here)
@@ -222,6 +243,7 @@ def load_tokenizer(path):
     path = os.fspath(path)
     with _open(path) as f:
         metadata = _glassllm_metadata(f, path)
+    _digests(metadata, path)  # the tokenizer is metadata: it is covered by the digest
     cfg = _config_from(metadata, path)
     text = metadata.get("tokenizer")
     if text is None:
@@ -261,6 +283,23 @@ def _glassllm_metadata(f, path: str) -> dict:
                          f"(metadata format is {kind!r}, expected {FORMAT!r}; a file saved by "
                          f"another library?)")
     return metadata
+
+
+def _digests(metadata: dict, path: str) -> dict | None:
+    """The per-tensor digests, after checking the version and the metadata's own digest;
+    None for a version 1 file (no digest to check)."""
+    version = metadata.get("version", "1")
+    digests = integrity.verify_metadata(metadata, path)  # None: the file has no digest
+    if digests is None and version in _UNSIGNED_VERSIONS:
+        return None
+    if version != VERSION:
+        raise ValueError(f"{path}: glassllm model format version {version!r}; this glassllm "
+                         f"reads versions 1 and {VERSION} (a file from a newer glassllm, or a "
+                         f"damaged header)")
+    if digests is None:
+        raise ValueError(f"{path}: a version {VERSION} model file must carry a digest and this "
+                         f"one has none; the header is damaged or was edited")
+    return digests
 
 
 def _config_from(metadata: dict, path: str) -> Config:

@@ -237,6 +237,10 @@ class SkipRateMonitor:
     SkipRateExceeded(rate, step). With window=100 and every step skipped from the start, it
     fires on the 100th step.
 
+    A run shorter than the window would never fire that way, so `finish(step)`, called at
+    the end of a run, judges a run of fewer than `window` updates by its whole skip rate: above
+    max_rate, it raises SkipRateExceeded as well.
+
     Args:
         max_rate: the threshold in [0, 1). window: steps in the rolling window (100).
 
@@ -255,6 +259,7 @@ class SkipRateMonitor:
         self._skips = 0
         self.above_for = 0  # consecutive updates with rate > max_rate
         self.rate = 0.0
+        self.seen = 0  # updates recorded in all
 
     def update(self, skipped: bool, step: int) -> None:
         """Record one step's outcome; raise SkipRateExceeded when the alert condition holds."""
@@ -262,7 +267,14 @@ class SkipRateMonitor:
             self._skips -= self._recent[0]
         self._recent.append(bool(skipped))
         self._skips += bool(skipped)
+        self.seen += 1
         self.rate = self._skips / len(self._recent)
         self.above_for = self.above_for + 1 if self.rate > self.max_rate else 0
         if self.above_for >= self.window:
             raise SkipRateExceeded(self.rate, step, self.max_rate, self.window)
+
+    def finish(self, step: int) -> None:
+        """The end of a run: raise SkipRateExceeded if it had fewer than `window` updates
+        and its skip rate (skips / updates, all of them) is above max_rate."""
+        if 0 < self.seen < self.window and self.rate > self.max_rate:
+            raise SkipRateExceeded(self.rate, step, self.max_rate, self.seen)

@@ -28,7 +28,9 @@ import numpy as np
 
 from . import checkpoint as ckpt_io
 from .atomic import atomic_write
+from .data import check_same_data, data_identity
 from .data import get_batch  # the one batch sampler; re-exported here for spec 001
+from .lock import lock_outputs
 from .model import GlassLM, dataclass_from_dict
 from .optim import AdamW, clip_grad_norm, lr_schedule
 from .safety import PRECISIONS, SkipRateMonitor, StepCSVLog, TrainStep
@@ -175,7 +177,13 @@ class TrainSettings:
         precision: "fp32", "fp16" (autocast + dynamic loss scaling) or "bf16" (autocast).
         log_csv: path of the per-step CSV of spec 003 (None: no CSV).
         max_skip_rate: stop with SkipRateExceeded when the rolling skip rate stays above this
-            for 100 steps (None: no alert).
+            for 100 steps, or, in a run of fewer than 100 steps, when the skip rate of the
+            whole run is above it at its end (None: no alert).
+        max_consecutive_skips: stop with NoProgressError when this many updates in a row
+            were skipped (inf/NaN loss or gradients), in any precision: the run is making no
+            real update. A run that ends with every one of its updates skipped fails too,
+            however short. The default 25 is beyond any healthy fp16 start: the loss scale
+            halves on each skip, and 2**16 / 2**25 leaves no gradient representable.
         checkpoint_every: write a checkpoint after every N completed updates (None: only on
             Ctrl-C). Needs the trainer's checkpoint_path.
         weight_decay: AdamW's decoupled decay. min_lr_ratio: the schedule's floor.
@@ -196,6 +204,7 @@ class TrainSettings:
     precision: str = "fp32"
     log_csv: str | None = None
     max_skip_rate: float | None = None
+    max_consecutive_skips: int = 25
     checkpoint_every: int | None = None
     weight_decay: float = 0.1
     min_lr_ratio: float = 0.1
@@ -204,7 +213,7 @@ class TrainSettings:
     # Field types, checked strictly: int(2.7) == 2 and int(True) == 1 would let a float or a
     # bool through, and a NumPy integer would not survive the checkpoint's JSON.
     INT_FIELDS = ("steps", "batch_size", "seq_len", "warmup", "eval_every", "eval_batches",
-                  "seed", "checkpoint_every", "eval_seed")
+                  "seed", "checkpoint_every", "eval_seed", "max_consecutive_skips")
     FLOAT_FIELDS = ("lr", "clip", "max_skip_rate", "weight_decay", "min_lr_ratio")
 
     def __post_init__(self):
@@ -218,7 +227,8 @@ class TrainSettings:
                 raise ValueError(f"TrainSettings.log_csv must be a path or None, "
                                  f"got {self.log_csv!r}")
             self.log_csv = os.fspath(self.log_csv)
-        positive = ("batch_size", "seq_len", "eval_every", "eval_batches")
+        positive = ("batch_size", "seq_len", "eval_every", "eval_batches",
+                    "max_consecutive_skips")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainSettings.{name} must be positive, "
@@ -353,26 +363,55 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class NonFiniteLossError(FloatingPointError, ValueError):
-    """The run diverged: the training loss (or gradient) became inf/NaN in a run that does not
-    skip such steps (fp32 without max_skip_rate), or the validation loss or the weights did
+    """The run diverged: the training loss or gradient norm became inf/NaN in a run that does
+    not skip such steps (fp32 without max_skip_rate), or the validation loss or the weights did
     (in any run: the weights themselves are broken). Nothing is written when it is raised; a
     model file saved at an earlier, finite evaluation stays as it was (`kept_path`, the update
-    `kept_step` it holds). `step` names the update."""
+    `kept_step` it holds).
 
-    _WHAT = {"nonfinite_loss": "training loss", "nonfinite_grad": "training gradient norm",
+    Attributes: step (the failing update), value (the non-finite quantity that `reason`
+    names: the training loss, the gradient norm before clipping or the validation loss), reason
+    ("nonfinite_loss" | "nonfinite_grad" | "nonfinite_val_loss" | "nonfinite_weights" |
+    "no_progress"), kept_path, kept_step, history (one dict per completed update and one
+    for the failing one, as in `Trainer`'s history; the CLI writes it to history.csv).
+    """
+
+    _WHAT = {"nonfinite_loss": "training loss",
+             "nonfinite_grad": "gradient norm (before clipping)",
              "nonfinite_val_loss": "validation loss", "nonfinite_weights": "model's weights"}
 
-    def __init__(self, step: int, loss: float, reason: str, kept_path: str | None = None,
-                 kept_step: int | None = None):
-        what = self._WHAT.get(reason, "training gradient norm")
-        found = "are not finite" if reason == "nonfinite_weights" else \
-            f"is not finite ({loss})"
+    def __init__(self, step: int, value: float, reason: str, kept_path: str | None = None,
+                 kept_step: int | None = None, history: list | None = None,
+                 message: str | None = None):
         kept = (f"{kept_path} keeps the best model, from step {kept_step}"
                 if kept_path is not None else "no model file was written")
-        super().__init__(f"step {step}: the {what} {found}; the run diverged (a lower "
-                         f"learning rate may help); training stopped, {kept}")
-        self.step, self.loss, self.reason = step, loss, reason
+        if message is None:
+            what = self._WHAT[reason]
+            found = "are not finite" if reason == "nonfinite_weights" else \
+                f"is not finite ({value})"
+            message = f"the {what} {found}; the run diverged (a lower learning rate may help)"
+        super().__init__(f"step {step}: {message}; training stopped, {kept}")
+        self.step, self.value, self.reason = step, value, reason
+        self.loss = value  # the name of earlier versions
         self.kept_path, self.kept_step = kept_path, kept_step
+        self.history = history if history is not None else []
+
+
+class NoProgressError(NonFiniteLossError):
+    """Every update of the last `skipped` steps was skipped (`max_consecutive_skips` in a row,
+    or the whole of a shorter run): inf/NaN losses or gradients, in any precision. The
+    message names the last step's skip reason and its loss."""
+
+    def __init__(self, step: int, skipped: int, reason: str, loss: float, scale: float,
+                 kept_path=None, kept_step=None, history=None):
+        what = {"nonfinite_loss": f"non-finite training loss ({loss})",
+                "nonfinite_grad": "non-finite gradients"}.get(reason, reason)
+        scaled = f", loss scale {scale:g}" if scale != 1.0 else ""
+        super().__init__(step, loss, "no_progress", kept_path, kept_step, history,
+                         message=f"the last {skipped} updates were all skipped (last: {what}"
+                                 f"{scaled}); the run is making no progress")
+        self.skipped = skipped
+        self.skip_reason = reason
 
 
 class _DeferredInterrupt:
@@ -407,14 +446,19 @@ class Trainer:
 
     Args:
         settings: a TrainSettings.
-        train_data, val_data: `Batches` (glassllm.data): `token_count() -> int` and
-            `batch(rng, batch_size, seq_len) -> (x, y)` int arrays (B, T). A 600-token array
-            (`ArrayBatches`) and a multi-GB memory-mapped file work alike.
+        train_data, val_data: `Batches` (glassllm.data): `token_count() -> int`,
+            `batch(rng, batch_size, seq_len) -> (x, y)` int arrays (B, T) and, for a run that
+            writes or resumes checkpoints, `fingerprint() -> str` (its data identity). A
+            600-token array (`ArrayBatches`) and a multi-GB memory-mapped file work alike.
         model_path: where the best model is written with `glassllm.files.save` (None: never).
         checkpoint_path: where checkpoints go (None: no checkpoints, even on Ctrl-C).
         tokenizer: stored in the model file and in checkpoints; None (default): the model
             file is weights-only (any vocab_size; see `glassllm.files.save`).
         extra: JSON-serialisable facts stored in checkpoints (e.g. the data sources).
+
+    Every checkpoint records `glassllm.data.data_identity(train_data, val_data)` and a resume
+    on other data is refused. While `run` lasts, model_path, checkpoint_path and log_csv are
+    locked (`glassllm.lock`): a second run on one of them is refused, naming the first one.
 
     Each update is one `glassllm.safety.TrainStep` call: loss, backward, clip, AdamW at
     `lr_schedule(step, steps, lr, warmup, min_lr_ratio)`. In fp32 it is exactly spec 001's
@@ -441,23 +485,39 @@ class Trainer:
 
         Args:
             resume: None (fresh run), a checkpoint path, or a `checkpoint.Checkpoint`. The
-                model's config and the settings (except log_csv, checkpoint_every) must be
-                the checkpoint's; weights, optimizer, sampler, history and best loss are
-                restored, and the result is bit-identical to a run that never stopped.
+                model's config, the settings (except log_csv, checkpoint_every) and the data
+                (its `data_identity`) must be the checkpoint's; weights, optimizer, sampler,
+                history and best loss are restored, and the result is bit-identical to a run
+                that never stopped.
             on_event: called with each event; an exception it raises stops the run
                 (KeyboardInterrupt from it is handled like Ctrl-C).
 
+        The run locks model_path, checkpoint_path and log_csv (`glassllm.lock`) until it
+        returns; a run that writes or resumes checkpoints records the data's identity, so its
+        train_data and val_data need a `fingerprint()` (ArrayBatches and TokenFile have one).
+
         Raises:
             ValueError: data too short for seq_len, seq_len > max_len, a checkpoint that does
-                not match the model or the settings.
+                not match the model, the settings or the data, data without a fingerprint
+                when checkpoints are involved.
+            glassllm.lock.OutputLocked: another run holds one of the output paths.
             NonFiniteLossError: non-finite loss/gradient in a run that does not skip (fp32 and
-                no max_skip_rate); the model file and checkpoint are not written.
+                no max_skip_rate), or a non-finite validation loss or weights; the model file
+                and checkpoint are not written. NoProgressError (a NonFiniteLossError):
+                max_consecutive_skips updates in a row skipped, or every update of the run.
             glassllm.safety.SkipRateExceeded: too many skipped steps (max_skip_rate).
             TrainingInterrupted: Ctrl-C; the checkpoint (if any) holds every completed update.
         """
-        s = self.settings
-        emit = on_event if on_event is not None else (lambda event: None)
         self._check_data(model)
+        emit = on_event if on_event is not None else (lambda event: None)
+        with lock_outputs([self.model_path, self.checkpoint_path, self.settings.log_csv]):
+            return self._run(model, resume, emit)
+
+    def _run(self, model: GlassLM, resume, emit) -> TrainSummary:
+        s = self.settings
+        self._data_identity = None
+        if self.checkpoint_path is not None or resume is not None:
+            self._data_identity = data_identity(self.train_data, self.val_data)
         optimizer = AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
         train_step = TrainStep(model, optimizer, s.precision, s.clip)
         rng = np.random.default_rng(s.seed)
@@ -475,11 +535,13 @@ class Trainer:
             monitor = SkipRateMonitor(s.max_skip_rate)
             for entry in history:  # its window is a function of the skips so far
                 monitor.update(bool(entry.get("skipped")), entry["step"])
+        skipped_in_a_row = _trailing_skips(history)
         csv_log = self._open_csv(start, resumed=resume is not None)
         started_at = time.monotonic()
         train_time, tokens = 0.0, 0
         interval_time, interval_tokens = 0.0, 0
         in_step = False
+        record = None  # the last step's StepRecord in this call
         try:
             with _DeferredInterrupt() as interrupt:
                 if resume is None:
@@ -496,24 +558,31 @@ class Trainer:
                     lr = lr_schedule(step, s.steps, s.lr, s.warmup, s.min_lr_ratio)
                     record = train_step(x, y, lr, step)
                     dt = time.perf_counter() - t0
-                    if record.skipped and not self._skips_allowed():
-                        raise self._diverged(step, record.loss, record.skip_reason, best_step)
-                    if csv_log is not None:
+                    if csv_log is not None:  # every attempted step, the failing one included
                         csv_log.write(record)
+                    entry = {"step": step, "loss": _json_float(record.loss), "lr": lr}
+                    if record.skipped:
+                        entry["skipped"] = record.skip_reason
+                        skipped_in_a_row += 1
+                        if not self._skips_allowed():
+                            raise self._diverged(step, record, best_step, history + [entry])
+                        if skipped_in_a_row >= s.max_consecutive_skips:
+                            raise self._no_progress(step, skipped_in_a_row, record, best_step,
+                                                    history + [entry])
+                    else:
+                        skipped_in_a_row = 0
                     if monitor is not None:
                         monitor.update(record.skipped, step)
                     n = x.size
                     train_time, tokens = train_time + dt, tokens + n
                     interval_time, interval_tokens = interval_time + dt, interval_tokens + n
-                    entry = {"step": step, "loss": _json_float(record.loss), "lr": lr}
-                    if record.skipped:
-                        entry["skipped"] = record.skip_reason
                     events.append(Stepped(step, record.loss, lr, tokens / train_time,
                                           record.skipped))
                     if step % s.eval_every == 0 or step == s.steps - 1:
                         val = self._evaluate(model)
                         if not math.isfinite(val):  # never saved, never "best"
-                            raise self._diverged(step, val, "nonfinite_val_loss", best_step)
+                            raise self._diverged(step, record, best_step, history + [entry],
+                                                 "nonfinite_val_loss", val)
                         train_loss = _mean_since_last_eval(history, entry)
                         entry["train_loss"] = _json_float(train_loss)
                         entry["val_loss"] = val
@@ -523,8 +592,9 @@ class Trainer:
                         if best_val is None or val < best_val:
                             if self.model_path is not None:
                                 if not _weights_finite(model):
-                                    raise self._diverged(step, val, "nonfinite_weights",
-                                                         best_step)
+                                    raise self._diverged(step, record, best_step,
+                                                         history + [entry],
+                                                         "nonfinite_weights", val)
                                 self._save_model(model)
                                 events.append(Saved(step, self.model_path, val))
                             best_val, best_step = val, step
@@ -536,6 +606,13 @@ class Trainer:
                         path = self._write_checkpoint(model, optimizer, train_step, rng,
                                                       history, best_val, best_step)
                         emit(Checkpointed(step + 1, path))
+                # A run too short for the alerts' windows is judged as a whole at its end.
+                if record is not None and \
+                        skipped_in_a_row >= min(s.max_consecutive_skips, len(history)):
+                    raise self._no_progress(len(history) - 1, skipped_in_a_row, record,
+                                            best_step, history)
+                if monitor is not None:
+                    monitor.finish(len(history) - 1)
         except KeyboardInterrupt as e:
             if isinstance(e, TrainingInterrupted):
                 raise
@@ -558,11 +635,26 @@ class Trainer:
         return summary
 
     # ------------------------------------------------------------------ pieces
-    def _diverged(self, step: int, loss: float, reason: str,
-                  best_step: int | None) -> NonFiniteLossError:
-        kept = self.model_path if best_step is not None and self.model_path is not None \
-            and os.path.exists(self.model_path) else None
-        return NonFiniteLossError(step, loss, reason, kept, best_step if kept else None)
+    def _kept(self, best_step: int | None) -> tuple[str | None, int | None]:
+        """The model file an earlier finite evaluation wrote, and its step (or None, None)."""
+        if best_step is not None and self.model_path is not None and \
+                os.path.exists(self.model_path):
+            return self.model_path, best_step
+        return None, None
+
+    def _diverged(self, step: int, record, best_step: int | None, history: list,
+                  reason: str | None = None, value: float | None = None) -> NonFiniteLossError:
+        """The error for a non-finite quantity; without `reason`, the step's own skip: its
+        loss (nonfinite_loss) or its gradient norm before clipping (nonfinite_grad)."""
+        if reason is None:
+            reason = record.skip_reason
+            value = record.loss if reason == "nonfinite_loss" else record.grad_l2_pre_clip
+        return NonFiniteLossError(step, value, reason, *self._kept(best_step), history)
+
+    def _no_progress(self, step: int, skipped: int, record, best_step: int | None,
+                     history: list) -> NoProgressError:
+        return NoProgressError(step, skipped, record.skip_reason, record.loss,
+                               record.scaler_scale, *self._kept(best_step), history)
 
     def _skips_allowed(self) -> bool:
         # Mixed precision expects the odd overflow (the scaler backs off and the step is
@@ -607,6 +699,9 @@ class Trainer:
 
     def _write_checkpoint(self, model, optimizer, train_step, rng, history, best_val,
                           best_step) -> str:
+        if not _weights_finite(model):  # a checkpoint is only ever of a usable state
+            raise NonFiniteLossError(len(history) - 1, float("nan"), "nonfinite_weights",
+                                     *self._kept(best_step), history)
         extra = dict(self.extra)
         if self.tokenizer is not None:
             extra["tokenizer"] = self.tokenizer.to_json()
@@ -615,21 +710,30 @@ class Trainer:
             optimizer=ckpt_io.optimizer_state(model, optimizer),
             rng_state=rng.bit_generator.state, settings=self.settings.to_dict(),
             best_val_loss=best_val, best_step=best_step, history=history,
-            scaler=train_step.state_dict(), extra=extra)
+            scaler=train_step.state_dict(), extra=extra, data=self._data_identity)
         ckpt_io.save_checkpoint(self.checkpoint_path, state)
         return self.checkpoint_path
 
     def _restore(self, state, model, optimizer, train_step, rng) -> None:
+        """Check that `state` continues this run (model, settings, data), then load it."""
+        where = f"checkpoint {state.source!r}" if state.source else "the checkpoint"
+        if state.source is None:  # built in memory: check it as a file would be checked
+            ckpt_io.check_checkpoint(state)
         if state.config != model.cfg.to_dict():
-            raise ValueError(f"Trainer: the checkpoint's model config {state.config} differs "
+            raise ValueError(f"Trainer: {where}'s model config {state.config} differs "
                              f"from the model's {model.cfg.to_dict()}")
+        try:
+            TrainSettings.from_dict(state.settings)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: invalid settings: {e}") from None
         mine = self.settings.to_dict()
         differ = sorted(k for k, v in state.settings.items()
                         if k not in TrainSettings.OUTPUT_FIELDS and mine.get(k) != v)
         if differ:
             pairs = ", ".join(f"{k}: checkpoint {state.settings[k]!r} vs {mine.get(k)!r}"
                               for k in differ)
-            raise ValueError(f"Trainer: resume needs the checkpoint's settings ({pairs})")
+            raise ValueError(f"Trainer: resume needs the settings of {where} ({pairs})")
+        check_same_data(state.data, self.train_data, self.val_data, where=f"resume from {where}")
         model.load_state_dict(state.weights)
         ckpt_io.load_optimizer_state(model, optimizer, state.optimizer)
         rng.bit_generator.state = state.rng_state
@@ -653,6 +757,16 @@ def _checked_number(name: str, value, integer: bool):
 
 def _weights_finite(model: GlassLM) -> bool:
     return all(np.isfinite(p.data).all() for p in model.parameters())
+
+
+def _trailing_skips(history: list[dict]) -> int:
+    """How many updates at the end of `history` were skipped in a row."""
+    n = 0
+    for entry in reversed(history):
+        if not entry.get("skipped"):
+            break
+        n += 1
+    return n
 
 
 def _json_float(x: float):

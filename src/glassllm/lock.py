@@ -1,0 +1,181 @@
+"""Output locks: one training run at a time writes a given file.
+
+Two runs started on the same `--out` would interleave their CSV rows and overwrite each other's
+model and checkpoint. So a run locks each of its output paths first: `lock_outputs(paths)`
+takes, for every path, an exclusive `flock(2)` on `<path>.lock` beside it, and writes the
+holder into that file as JSON (pid, host, start time, command line). A second run asking for
+any of those paths gets `OutputLocked` naming the holder, at once (no waiting).
+
+Stale locks: the operating system drops a flock when its process ends, however it ends
+(exit, exception, SIGKILL, a crash), so the lock file a dead process left behind is simply
+taken over by the next run; `OutputLock.stale` lists the holders found that way (their pid
+is no longer running), for a note to the user. The file is removed on a clean release (after
+checking that it is still the one locked, so a waiting reader never locks a removed file).
+
+Within one process the locks are re-entrant: `glassllm train` locks every output, then the
+`Trainer` it runs locks its own again, and that is not a conflict. Locks are advisory (they
+bind glassllm runs, not other programs) and need POSIX `fcntl.flock`; where it does not exist
+(Windows) `lock_outputs` locks nothing.
+
+This module imports nothing from glassllm, so every module may use it.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; see the module docstring
+    fcntl = None
+
+_held: dict[str, list] = {}  # lock file (real path) -> [fd, holders in this process]
+_held_guard = threading.Lock()
+
+
+class OutputLocked(OSError):
+    """Another live process holds the lock on `filename` (the output path).
+
+    Attributes: filename (the output), lock_path, holder (the lock file's JSON: pid, host,
+    started, argv; {} if unreadable). An OSError with errno EBUSY, so callers that report
+    file errors as "PATH: reason" print "PATH: in use by another run (pid N, ...)".
+    """
+
+    def __init__(self, path: str, lock_path: str, holder: dict):
+        self.lock_path, self.holder = lock_path, holder
+        who = f"pid {holder['pid']}" if "pid" in holder else "an unknown process"
+        if holder.get("host") and holder.get("host") != socket.gethostname():
+            who += f" on {holder['host']}"
+        since = f", started {holder['started']}" if holder.get("started") else ""
+        super().__init__(errno.EBUSY, f"in use by another glassllm run ({who}{since}; lock "
+                                      f"file {lock_path})", path)
+
+
+class OutputLock:
+    """The locks of `lock_outputs`; a context manager that releases them on exit.
+
+    Attributes:
+        paths: the output paths locked. stale: holder dicts of lock files left by processes
+            that had ended (taken over).
+    """
+
+    def __init__(self, paths):
+        self.paths = []
+        for p in paths:
+            if p is not None and os.path.abspath(p) not in map(os.path.abspath, self.paths):
+                self.paths.append(os.fspath(p))
+        self.stale: list[dict] = []
+        self._locked: list[str] = []
+        try:
+            for path in self.paths:
+                previous = _acquire(path, lock_path(path))
+                self._locked.append(lock_path(path))
+                if previous and previous.get("pid") != os.getpid():
+                    self.stale.append(previous)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Release every lock (idempotent)."""
+        while self._locked:
+            _release(self._locked.pop())
+
+    def __enter__(self) -> "OutputLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_outputs(paths) -> OutputLock:
+    """Lock each output path (None entries are skipped) for this process; use as
+    `with lock_outputs([model_path, csv_path]) as lock: ...`.
+
+    Raises:
+        OutputLocked: a path is held by another running process (nothing stays locked).
+        OSError: a lock file cannot be created (e.g. no permission in its directory),
+            naming it.
+    """
+    return OutputLock(paths)
+
+
+def lock_path(path) -> str:
+    """The lock file of an output path: `<path>.lock`."""
+    return os.fspath(path) + ".lock"
+
+
+def _holder() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[:8]}
+
+
+def _acquire(path: str, lock_file: str) -> dict | None:
+    """Lock `lock_file`; return the stale holder found in it (None if the file was new)."""
+    if fcntl is None:
+        return None
+    key = os.path.realpath(lock_file)
+    with _held_guard:
+        if key in _held:
+            _held[key][1] += 1
+            return None
+        while True:
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = _read(fd)
+                os.close(fd)
+                if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise OutputLocked(path, lock_file, holder) from None
+                raise
+            # The holder may have released and removed the file between our open and flock:
+            # then we hold a lock on a file nobody else will see; start again.
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(lock_file))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            previous = _read(fd) or None
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(_holder()).encode())
+            _held[key] = [fd, 1]
+            return previous
+
+
+def _release(lock_file: str) -> None:
+    if fcntl is None:
+        return
+    key = os.path.realpath(lock_file)
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1]:
+            return
+        del _held[key]
+        fd = entry[0]
+        try:
+            os.remove(lock_file)  # while still locked: a waiting opener sees it vanish
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _read(fd: int) -> dict:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = os.read(fd, 1 << 16)
+        holder = json.loads(data.decode("utf-8")) if data else {}
+        return holder if isinstance(holder, dict) else {}
+    except (OSError, ValueError):
+        return {}

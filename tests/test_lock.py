@@ -1,0 +1,148 @@
+"""glassllm.lock and `glassllm train`'s output lock: one run per output path, with real processes.
+
+A run holds flock(2) locks on `<path>.lock` files; a second process asking for one of those
+paths is refused at once, naming the holder's pid; a lock file left by a killed process is
+taken over."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from glassllm.lock import OutputLocked, lock_outputs, lock_path
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+
+TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "1",
+        "--seq-len", "16", "--batch-size", "4", "--eval-batches", "1"]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text("The quick brown fox jumps over the lazy dog.\n" * 80, encoding="utf-8")
+    return path
+
+
+def holder_process(paths, tmp_path):
+    """A real second process that locks `paths` and waits until it is killed."""
+    ready = tmp_path / "ready"
+    code = textwrap.dedent(f"""
+        import time
+        from glassllm.lock import lock_outputs
+        with lock_outputs({[str(p) for p in paths]!r}):
+            open({str(ready)!r}, "w").close()
+            time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=ENV)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "holder did not start"
+        time.sleep(0.02)
+    return proc
+
+
+def test_a_second_process_is_refused_naming_the_holder(tmp_path):
+    out = tmp_path / "model.safetensors"
+    proc = holder_process([out], tmp_path)
+    try:
+        holder = json.loads((tmp_path / "model.safetensors.lock").read_text())
+        assert holder["pid"] == proc.pid
+        with pytest.raises(OutputLocked) as info:
+            lock_outputs([tmp_path / "other.csv", out])
+        err = info.value
+        assert isinstance(err, OSError) and err.filename == str(out)
+        assert f"pid {proc.pid}" in str(err) and str(tmp_path / "model.safetensors.lock") in \
+            str(err)
+        # nothing stays locked after a refusal: other.csv is free again
+        with lock_outputs([tmp_path / "other.csv"]):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
+    out = tmp_path / "model.safetensors"
+    proc = holder_process([out], tmp_path)
+    proc.send_signal(signal.SIGKILL)  # no clean-up runs: the lock file stays
+    proc.wait()
+    assert os.path.exists(lock_path(out))
+    with lock_outputs([out]) as lock:
+        assert [h["pid"] for h in lock.stale] == [proc.pid]
+        assert json.loads(open(lock_path(out)).read())["pid"] == os.getpid()
+    assert not os.path.exists(lock_path(out))  # a clean release removes the file
+
+
+def test_locks_are_reentrant_within_a_process_and_released_last_out(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    with lock_outputs([a, b, None]):
+        with lock_outputs([a]):  # the CLI locks, then the Trainer it runs locks again
+            pass
+        assert os.path.exists(lock_path(a))  # still held by the outer lock
+    assert not os.path.exists(lock_path(a)) and not os.path.exists(lock_path(b))
+
+
+def test_two_concurrent_train_runs_on_one_out(tmp_path, text_file):
+    """Two real `glassllm train` processes on the same --out: the second exits 2 at once with
+    one line naming the first one's pid; the first one's CSV has exactly its own rows."""
+    out = tmp_path / "run" / "model.safetensors"
+    log = tmp_path / "steps.csv"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "glassllm.cli", "train", "--data", str(text_file), *TINY,
+         "--steps", "3000", "--eval-every", "1000", "--out", str(out), "--log-csv", str(log)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and len(log.read_text().splitlines()) > 3):
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.05)
+        second = subprocess.run(
+            [sys.executable, "-m", "glassllm.cli", "train", "--data", str(text_file), *TINY,
+             "--steps", "5", "--out", str(out), "--log-csv", str(tmp_path / "other.csv")],
+            capture_output=True, text=True, env=ENV, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr
+        assert f"{out}: in use by another glassllm run (pid {first.pid}" in second.stderr
+        assert "initial val loss" not in second.stdout
+        assert not (tmp_path / "other.csv").exists()  # refused before writing anything
+        assert first.poll() is None  # the first run goes on
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=120)
+    assert first.returncode == 130
+    with open(log, newline="") as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f)]
+    assert steps == list(range(len(steps)))  # one run's rows, in order, none interleaved
+    assert not os.path.exists(lock_path(out))  # released on Ctrl-C
+
+
+def test_the_trainer_locks_its_outputs(tmp_path):
+    """The Python Trainer takes the same locks: a run on a model path another process holds
+    is refused before it writes anything."""
+    import numpy as np
+
+    from glassllm import Config, GlassLM
+    from glassllm.data import ArrayBatches
+    from glassllm.train import Trainer, TrainSettings
+    model_path = tmp_path / "m.safetensors"
+    proc = holder_process([model_path], tmp_path)
+    try:
+        ids = np.arange(300) % 50
+        trainer = Trainer(TrainSettings(steps=2, batch_size=2, seq_len=8, eval_batches=1,
+                                        log_csv=str(tmp_path / "steps.csv")),
+                          ArrayBatches(ids), ArrayBatches(ids), model_path=model_path)
+        with pytest.raises(OutputLocked, match=f"pid {proc.pid}"):
+            trainer.run(GlassLM(Config(d_model=16, n_layers=1, n_heads=2, max_len=8)))
+        assert not (tmp_path / "steps.csv").exists() and not model_path.exists()
+    finally:
+        proc.kill()
+        proc.wait()
