@@ -35,7 +35,7 @@ _TRAIN_INT_BOUNDS = {
     "n_kv_heads": (1, 1 << 12), "seq_len": (1, 1 << 20), "batch_size": (1, 1 << 20),
     "steps": (0, 10**9), "warmup": (0, 10**9), "eval_every": (1, 10**9),
     "eval_batches": (1, 10**6), "seed": (0, 2**63 - 1), "checkpoint_every": (1, 10**9),
-    "max_consecutive_skips": (1, 10**9), "threads": (1, 1024),
+    "max_consecutive_skips": (1, 10**9), "threads": (1, 1024), "health_every": (1, 10**9),
 }
 _TRAIN_FLOAT_BOUNDS = {"lr": (0.0, None), "max_skip_rate": (0.0, 1.0)}  # lr > 0; rate in [0, 1)
 
@@ -99,6 +99,11 @@ def add_train(sub) -> None:
                         "step's included)")
     g.add_argument("--checkpoint-every", type=int, metavar="N",
                    help="write a checkpoint every N updates (always on Ctrl-C)")
+    g.add_argument("--health-every", type=int, metavar="N",
+                   help="every N updates, measure training health (update:data ratio, "
+                        "gradient and weight norms per tensor, activation statistics, "
+                        "attention entropy, clip events) into health.jsonl next to --out; a "
+                        "one-line warning when a ratio stays out of its band")
     g.add_argument("--checkpoint", metavar="PATH",
                    help="checkpoint file (default: checkpoint.safetensors next to --out; "
                         "with --resume, the resumed file)")
@@ -113,6 +118,8 @@ def add_train(sub) -> None:
 
 
 def run_train(args) -> int:
+    import dataclasses
+
     from . import checkpoint, runfiles
     from .data import check_same_data, load_corpus
     from .lock import lock_outputs
@@ -146,9 +153,14 @@ def run_train(args) -> int:
         sources = args.data
     paths = runfiles.run_paths(out, _first_given(args.checkpoint, args.resume),
                                settings.log_csv)
+    health_every = _first_given(args.health_every, settings.health_every)
+    settings = dataclasses.replace(  # health.jsonl lives beside history.csv
+        settings, health_every=health_every,
+        health_log=paths["health_jsonl"] if health_every is not None else None)
     outputs = {"--out": paths["model"], "--checkpoint": paths["checkpoint"],
                "--log-csv": paths["log_csv"],
                "history.csv (next to --out)": paths["history_csv"],
+               "health.jsonl (next to --out)": settings.health_log,
                "loss.png (next to --out)": paths["plot"]}
     runfiles.check_output_paths(outputs)  # before reading any data: a bad path fails at once
     corpus = load_corpus(sources, settings.seq_len)
@@ -176,8 +188,8 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
     from . import runfiles
     from .model import GlassLM
     from .safety import SkipRateExceeded
-    from .train import (Checkpointed, Evaluated, NonFiniteLossError, Resumed, Saved, Started,
-                        Stepped, Trainer, TrainingInterrupted)
+    from .train import (Checkpointed, Evaluated, HealthWarning, NonFiniteLossError, Resumed,
+                        Saved, Started, Stepped, Trainer, TrainingInterrupted)
 
     out = paths["model"]
     model = GlassLM(cfg, seed=settings.seed)
@@ -218,6 +230,8 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
             bar.write(f"{'':14}saved (best so far) -> {event.path}")
         elif isinstance(event, Checkpointed):
             bar.write(f"{'':14}checkpoint after {event.step} steps -> {event.path}")
+        elif isinstance(event, HealthWarning):
+            bar.write(f"warning: {event.message}")
 
     try:
         # A diverging run overflows inside NumPy; the loop itself detects and reports
@@ -609,7 +623,8 @@ def run_prepare(args) -> int:
 
 
 def add_plot(sub) -> None:
-    p = sub.add_parser("plot", help="draw a run's loss and learning-rate curves to an image")
+    p = sub.add_parser("plot", help="draw a run's loss and learning-rate curves (and its "
+                                    "health.jsonl panels, when present) to images")
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="directory holding history.csv (or history.jsonl)")
     p.add_argument("--out", default=None,
@@ -619,13 +634,19 @@ def add_plot(sub) -> None:
 
 
 def run_plot(args) -> int:
-    from .plots import find_history, plot_history
+    from .plots import find_history, plot_health, plot_history
 
     if not os.path.isdir(args.run_dir):
         raise FileNotFoundError(f"run directory not found: {args.run_dir}")
     out = args.out or os.path.join(args.run_dir, "loss.png")
     plot_history(find_history(args.run_dir), out)
     print(out, flush=True)
+    health = os.path.join(args.run_dir, "health.jsonl")
+    if os.path.isfile(health):  # health.png (or OUT-health.SUFFIX) beside the loss plot
+        stem, suffix = os.path.splitext(out)
+        image = os.path.join(args.run_dir, "health.png") if args.out is None else \
+            f"{stem}-health{suffix}"
+        print(plot_health(health, image), flush=True)
     return 0
 
 

@@ -264,7 +264,8 @@ def _collapsed_dot(nodes: list[Node], root: int, depth: int, rankdir: str) -> st
         grads = [m.grad_stats for m in members if m.grad_stats]
         if grads:
             label += f"\\nlargest |grad| {_fmt(max(max(abs(s[2]), abs(s[3])) for s in grads))}"
-        fill = ", style=\"rounded,filled\", fillcolor=gold" if any(m.key == root for m in members) else ""
+        is_root = any(m.key == root for m in members)
+        fill = ', style="rounded,filled", fillcolor=gold' if is_root else ""
         lines.append(f"  {ids[g]} [label={_quote(label)}{fill}];")
     edges = set()
     for n in nodes:

@@ -4,7 +4,8 @@
     cache["blocks.0.attention.pattern"]                               # (B, n_heads, T, T)
     _, cache = run_with_cache(model, ids, targets, grads=True)        # + d loss / d value
     cache.grads["blocks.1.residual_out"]
-    _, cache = run_with_cache(model, ids, names=["blocks.*.residual_out"], stop_at="blocks.1.residual_out")
+    _, cache = run_with_cache(model, ids, names=["blocks.*.residual_out"],
+                              stop_at="blocks.1.residual_out")    # skip the rest
 
     with Trace(model, names=["logits"]) as tr:                        # the same, by hand
         model(ids)
@@ -79,7 +80,8 @@ NAMES: tuple[Name, ...] = (
     Name("blocks.{layer}.attention.output", "B T C", _BOTH,
          "attention's contribution to the residual (output projection, + bias for gpt2)"),
     Name("blocks.{layer}.residual_mid", "B T C", _BOTH, "residual_in + attention.output"),
-    Name("blocks.{layer}.mlp.input", "B T C", _BOTH, "mlp_norm(residual_mid): what the MLP reads"),
+    Name("blocks.{layer}.mlp.input", "B T C", _BOTH,
+         "mlp_norm(residual_mid): what the MLP reads"),
     Name("blocks.{layer}.mlp.hidden_pre", "B T F", _BOTH,
          "the activation's input: gate(x) (SiLU, llama) or up(x) (GELU, gpt2)"),
     Name("blocks.{layer}.mlp.up", "B T F", ("llama",), "up(x), SwiGLU's linear branch"),
