@@ -181,8 +181,12 @@ def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
         lines.append(f"  {label:>18} {value:+.3f}")
     for kind, scores in ins.head_kinds.items():
         layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
-        lines.append(f"strongest {kind.replace('_', '-')} head: L{layer}H{head} "
-                     f"score {scores[layer, head]:.2f}")
+        name = kind.replace("_", "-")
+        if interpret.detection_pattern(ins.ids, kind).sum() == 0:
+            lines.append(f"{name} heads: not measurable on this prompt (no repeated token)")
+        else:
+            lines.append(f"strongest {name} head: L{layer}H{head} "
+                         f"score {scores[layer, head]:.2f}")
     return "\n".join(lines)
 
 
