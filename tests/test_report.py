@@ -60,6 +60,9 @@ def test_summary_lines(model):
     assert f"{ins.surprise.mean_nats:.3f} nats" in plain
     assert "a[" in plain and "embeddings:" in plain and "block 1:" in plain
     assert "strongest induction head: L" in plain
+    heads = ins.attributions[-1].heads()
+    layer, head = np.unravel_index(np.argmax(np.abs(heads)), heads.shape)
+    assert f"  heads: L{layer}H{head} {heads[layer, head]:+.3f}" in plain
     coloured = summary(ins, color=True)
     assert coloured.count("\x1b[0m") == len(PROMPT) - 1
 

@@ -179,6 +179,11 @@ def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
                  f"{_visible(ins.text(attr.token))!r} (logit {attr.total:.3f}):")
     for label, value in attr.top(top):
         lines.append(f"  {label:>18} {value:+.3f}")
+    heads = attr.heads()
+    order = np.argsort(-np.abs(heads), axis=None, kind="stable")[:top]
+    lines.append("  heads: " + ", ".join(
+        f"L{layer}H{head} {heads[layer, head]:+.3f}"
+        for layer, head in (np.unravel_index(i, heads.shape) for i in order)))
     for kind, scores in ins.head_kinds.items():
         layer, head = np.unravel_index(int(np.argmax(scores)), scores.shape)
         name = kind.replace("_", "-")
@@ -232,8 +237,9 @@ def page_data(ins: Inspection) -> dict:
         heads={kind: _r(v, 3) for kind, v in ins.head_kinds.items()},
         run=None)
     if ins.history is not None or ins.health:
+        from .health import BANDS
         data["run"] = dict(history={k: _r(v, 5) for k, v in (ins.history or {}).items()},
-                           health=ins.health or [])
+                           health=ins.health or [], bands=BANDS)
     return data
 
 
@@ -284,7 +290,7 @@ table.grid th{background:#eef1f4;font-weight:600}
 .bar-value{width:80px;padding-left:8px}
 #tooltip{position:fixed;pointer-events:none;background:#222;color:#fff;font-size:12px;padding:4px 7px;border-radius:3px;display:none;white-space:pre;z-index:10}
 .charts{display:flex;flex-wrap:wrap;gap:14px}
-.chart{background:#fff;border:1px solid #ddd;padding:6px}
+.chart{background:#fff;border:1px solid #ddd;padding:6px;max-width:440px}
 .chart h3{font-size:13px;margin:2px 0 4px 4px}
 .legend{font-size:11px}
 </style></head>
@@ -503,17 +509,19 @@ function buildTraining() {
   const rows = DATA.run.health || [];
   if (!rows.length) { $("health-charts").appendChild(el("p", {"class": "note"}, "no health.jsonl in this run (train with --health-every N)")); return; }
   const steps = rows.map((r) => r.step);
-  const panels = [["params", "update_to_data_log10", "update:data ratio, log10 (band: -4..-2)", false, [-4, -2]],
-                  ["params", "grad_norm", "gradient norm", true], ["params", "grad_to_data", "grad:data ratio", true],
-                  ["params", "weight_norm", "weight norm", false],
-                  ["activations", "std", "activation std per layer", false], ["activations", "saturated", "saturated fraction", false],
-                  ["activations", "dead", "dead fraction", false], ["attention", "entropy", "attention entropy per head (nats)", false]];
-  for (const [group, key, title, log, band] of panels) {
+  const bands = DATA.run.bands || {};
+  const panels = [["params", "update_to_data_log10", "update:data ratio (log10) per tensor", false],
+                  ["params", "grad_norm", "gradient norm per tensor", true], ["params", "grad_to_data", "grad:data ratio per tensor", true],
+                  ["params", "weight_norm", "weight norm per tensor", false],
+                  ["activations", "std", "activation std per layer", false], ["activations", "saturated", "saturated fraction per layer", false],
+                  ["activations", "dead", "dead-unit fraction per layer", false], ["attention", "entropy", "attention entropy per head (nats)", false]];
+  for (const [group, key, title, log] of panels) {
+    const band = bands[key];
     const names = [...new Set(rows.flatMap((r) => Object.keys(r[group] || {})))];
     if (!names.length) continue;
     const series = names.map((n) => ({name: n, x: steps, y: rows.map((r) => (r[group] && r[group][n] && r[group][n][key] !== undefined) ? r[group][n][key] : null)}));
     if (series.every((d) => d.y.every((y) => y === null))) continue;
-    lineChart($("health-charts"), title, series, {log: log, band: band});
+    lineChart($("health-charts"), title + (band ? " (healthy band shaded)" : ""), series, {log: log, band: band});
   }
   const totals = [["global_grad_norm", "global gradient norm"], ["clipped", "clip events"], ["nonfinite", "non-finite values"]];
   for (const [key, title] of totals) { const y = rows.map((r) => r[key] === undefined ? null : Number(r[key]));

@@ -261,10 +261,12 @@ class Trace:
                  edits: Iterable[Edit] = (), max_bytes: int | None = DEFAULT_MAX_BYTES):
         cfg = model.cfg
         self.model = model
-        grad_names = [] if grads is False else select_names(
-            cfg, None if grads is True else grads)
-        if grads is True:
+        if grads is False:
+            grad_names = []
+        elif grads is True:  # the gradient of every traced value
             grad_names = select_names(cfg, names)
+        else:
+            grad_names = select_names(cfg, grads)
         self.names = select_names(cfg, names)
         self.names += [n for n in grad_names if n not in self.names]
         self._wanted = set(self.names)
