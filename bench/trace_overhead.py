@@ -10,6 +10,11 @@ logits are checked to be bit-identical), and their steps are interleaved A/B/A/B
 process so a busy machine slows both alike. Prints the median time of each and the median
 of the per-pair ratios, plus a bound that does not depend on noise: the number of hook
 checks one forward makes times the measured cost of one check, over the forward's time.
+On a busy machine the timed ratios scatter by several percent either way; instructions do
+not: `--one hooked` / `--one plain` run one side alone, for
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python bench/trace_overhead.py \
+        --one hooked --repeats 1 --threads 1      # and --one plain: compare the totals
 """
 from __future__ import annotations
 
@@ -104,8 +109,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="M", choices=sorted(common.CONFIGS))
     parser.add_argument("--repeats", type=int, default=15, help="A/B pairs per measurement")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads on both sides (default: all cores)")
+    parser.add_argument("--one", choices=("hooked", "plain"), default=None,
+                        help="only run that model's training step --repeats times, untimed: "
+                             "for an instruction count, e.g. under valgrind --tool=callgrind")
     args = parser.parse_args()
-    common.set_threads()
+    common.set_threads(args.threads)
     spec = common.CONFIGS[args.config]
     cfg = glassllm.Config(**spec["model"])
     plain_module = untraced_model_module()
@@ -127,6 +137,10 @@ def main() -> None:
         m.zero_grad()
         loss.backward()
 
+    if args.one is not None:
+        for _ in range(args.repeats):
+            train_step(hooked if args.one == "hooked" else plain)
+        return
     results = {"config": args.config, "load_before": os.getloadavg()[0]}
     for label, fn in (("forward", forward), ("forward+backward", train_step)):
         for m in (hooked, plain):  # warm-up
