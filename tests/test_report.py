@@ -117,3 +117,12 @@ def test_cli_inspect_weights_only_needs_a_tokenizer(model, tmp_path, capsys):
     assert main(args) == 2
     assert "--tokenizer" in capsys.readouterr().err
     assert main(args + ["--tokenizer", "byte"]) == 0
+
+
+def test_inspect_a_gpt2_model():
+    model = GlassLM(Config(family="gpt2", d_model=32, n_layers=2, n_heads=4, max_len=16))
+    tok = ByteTokenizer()
+    ins = inspect_model(model, tok.encode(PROMPT), tok)
+    assert "final_norm bias" in ins.attributions[0].labels
+    assert ins.patterns.shape == (2, 4, len(PROMPT), len(PROMPT))
+    assert page_json(render_html(ins))["model"]["family"] == "gpt2"

@@ -78,7 +78,12 @@ def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
     T = ids.shape[1]
     surprise = interpret.token_surprise(model, ids, k=k)
     lens = interpret.logit_lens(model, ids, k=k)
-    _, cache = run_with_cache(model, ids)
+    L = model.cfg.n_layers
+    names = ["token_embedding", "blocks.*.attention.pattern", "blocks.*.attention.head_output",
+             "blocks.*.mlp.output", f"blocks.{L - 1}.residual_out", "logits"]
+    if model.cfg.family == "gpt2":
+        names.append("position_embedding")
+    _, cache = run_with_cache(model, ids, names=names)  # what attribution and the views need
     attributions = []
     for t in range(T):
         token = int(ids[0, t + 1]) if t + 1 < T else None
