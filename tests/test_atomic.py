@@ -95,3 +95,52 @@ def test_atomic_file_streams_then_commits_or_discards(tmp_path):
     assert os.listdir(tmp_path) == ["kept.bin"]
     with pytest.raises(ValueError, match="mode"):
         AtomicFile(tmp_path / "r", "r")
+
+
+def _run_with_file_size_limit(code: str, limit: int = 64 << 10):
+    """Run Python `code` in a child whose files cannot grow past `limit` bytes (RLIMIT_FSIZE:
+    a full disk, as the writer sees it -- Python ignores SIGXFSZ, so write() fails EFBIG)."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          preexec_fn=limit_files,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+
+
+def test_a_full_disk_is_an_oserror_naming_the_path_for_every_kind_of_writer(tmp_path):
+    """safetensors (a Rust library) reports a failed write as SafetensorError("... (os error
+    27)"), and a write inside `with atomic_write(...)` raised a bare OSError: both must be
+    the OSError of the module docstring, naming the user's path, with no temporary left."""
+    code = f"""
+import errno, os
+import numpy as np
+from safetensors.numpy import save_file
+from glassllm.atomic import atomic_replace, atomic_write
+d = {str(tmp_path)!r}
+tensors = {{"w": np.zeros(1 << 16, np.float32)}}  # 256 KiB > the 64 KiB limit
+def own(p):
+    with atomic_write(p, "wb") as f:
+        f.write(bytes(1 << 18))
+        f.flush()
+for name, write in [("lib.safetensors",
+                     lambda p: atomic_replace(p, lambda tmp: save_file(tensors, tmp))),
+                    ("own.bin", own)]:
+    path = os.path.join(d, name)
+    try:
+        write(path)
+    except OSError as e:
+        print(name, e.errno == errno.EFBIG, e.filename == path, repr(e.strerror))
+    print(name, "left:", sorted(os.listdir(d)))
+"""
+    result = _run_with_file_size_limit(code)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines == ["lib.safetensors True True 'cannot write: File too large'",
+                     "lib.safetensors left: []",
+                     "own.bin True True 'cannot write: File too large'",
+                     "own.bin left: []"], result.stdout

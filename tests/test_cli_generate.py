@@ -265,3 +265,25 @@ def test_sampling_error_comes_before_any_output(capsys, monkeypatch, model_path)
     monkeypatch.setattr(cli, "load_model_and_tokenizer", lambda path: (model, tok))
     code, out, err = run(capsys, "--model", model_path, "--prompt", "abc", "--seed", 0)
     assert code == 2 and out == "" and "NaN" in err and err.count("\n") == 1
+
+
+def test_a_tokenizer_smaller_than_the_model_gets_only_ids_it_can_decode(capsys, tmp_path):
+    """A vocab-300 model with the 257-id byte tokenizer (in the file or from --tokenizer):
+    generation never draws an id the tokenizer lacks (it stopped with "ids must be in
+    [0, 257)" after printing part of the text)."""
+    model = GlassLM(Config(vocab_size=300, d_model=16, n_layers=1, n_heads=2, max_len=8),
+                    seed=0)
+    model.token_embedding.weight.data[257:] *= 50  # the padded ids have the top logits
+    path = tmp_path / "padded.safetensors"
+    files.save(model, path, tokenizer=ByteTokenizer())
+    for extra in ((), ("--tokenizer", "byte")):
+        for sampling in (("--temperature", 0), ("--temperature", 2, "--seed", 0)):
+            code, out, err = run(capsys, "--model", path, "--prompt", "ab",
+                                 "--max-new-tokens", 30, *sampling, *extra)
+            assert (code, err) == (0, ""), err
+            assert out.startswith("ab")
+    new = generate(model, [97, 98], 30, Sampling(0.0), vocab_limit=257, stop_id=256)
+    code, out, _ = run(capsys, "--model", path, "--prompt", "ab", "--max-new-tokens", 30,
+                       "--temperature", 0)
+    new = new[:-1] if new and new[-1] == 256 else new
+    assert out == "ab" + ByteTokenizer().decode(new) + "\n"

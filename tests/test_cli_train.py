@@ -550,3 +550,56 @@ def test_a_checkpoint_whose_extra_fields_have_wrong_types_is_refused(tmp_path, t
         assert f"checkpoint {str(tmp_path / 'bad.st')!r}: {match}" in err and \
             err.count("\n") == 1, err
     assert state.step == 4
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line_exit_130(monkeypatch, capsys):
+    """Ctrl-C in the first second of `glassllm train` lands while the subcommands import
+    numpy and the library to build the parser: one line and exit 130, no traceback."""
+    import glassllm.cli as cli
+
+    def slow_import(sub):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "SUBCOMMANDS", [slow_import, *cli.SUBCOMMANDS])
+    assert main(["train", "--steps", "1"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "glassllm: interrupted", err
+
+
+def test_resume_to_a_new_out_without_a_better_model_says_where_the_model_is(tmp_path,
+                                                                            text_file, capsys):
+    first = tmp_path / "a" / "model.safetensors"
+    assert main(["train", "--data", str(text_file), "--out", str(first), "--steps", "4",
+                 "--eval-every", "2", "--checkpoint-every", "4", *TINY]) == 0
+    capsys.readouterr()
+    new = tmp_path / "b" / "model.safetensors"
+    ckpt = tmp_path / "a" / "checkpoint.safetensors"
+    assert main(["train", "--resume", str(ckpt), "--out", str(new)]) == 0  # nothing left to do
+    printed = capsys.readouterr().out
+    assert not new.exists()
+    assert f"model: {new}\n" not in printed
+    assert f"model: none written to {new}" in printed and str(first) in printed
+
+
+def test_an_interrupt_inside_an_update_points_to_the_last_periodic_checkpoint(
+        tmp_path, text_file, capsys, monkeypatch):
+    """A second Ctrl-C lands inside an update, when no checkpoint may be written: the
+    message said "no checkpoint written" although --checkpoint-every had written one a step
+    before, from which --resume continues."""
+    from glassllm import safety
+    real = safety.TrainStep.__call__
+
+    def interrupted_at_step_3(self, x, y, lr, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real(self, x, y, lr, step)
+
+    monkeypatch.setattr(safety.TrainStep, "__call__", interrupted_at_step_3)
+    out = tmp_path / "r" / "model.safetensors"
+    assert main(["train", "--data", str(text_file), "--out", str(out), "--steps", "6",
+                 "--checkpoint-every", "2", *TINY]) == 130
+    err = capsys.readouterr().err
+    ckpt = tmp_path / "r" / "checkpoint.safetensors"
+    assert load_checkpoint(ckpt).step == 2
+    assert "no checkpoint written" not in err and f"--resume {ckpt}" in err, err
+    assert "after 2 steps" in err

@@ -363,3 +363,32 @@ def test_load_corpus_offers_what_train_data_reads(tmp_path):
         data.load_corpus([str(text)], seq_len=200)
     with pytest.raises(ValueError, match="val_fraction"):
         data.load_corpus([str(text)], val_fraction=0)
+
+
+def test_prepare_on_a_full_disk_names_the_token_file_and_leaves_nothing(tmp_path):
+    """A write of the ids that fails (a full disk; here RLIMIT_FSIZE, which makes write()
+    fail with EFBIG as Python ignores SIGXFSZ) is an OSError naming the token file, and the
+    output directory prepare created is gone again."""
+    import resource
+    import subprocess
+    import sys
+
+    text = tmp_path / "a.txt"
+    text.write_text("the cat sat on the mat.\n" * 20000)  # 480 KB of ids > the 64 KiB limit
+    out = tmp_path / "out"
+    code = f"""
+import errno
+from glassllm.data import prepare
+try:
+    prepare([{str(text)!r}], {str(out)!r}, "byte")
+except OSError as e:
+    print(e.errno == errno.EFBIG, e.filename, e.strerror)
+"""
+    limit = 64 << 10
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(" ", 2)[:2] == ["True", str(out / "train.bin")], result.stdout
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]

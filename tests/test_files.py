@@ -589,3 +589,14 @@ def test_an_edited_config_or_tokenizer_is_refused(tmp_path, saved):
     save_file(tensors, str(path), metadata={**meta, "config": json.dumps(cfg)})
     with pytest.raises(ValueError, match=re.escape(str(path)) + ".*metadata.*not what was"):
         files.load(path)
+
+
+def test_a_device_or_fifo_is_a_value_error_naming_it_without_blocking(tmp_path):
+    """/dev/null gave safetensors' bare "No such device (os error 19)" naming no file, and a
+    FIFO blocked load() forever waiting for a writer: neither is a model file."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in ("/dev/null", str(fifo)):
+        for read in (files.load, files.load_tokenizer):
+            with pytest.raises(ValueError, match=f"{path}: not a regular file"):
+                read(path)

@@ -398,3 +398,24 @@ def test_generate_accepts_an_int_seed_and_refuses_other_rngs():
         generate(model, [1, 2, 3], 2, Sampling(1.0), rng=-1)
     with pytest.raises(TypeError, match="default_rng"):
         sample_next(np.zeros(4), Sampling(1.0), 42)
+
+
+def test_vocab_limit_never_draws_ids_a_smaller_tokenizer_lacks():
+    """A model of 300 ids with a 257-id tokenizer (a padded vocabulary): with
+    vocab_limit=257 no id >= 257 is ever drawn, greedy or sampled, even where those ids have
+    the highest logits; the Generator's own logits stay the model's."""
+    model = GlassLM(Config(vocab_size=300, d_model=16, n_layers=1, n_heads=2, max_len=8),
+                    seed=0)
+    model.token_embedding.weight.data[257:] *= 50  # tied head: the padded ids dominate
+    greedy = generate(model, [1, 2], 12, Sampling(0.0))
+    assert max(greedy) >= 257  # the case the limit is for
+    for sampling in (Sampling(0.0), Sampling(1.0), Sampling(5.0, top_k=290)):
+        new = generate(model, [1, 2], 40, sampling, rng=0, vocab_limit=257)
+        assert len(new) == 40 and max(new) < 257, (sampling, new)
+    g = Generator(model, [1, 2], vocab_limit=257)
+    full = g.next_logits()
+    assert full.shape == (300,) and np.argmax(full) >= 257
+    assert g.next_token(Sampling(0.0)) == int(np.argmax(full[:257]))
+    for bad in (0, 301, 2.5, True):
+        with pytest.raises(ValueError, match="vocab_limit"):
+            Generator(model, [1], vocab_limit=bad)

@@ -7,6 +7,7 @@ reference is transformers itself: eager attention (float32-exact), eval mode (dr
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -666,3 +667,43 @@ def test_cli_generate_on_a_tokenizer_only_directory_explains_hf_layout(tmp_path,
     (tmp_path / "merges.txt").write_text("")
     code, _, err = run_cli(capsys, "generate", "--model", tmp_path, "--prompt", "a")
     assert code == 2 and "config.json + model.safetensors" in err and "neither" in err
+
+
+def test_to_hf_refuses_an_empty_directory_path(tmp_path, monkeypatch, capsys):
+    """`--to-hf ""` wrote config.json and model.safetensors into the current directory
+    (Path("") is "."), as `--out ""` once wrote to the default path."""
+    monkeypatch.chdir(tmp_path)
+    model = glass_model("llama")
+    with pytest.raises(ValueError, match="empty"):
+        hf.to_hf(model, "")
+    from glassllm import files
+    files.save(model, tmp_path / "m.safetensors")
+    code, _, err = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors", "--to-hf",
+                           "")
+    assert code == 2 and "empty" in err and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]
+
+
+def test_a_tokenizer_to_hf_cannot_store_is_said_not_claimed(tmp_path, capsys, bpe):
+    """`convert --model FILE --to-hf DIR` of a model with a SentencePiece tokenizer (a
+    llama2.c import) printed "tokenizer sentencepiece" and wrote none: the directory then
+    generated nothing ("no tokenizer") and converted back weights-only. The note says so."""
+    from glassllm import files
+    from glassllm.tokenizer import ByteTokenizer, SentencePieceTokenizer
+    pieces = ["<unk>", "\n<s>\n", "\n</s>\n"] + [f"<0x{b:02X}>" for b in range(256)] + \
+        [" ", "a", "b", "ab"]
+    sp = SentencePieceTokenizer(pieces, [0.0] * 259 + [-1.0, -2.0, -3.0, -4.0])
+    assert hf.stores_tokenizer(bpe, V) and hf.stores_tokenizer(ByteTokenizer(), 257)
+    assert not hf.stores_tokenizer(sp, 263) and not hf.stores_tokenizer(ByteTokenizer(), 300)
+    model = GlassLM(Config(vocab_size=263, d_model=16, n_layers=1, n_heads=2, max_len=8))
+    source = tmp_path / "sp.safetensors"
+    files.save(model, source, sp)
+    code, out, err = run_cli(capsys, "convert", "--model", source, "--to-hf", tmp_path / "d")
+    assert code == 0 and out.rstrip().endswith("tokenizer none"), out
+    assert "note:" in err and "sentencepiece" in err and err.count("\n") == 1, err
+    assert hf.tokenizer_from_hf(tmp_path / "d", 263) is None
+    files.save(GlassLM(Config(vocab_size=V, d_model=16, n_layers=1, n_heads=2, max_len=8)),
+               tmp_path / "bpe.safetensors", bpe)  # a BPE tokenizer is written: no note
+    code, out, err = run_cli(capsys, "convert", "--model", tmp_path / "bpe.safetensors",
+                             "--to-hf", tmp_path / "e")
+    assert (code, err) == (0, "") and out.rstrip().endswith("tokenizer bpe")

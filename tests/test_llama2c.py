@@ -561,7 +561,9 @@ def test_cli_export_to_llama2c(ckpt, tok_path, tmp_path, capsys):
                  "--out", str(glass)]) == 0
     back = tmp_path / "back.bin"
     assert main(["convert", "--model", str(glass), "--to-llama2c", str(back)]) == 0
-    capsys.readouterr()
+    captured = capsys.readouterr()  # the .bin holds no tokenizer, and the summary says so
+    assert captured.out.rstrip().endswith("tokenizer none"), captured.out
+    assert captured.err.startswith("note:") and "tokenizer.bin" in captured.err
     assert back.read_bytes()[:-4 * 2 * 512 * 4] == ckpt.read_bytes()[:-4 * 2 * 512 * 4]
     # refused: writing over the source, a gpt2 model, mixed flags
     assert main(["convert", "--model", str(glass), "--to-llama2c", str(glass)]) == 2

@@ -146,3 +146,20 @@ def test_the_trainer_locks_its_outputs(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_release_never_removes_a_lock_file_that_is_no_longer_its_own(tmp_path):
+    """The module promises to remove its lock file on release only "after checking that it is
+    still the one locked". If the file was replaced meanwhile (removed by hand, then locked
+    by a new run; or an output that happens to be named like the lock), removing it would
+    delete the other run's lock -- letting a third run in beside it -- or that output."""
+    out = tmp_path / "model.safetensors"
+    with lock_outputs([out]):
+        os.remove(lock_path(out))
+        with open(lock_path(out), "w") as f:  # now someone else's file at that path
+            f.write('{"pid": 1}')
+    assert os.path.exists(lock_path(out)) and open(lock_path(out)).read() == '{"pid": 1}'
+    os.remove(lock_path(out))
+    with lock_outputs([out]):  # and a clean run still removes its own
+        assert os.path.exists(lock_path(out))
+    assert not os.path.exists(lock_path(out))

@@ -375,3 +375,20 @@ def test_parameter_shapes_lists_named_parameters_without_building(overrides):
     assert n_parameter_tensors(huge) > 10 ** 12
     assert parameter_shape(huge, f"blocks.{10 ** 12 - 1}.mlp.up.weight") == (cfg.d_model,
                                                                              cfg.d_ff)
+
+
+def test_a_model_bigger_than_the_machine_is_a_memory_error_before_allocating(monkeypatch):
+    """`glassllm train --d-model 4096 --n-layers 1024` (189e9 parameters, 705 GiB of float32)
+    allocated layer after layer -- each array fits, so NumPy never raised MemoryError under
+    Linux's overcommit -- until the kernel's OOM killer ended the process (or another one)
+    without a word. The weights alone exceeding the machine's memory is a MemoryError at once.
+    Here the machine is made to look like it has 64 MiB, and a 100 MB model must not build."""
+    import os
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: (64 << 20) // real("SC_PAGE_SIZE")
+                        if name == "SC_PHYS_PAGES" else real(name))
+    cfg = Config(vocab_size=257, d_model=512, n_layers=8, n_heads=8, max_len=16)
+    assert cfg.n_params() * 4 > 64 << 20
+    with pytest.raises(MemoryError, match=f"{cfg.n_params():,} parameters"):
+        GlassLM(cfg)
+    GlassLM(Config(vocab_size=257, d_model=64, n_layers=2, n_heads=4, max_len=16))  # 0.5 MB

@@ -121,3 +121,14 @@ def test_write_errors_name_the_users_path_not_a_temporary(tmp_path, capsys, wher
     err = capsys.readouterr().err
     assert str(out) in err and ".tmp" not in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_directory", "run"]
+
+
+def test_an_empty_out_is_refused_not_replaced_by_the_default(tmp_path, capsys):
+    """`glassllm plot RUN --out ""` wrote RUN/loss.png, the default, without a word."""
+    run = write_csv(tmp_path)
+    assert main(["plot", str(run), "--out", ""]) == 2
+    err = capsys.readouterr().err
+    assert "empty" in err and err.count("\n") == 1, err
+    assert not (run / "loss.png").exists()
+    with pytest.raises(ValueError, match="empty"):
+        plot_history(str(run / "history.csv"), "")

@@ -282,3 +282,33 @@ def test_amp_demo_prints_a_skip_where_the_scale_halves(capsys):
     assert [line[:4] for line in lines] == ["STEP"] * 5 + ["SKIP"] + ["STEP"] * 2
     assert "scale 65536 -> 32768" in lines[5] and "unchanged: True" in lines[5]
     assert lines[6].endswith("scale 32768")
+
+
+def test_csv_log_on_a_full_disk_is_an_oserror_naming_the_file(tmp_path):
+    """A row that cannot be written (a full disk; here RLIMIT_FSIZE, write() fails EFBIG as
+    Python ignores SIGXFSZ) is an OSError naming the CSV, from write() and from close()."""
+    import os
+    import resource
+
+    path = tmp_path / "steps.csv"
+    code = textwrap.dedent(f"""
+        import errno
+        from glassllm.safety import StepCSVLog, StepRecord
+        record = StepRecord(step=0, lr=1e-3, grad_l2_pre_clip=1.0, grad_l2_post_clip=1.0,
+                            loss=2.0, skipped=False, skip_reason="", scaler_scale=1.0)
+        log = StepCSVLog({str(path)!r})
+        for where in ("write", "close"):
+            try:
+                for _ in range(10000):
+                    log.write(record) if where == "write" else log.close()
+            except OSError as e:
+                print(where, e.errno == errno.EFBIG, e.filename)
+    """)
+    limit = 4096
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"write True {path}", f"close True {path}"], \
+        result.stdout

@@ -410,6 +410,22 @@ def test_a_fully_skipped_fp16_run_fails_with_no_progress_and_logs_every_step(tmp
     assert [int(r.split(",")[0]) for r in rows] == list(range(6))  # the last one included
 
 
+class GradOverflowLM(GlassLM):
+    """Finite losses whose gradients, times fp16's initial loss scale 2**16, overflow float16:
+    what the GradScaler backs off from at the start of a run."""
+
+    def loss(self, idx, targets):
+        return super().loss(idx, targets) * 1e6
+
+
+def test_a_short_fp16_run_spent_on_gradient_overflows_is_no_failure():
+    """The scaler halving its scale on every step of a 3-step run is its ordinary start, not a
+    run without progress (found by the pipeline property test: a 2-step fp16 run)."""
+    _, summary, _, _ = run(model=GradOverflowLM(Config(**CFG)), precision="fp16", steps=3)
+    assert summary.steps == 3 and summary.skipped_steps == 3
+    assert [h["skipped"] for h in summary.history] == ["nonfinite_grad"] * 3
+
+
 def test_max_consecutive_skips_stops_a_long_run_in_time():
     from glassllm.train import NoProgressError
     with pytest.raises(NoProgressError) as info:
@@ -465,3 +481,28 @@ def test_divergence_messages_name_the_quantity_that_is_not_finite(tmp_path):
     assert np.isfinite(float(last["loss"])) and np.isnan(err.value)
     assert "step 1: the gradient norm (before clipping) is not finite (nan)" in str(err)
     assert last["loss"] not in str(err)
+
+
+def test_a_resume_that_writes_no_better_model_names_none_not_a_missing_file(tmp_path):
+    """Resumed with another model_path (`glassllm train --resume CKPT --out NEW`) and no later
+    evaluation better than the checkpoint's best, the run writes no model file at NEW: the
+    summary must not name NEW as where the best model is."""
+    train_ids, val_ids = corpus()
+    ckpt = tmp_path / "ckpt.safetensors"
+    first = Trainer(settings(checkpoint_every=10), ArrayBatches(train_ids),
+                    ArrayBatches(val_ids), model_path=tmp_path / "a.safetensors",
+                    checkpoint_path=ckpt)
+    done = first.run(GlassLM(Config(**CFG), seed=0))
+    assert done.model_path == str(tmp_path / "a.safetensors") and done.best_step == 9
+    new = tmp_path / "b.safetensors"  # nothing left to train: NEW is never written
+    again = Trainer(settings(checkpoint_every=10), ArrayBatches(train_ids),
+                    ArrayBatches(val_ids), model_path=new, checkpoint_path=ckpt)
+    summary = again.run(GlassLM(Config(**CFG), seed=0), resume=ckpt)
+    assert not new.exists()
+    assert summary.model_path is None and summary.best_step == 9
+    # resumed on the same path, the file the first part wrote is still the best model
+    same = Trainer(settings(checkpoint_every=10), ArrayBatches(train_ids),
+                   ArrayBatches(val_ids), model_path=tmp_path / "a.safetensors",
+                   checkpoint_path=ckpt)
+    summary = same.run(GlassLM(Config(**CFG), seed=0), resume=ckpt)
+    assert summary.model_path == str(tmp_path / "a.safetensors")

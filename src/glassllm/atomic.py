@@ -16,14 +16,18 @@ Two forms:
 
 Errors: any OSError while writing is re-raised as the same type with the same errno, but naming
 the user's `path` (its `filename`) and saying what was being done; the temporary's name would
-only confuse. The new file gets the permissions an ordinary new file gets under the umask
-(some libraries, safetensors among them, create 0600 files).
+only confuse. So is an OSError raised by a write inside `with atomic_write(...)`, and a library's
+own exception for a failed system call (safetensors raises SafetensorError("... No space left
+on device (os error 28)") on a full disk): an OSError with that errno. The new
+file gets the permissions an ordinary new file gets under the umask (some libraries,
+safetensors among them, create 0600 files).
 
 This module imports nothing from glassllm, so every module may use it.
 """
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from typing import Callable
 
@@ -40,8 +44,9 @@ def atomic_replace(path, write: Callable[[str], object], *, doing: str = "cannot
         make_parents: create missing parent directories first.
 
     Raises:
-        OSError (its subclass kept): naming `path`, see the module docstring. Whatever `write`
-        raises otherwise passes through; in every case the temporary is removed.
+        OSError (its subclass kept): naming `path`, see the module docstring; also for a
+        library's exception that wraps a failed system call ("(os error N)"). Whatever
+        `write` raises otherwise passes through; in every case the temporary is removed.
     """
     path = os.fspath(path)
     tmp, mode = _new_temporary(path, doing, make_parents)
@@ -56,6 +61,7 @@ def atomic_replace(path, write: Callable[[str], object], *, doing: str = "cannot
         os.replace(tmp, path)
     except BaseException as e:  # Ctrl-C included: never leave a temporary behind
         _remove(tmp)
+        e = _as_os_error(e)
         if isinstance(e, OSError):
             raise about(e, path, doing) from None
         raise
@@ -122,6 +128,8 @@ class AtomicFile:
             self.commit()
         else:
             self.discard()
+            if isinstance(exc, OSError):  # a write in the block (a full disk): name `path`
+                raise about(exc, self.path, self.doing) from None
 
 
 def atomic_write(path, mode: str = "wb", **options) -> AtomicFile:
@@ -137,6 +145,23 @@ def about(e: OSError, path, doing: str) -> OSError:
     path = os.fspath(path)
     return type(e)(e.errno, f"{doing}: {reason}", path) if e.errno is not None \
         else type(e)(f"{doing} {path!r}: {reason}")
+
+
+# Rust's std::io::Error prints "<reason> (os error N)"; libraries written in Rust (safetensors)
+# wrap it in their own exception type, so a full disk would not be an OSError without this.
+_RUST_OS_ERROR = re.compile(r"(?:I/O error: )?([^:]*?) \(os error (\d+)\)")
+
+
+def _as_os_error(e: BaseException) -> BaseException:
+    """`e` itself, or, for a library's exception wrapping an operating-system error (the
+    "(os error N)" of Rust's io::Error), the OSError of that errno."""
+    if isinstance(e, OSError) or not isinstance(e, Exception):
+        return e
+    found = _RUST_OS_ERROR.search(str(e))
+    if found is None:
+        return e
+    number = int(found.group(2))
+    return OSError(number, os.strerror(number) if number else found.group(1))
 
 
 def _new_temporary(path: str, doing: str, make_parents: bool) -> tuple[str, int]:

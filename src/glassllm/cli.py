@@ -90,7 +90,8 @@ def add_train(sub) -> None:
                         "shorter (default: no alert)")
     g.add_argument("--max-consecutive-skips", type=int, metavar="N",
                    help=f"stop (exit 1) after N skipped steps in a row, or when every step of "
-                        f"the run was skipped: no real update is being made "
+                        f"the run was skipped and one for a non-finite loss: no real update "
+                        f"is being made "
                         f"(default {d.max_consecutive_skips})")
     g = p.add_argument_group("output and resume")
     g.add_argument("--log-csv", metavar="PATH",
@@ -210,8 +211,11 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
     bpb = corpus.bits_per_byte
     started = time.monotonic()
     bar = _progress_bar(settings.steps)
+    last_checkpoint = []  # the Checkpointed event of --checkpoint-every, if one came
 
     def on_event(event) -> None:
+        if isinstance(event, Checkpointed):
+            last_checkpoint[:] = [event]
         if isinstance(event, Stepped):
             bar.update(1)
             bar.set_postfix(loss=f"{event.loss:.3f}", lr=f"{event.lr:.2e}",
@@ -243,9 +247,11 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
         bar.close()  # ends the bar's line: the message starts on a fresh one
         if e.history:
             runfiles.write_history_csv(paths["history_csv"], e.history)
-        where = (f"checkpoint after {e.step} steps: {e.checkpoint_path}; continue with "
-                 f"`glassllm train --resume {e.checkpoint_path}`" if e.checkpoint_path
-                 else "no checkpoint written")
+        # No checkpoint for this moment (Ctrl-C inside an update): the last periodic one.
+        step, path = (e.step, e.checkpoint_path) if e.checkpoint_path else \
+            (last_checkpoint[0].step, last_checkpoint[0].path) if last_checkpoint else (0, None)
+        where = (f"checkpoint after {step} steps: {path}; continue with "
+                 f"`glassllm train --resume {path}`" if path else "no checkpoint written")
         print(f"glassllm train: interrupted; {where}", file=sys.stderr, flush=True)
         return 130
     except (NonFiniteLossError, SkipRateExceeded) as e:
@@ -263,7 +269,13 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
         print(f"best val loss {summary.best_val_loss:.4f} nats/token = "
               f"{bpb(summary.best_val_loss):.4f} bits/byte (step {summary.best_step}); "
               f"final {summary.final_val_loss:.4f} nats/token")
-        print(f"model: {summary.model_path}")
+        if summary.model_path is not None:
+            print(f"model: {summary.model_path}")
+        else:  # resumed with a new --out, and no evaluation since beat the checkpoint's best
+            before = resume.extra.get("out") if resume is not None else None
+            print(f"model: none written to {out}: no evaluation after the resume improved on "
+                  f"step {summary.best_step}'s" + (f", whose model is in {before}" if before
+                                                   else ""))
     print(f"history: {history_csv}" + (f", plot: {plot}" if plot else ""))
     print(f"{summary.steps - (resume.step if resume else 0)} steps in {elapsed:.1f} s "
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
@@ -514,7 +526,9 @@ def run_generate(args) -> int:
     if not prompt_ids:
         prompt_ids = [start_id(tokenizer)]
     stop_ids = set(getattr(tokenizer, "stop_ids", (tokenizer.eot_id,)))
-    generator = Generator(model, prompt_ids)
+    # A model whose vocabulary is bigger than its tokenizer's (padded) draws only ids the
+    # tokenizer can decode.
+    generator = Generator(model, prompt_ids, vocab_limit=tokenizer.vocab_size)
     rng = np.random.default_rng(args.seed)
     # holds back bytes of a character not yet complete; knows the token before the first
     decoder = StreamDecoder(tokenizer, prev_id=prompt_ids[-1])
@@ -638,7 +652,7 @@ def run_plot(args) -> int:
 
     if not os.path.isdir(args.run_dir):
         raise FileNotFoundError(f"run directory not found: {args.run_dir}")
-    out = args.out or os.path.join(args.run_dir, "loss.png")
+    out = os.path.join(args.run_dir, "loss.png") if args.out is None else args.out
     plot_history(find_history(args.run_dir), out)
     print(out, flush=True)
     health = os.path.join(args.run_dir, "health.jsonl")
@@ -786,6 +800,14 @@ def _convert_to_hf(args):
         hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model)
     except FileExistsError as e:
         raise UsageError(f"--to-hf: {e}") from None
+    if tokenizer is not None and not hf.stores_tokenizer(tokenizer, model.cfg.vocab_size):
+        kind = json.loads(tokenizer.to_json())["type"]
+        print(f"note: {args.to_hf} holds no tokenizer: glassllm writes only byte-level BPE "
+              f"(tokenizer.json) and the byte tokenizer of a vocab-257 model, not this "
+              f"{kind} tokenizer (it stays in {args.model}); give its file, e.g. llama2.c's "
+              f"tokenizer.bin, to `glassllm generate --tokenizer`",
+              file=sys.stderr, flush=True)
+        tokenizer = None
     return model, tokenizer
 
 
@@ -800,7 +822,12 @@ def _convert_to_llama2c(args):
                          f"write the llama2.c file elsewhere")
     model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
     llama2c.to_llama2c(model, args.to_llama2c)
-    return model, tokenizer
+    if tokenizer is not None:  # the format has no place for one: run.c takes it with -z
+        kind = json.loads(tokenizer.to_json())["type"]
+        print(f"note: {args.to_llama2c} holds the weights only (a llama2.c checkpoint has no "
+              f"tokenizer; run.c reads a tokenizer.bin given with -z); the {kind} tokenizer "
+              f"stays in {args.model}", file=sys.stderr, flush=True)
+    return model, None
 
 
 # --------------------------------------------------------------------------------- inspect
@@ -877,7 +904,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # building the parser imports numpy and the library: Ctrl-C often lands here
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("\nglassllm: interrupted", file=sys.stderr, flush=True)
+        return 130
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
     try:
         return int(args.func(args) or 0)

@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from .atomic import AtomicFile, atomic_write
+from .atomic import AtomicFile, about, atomic_write
 from .tokenizer import ByteTokenizer, tokenizer_from_json
 
 TOKEN_FILE_FORMAT = "glassllm-tokens"
@@ -404,6 +404,7 @@ class TokenWriter:
 
     Raises (append):
         ValueError: ids not 1-D integers, or outside [0, vocab_size).
+        OSError: the ids cannot be written (a full disk), naming `path`.
     """
 
     def __init__(self, path, tokenizer, sources: Iterable[str] = ()):
@@ -426,7 +427,10 @@ class TokenWriter:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"TokenWriter: ids must be in [0, {self.vocab_size}), got range "
                              f"[{ids.min()}, {ids.max()}]")
-        self._file.write(ids.astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
+        try:
+            self._file.write(ids.astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
+        except OSError as e:  # a full disk: name the token file, not the temporary
+            raise about(e, self.path, "cannot write the token file") from None
         self.token_count += int(ids.size)
         self.text_bytes += int(text_bytes)
 

@@ -189,7 +189,8 @@ def load(path) -> GlassLM:
     Raises:
         FileNotFoundError: `path` does not exist.
         IsADirectoryError: `path` is a directory.
-        ValueError: the file is not safetensors (random bytes, truncated, corrupt header), is a
+        ValueError: not a regular file (a device, a FIFO), not safetensors (random bytes,
+            truncated, corrupt header), a
             safetensors file of another library (no "format": "glassllm" metadata), has a
             missing or corrupt config, missing/unexpected tensor names, wrong shapes,
             unsupported dtypes or non-finite weights, a tensor or metadata entry that differs
@@ -267,6 +268,9 @@ def _open(path: str):
         raise IsADirectoryError(f"{path} is a directory, not a glassllm model file; a Hugging "
                                 f"Face model directory needs config.json + model.safetensors "
                                 f"(this one has {' and '.join(has) or 'neither'})")
+    if not os.path.isfile(path):  # a device or FIFO: opening one can block for ever
+        raise ValueError(f"{path}: not a regular file (a device, pipe or socket), so not a "
+                         f"glassllm model file")
     try:
         return safe_open(path, framework="numpy")
     except (SafetensorError, UnicodeDecodeError, ValueError) as e:

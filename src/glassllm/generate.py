@@ -178,20 +178,34 @@ class Generator:
     <|endoftext|>). `start_id` is only used for an empty prompt; a tokenizer that wants BOS
     before every prompt (Llama) puts it in the prompt ids itself.
 
+    A tokenizer smaller than the model's vocabulary (a vocabulary padded to a round size, as
+    nanoGPT's 50304 for GPT-2's 50257 ids, or the byte tokenizer given to a bigger model):
+    `vocab_limit=tokenizer.vocab_size` makes `next_token` draw only ids below it (the others'
+    logits count as -inf), so every token drawn can be decoded. `next_logits` stays the
+    model's own.
+
     Args:
         model: a GlassLM (only read; its weights are not changed).
         prompt_ids: 1-D int ids (or (1, T)); any length (longer than max_len is cropped as
             above; empty needs `start_id`).
         start_id: the id an empty prompt starts from (None: an empty prompt is refused).
+        vocab_limit: draw only ids in [0, vocab_limit) (None: the model's vocab_size).
 
     Raises:
         ValueError: empty prompt without start_id, not integers, not 1-D, or ids (start_id
-            included) outside [0, vocab_size).
+            included) outside [0, vocab_size); vocab_limit not an integer in [1, vocab_size].
     """
 
-    def __init__(self, model: GlassLM, prompt_ids, start_id: int | None = None):
+    def __init__(self, model: GlassLM, prompt_ids, start_id: int | None = None,
+                 vocab_limit: int | None = None):
         self.model = model
         self.cfg = model.cfg
+        if vocab_limit is not None and (
+                isinstance(vocab_limit, bool) or not isinstance(vocab_limit, (int, np.integer))
+                or not 1 <= vocab_limit <= self.cfg.vocab_size):
+            raise ValueError(f"vocab_limit must be an integer in [1, {self.cfg.vocab_size}] "
+                             f"(the model's vocab_size) or None, got {vocab_limit!r}")
+        self.vocab_limit = self.cfg.vocab_size if vocab_limit is None else int(vocab_limit)
         ids = _check_prompt(model, prompt_ids, start_id)
         self.tokens: list[int] = [int(t) for t in ids]
         self._cache = KVCache(self.cfg, batch_size=1)
@@ -206,8 +220,13 @@ class Generator:
 
     def next_token(self, sampling: Sampling = Sampling(),
                    rng: np.random.Generator | None = None) -> int:
-        """Score the sequence, draw the next token with `sample_next`, append it, return it."""
-        token = sample_next(self.next_logits(), sampling, rng)
+        """Score the sequence, draw the next token with `sample_next` (among the ids below
+        `vocab_limit`), append it, return it."""
+        logits = self.next_logits()
+        if self.vocab_limit < logits.size:
+            logits = logits.copy()
+            logits[self.vocab_limit:] = -np.inf  # ids the tokenizer cannot decode
+        token = sample_next(logits, sampling, rng)
         self._append(token)
         return token
 
@@ -246,7 +265,8 @@ class Generator:
 
 def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling = Sampling(),
              rng: np.random.Generator | int | None = None,
-             stop_id: int | None = None, start_id: int | None = None) -> list[int]:
+             stop_id: int | None = None, start_id: int | None = None,
+             vocab_limit: int | None = None) -> list[int]:
     """Extend `prompt_ids` by up to `max_new_tokens` tokens; return the new tokens only.
 
     Unconditional sampling: `generate(model, [], n, start_id=start_id(tokenizer))` (from
@@ -264,13 +284,15 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
         stop_id: if given (e.g. the tokenizer's eot_id), stop right after drawing it; it is
             the last element of the result.
         start_id: the id an empty prompt starts from (None: an empty prompt is refused).
+        vocab_limit: draw only ids below it, e.g. the tokenizer's vocab_size when it is
+            smaller than the model's (see `Generator`); None: any id of the model.
 
     Returns:
         list of max_new_tokens ints (fewer if stop_id was drawn).
 
     Raises:
         ValueError: bad prompt ids (or empty without start_id), max_new_tokens < 0, a
-            negative seed.
+            negative seed, a bad vocab_limit.
         TypeError: rng is neither a np.random.Generator, an int nor None.
     """
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
@@ -283,7 +305,7 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
             or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    generator = Generator(model, prompt_ids, start_id)
+    generator = Generator(model, prompt_ids, start_id, vocab_limit)
     if rng is None and sampling.temperature > 0:
         rng = np.random.default_rng()
     new: list[int] = []

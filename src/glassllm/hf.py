@@ -101,9 +101,10 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             replaced by accident).
         tokenizer: optional. A `BPETokenizer` is written as `tokenizer.json` (the `tokenizers`
             library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
-            it from vocab_size 257). Its `eot_id` becomes the config's eos_token_id and its
-            start id (`glassllm.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none,
-            as GPT-2's config has bos = eos = 50256) the bos_token_id, from which
+            it from vocab_size 257). Other tokenizers are not written (`stores_tokenizer`).
+            Its `eot_id` becomes the config's eos_token_id and its start id
+            (`glassllm.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none, as
+            GPT-2's config has bos = eos = 50256) the bos_token_id, from which
             transformers' `generate()` starts an unconditional sample.
         overwrite: allow replacing an existing checkpoint in out_dir.
         source: optional path of the file `model` was read from; writing over it is refused
@@ -116,10 +117,14 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
         Path of out_dir.
 
     Raises:
-        ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none).
+        ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none); an empty
+            out_dir.
         FileExistsError: out_dir already holds model.safetensors or config.json (and
             overwrite is False), or one of the files to write is `source` itself.
     """
+    if not os.fspath(out_dir):  # Path("") is the current directory: never a silent default
+        raise ValueError("to_hf: the output directory path is empty; give a directory such as "
+                         "exported/")
     out = Path(out_dir)
     targets = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / TOKENIZER_FILE]
     if source is not None:
@@ -150,6 +155,17 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     with atomic_write(out / CONFIG_FILE, "w") as f:
         f.write(text)
     return out
+
+
+def stores_tokenizer(tokenizer, vocab_size: int) -> bool:
+    """Whether `to_hf` stores `tokenizer` so that `tokenizer_from_hf` finds it again: a
+    `BPETokenizer` (written as tokenizer.json), or the `ByteTokenizer` of a vocab-257 model
+    (inferred, no file). Any other (a SentencePiece tokenizer from llama2.c, the byte
+    tokenizer of a bigger model) is not written: the directory then holds the weights only."""
+    from .tokenizer import BPETokenizer, ByteTokenizer
+    if isinstance(tokenizer, BPETokenizer):
+        return True
+    return isinstance(tokenizer, ByteTokenizer) and vocab_size == ByteTokenizer.vocab_size
 
 
 def tokenizer_from_hf(path, vocab_size: int | None = None):

@@ -165,7 +165,10 @@ def _release(lock_file: str) -> None:
         del _held[key]
         fd = entry[0]
         try:
-            os.remove(lock_file)  # while still locked: a waiting opener sees it vanish
+            # Only our own file (the one we hold the flock on), and while still locked, so a
+            # waiting opener sees it vanish; a file put there since is another run's.
+            if os.path.samestat(os.fstat(fd), os.stat(lock_file)):
+                os.remove(lock_file)
         except OSError:
             pass
         os.close(fd)

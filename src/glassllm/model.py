@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -332,15 +333,36 @@ class Block(Module):
         return x
 
 
+def _check_fits_in_memory(cfg: Config) -> None:
+    """MemoryError if the float32 weights of `GlassLM(cfg)` exceed the physical memory
+    (unknown memory size, e.g. no sysconf: no check)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return
+    n = cfg.n_params()
+    if total > 0 and 4 * n > total:
+        raise MemoryError(f"a model of {n:,} parameters needs {4 * n / 2**30:,.1f} GiB for its "
+                          f"float32 weights alone, more than this machine's "
+                          f"{total / 2**30:,.1f} GiB of memory")
+
+
 class GlassLM(Module):
     """The language model: token ids in, next-token logits out.
 
     `GlassLM(cfg, seed=0)` initialises deterministically from `np.random.default_rng(seed)`:
     N(0, 0.02) weights (residual projections 0.02/sqrt(2*n_layers)), unit norm gains, zero
     biases, as nanoGPT.
+
+    Raises:
+        MemoryError: the float32 weights alone (4 bytes x `cfg.n_params()`) exceed the
+            machine's physical memory. Checked before anything is allocated: each layer's
+            arrays would fit, so under Linux's memory overcommit NumPy would never raise, and
+            the kernel's OOM killer would end the process silently once memory ran out.
     """
 
     def __init__(self, cfg: Config, seed: int = 0):
+        _check_fits_in_memory(cfg)
         self.cfg = cfg
         rng = np.random.default_rng(seed)
         self.token_embedding = Embedding(cfg.vocab_size, cfg.d_model, rng)

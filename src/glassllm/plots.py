@@ -121,13 +121,16 @@ def plot_history(history, path) -> str:
 
     Raises:
         ValueError: the history has no row with a step; an image suffix matplotlib cannot
-            write. FileNotFoundError: no such history file, or the image's directory is
-            missing. IsADirectoryError: `path` is a directory. Messages name the user's paths.
+            write; an empty path. FileNotFoundError: no such history file, or the image's
+            directory is missing. IsADirectoryError: `path` is a directory. Messages name
+            the user's paths.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     path = os.fspath(path)
+    if not path:
+        raise ValueError("the image path is empty; give a file name such as loss.png")
     image_format = _image_format(path, FigureCanvasAgg.get_supported_filetypes())
 
     series = (read_history(history) if isinstance(history, (str, os.PathLike))

@@ -28,6 +28,7 @@ from collections import deque
 import numpy as np
 
 from . import amp
+from .atomic import about
 from .optim import clip_grad_norm
 
 CSV_COLUMNS = ("step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped",
@@ -177,7 +178,7 @@ class StepCSVLog:
 
     Raises:
         ValueError: append=True and the existing file's header is not CSV_COLUMNS.
-        OSError: the file cannot be opened.
+        OSError: the file cannot be opened or written (a full disk), naming it.
     """
 
     def __init__(self, path, append: bool = False):
@@ -192,17 +193,31 @@ class StepCSVLog:
         self._file = open(self.path, "a" if existing else "w", newline="")
         self._writer = csv.writer(self._file)
         if not existing:
-            self._writer.writerow(CSV_COLUMNS)
-            self._file.flush()
+            try:
+                self._writer.writerow(CSV_COLUMNS)
+                self._file.flush()
+            except OSError as e:
+                try:
+                    self._file.close()
+                except OSError:  # the same failed flush again; the first error is the one
+                    pass
+                raise about(e, self.path, "cannot write the step log") from None
 
     def write(self, record: StepRecord) -> None:
-        """Append one row and flush it to the operating system."""
-        self._writer.writerow(record.as_row())
-        self._file.flush()
+        """Append one row and flush it to the operating system (OSError naming the file if
+        it cannot be written, e.g. a full disk)."""
+        try:
+            self._writer.writerow(record.as_row())
+            self._file.flush()
+        except OSError as e:
+            raise about(e, self.path, "cannot write the step log") from None
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()  # flushes what a failed write left in the buffer
+            except OSError as e:
+                raise about(e, self.path, "cannot write the step log") from None
 
     def __enter__(self) -> "StepCSVLog":
         return self

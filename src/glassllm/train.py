@@ -183,8 +183,9 @@ class TrainSettings:
             whole run is above it at its end (None: no alert).
         max_consecutive_skips: stop with NoProgressError when this many updates in a row
             were skipped (inf/NaN loss or gradients), in any precision: the run is making no
-            real update. A run that ends with every one of its updates skipped fails too,
-            however short. The default 25 is beyond any healthy fp16 start: the loss scale
+            real update. A run that ends with every one of its updates skipped, one of them
+            for a non-finite loss, fails too, however short (gradient overflows alone are the
+            fp16 loss scale backing off, as it should at the start of a run). The default 25 is beyond any healthy fp16 start: the loss scale
             halves on each skip, and 2**16 / 2**25 leaves no gradient representable.
         checkpoint_every: write a checkpoint after every N completed updates (None: only on
             Ctrl-C). Needs the trainer's checkpoint_path.
@@ -345,7 +346,9 @@ class TrainSummary:
     evaluation the model file holds (None if there was none). final_val_loss: the last
     evaluation. history: one dict per update, as in the checkpoint. skipped_steps: updates
     skipped for non-finite values. tokens: tokens trained on in this run() call. elapsed_s:
-    wall time of this call. model_path: where the best model is (None if not saved).
+    wall time of this call. model_path: where the best model is (None if not saved: no
+    model_path, no evaluation, or a resume with a new model_path that no later evaluation
+    improved on, when the best model is where the interrupted run wrote it).
     """
     steps: int
     best_step: int | None
@@ -417,8 +420,8 @@ class NonFiniteLossError(FloatingPointError, ValueError):
 
 class NoProgressError(NonFiniteLossError):
     """Every update of the last `skipped` steps was skipped (`max_consecutive_skips` in a row,
-    or the whole of a shorter run): inf/NaN losses or gradients, in any precision. The
-    message names the last step's skip reason and its loss."""
+    or the whole of a shorter run with a non-finite loss among them): inf/NaN losses or
+    gradients, in any precision. The message names the last step's skip reason and its loss."""
 
     def __init__(self, step: int, skipped: int, reason: str, loss: float, scale: float,
                  kept_path=None, kept_step=None, history=None):
@@ -522,7 +525,8 @@ class Trainer:
             NonFiniteLossError: non-finite loss/gradient in a run that does not skip (fp32 and
                 no max_skip_rate), or a non-finite validation loss or weights; the model file
                 and checkpoint are not written. NoProgressError (a NonFiniteLossError):
-                max_consecutive_skips updates in a row skipped, or every update of the run.
+                max_consecutive_skips updates in a row skipped, or every update of the run
+                with a non-finite loss among them.
             glassllm.safety.SkipRateExceeded: too many skipped steps (max_skip_rate).
             TrainingInterrupted: Ctrl-C; the checkpoint (if any) holds every completed update.
         """
@@ -549,6 +553,11 @@ class Trainer:
             history, best_val, best_step = list(state.history), state.best_val_loss, \
                 state.best_step
         start = len(history)
+        # Whether model_path holds the best model: after a save in this call, or, resumed,
+        # when the interrupted run's file is there (resumed with another model_path and no
+        # better evaluation since, nothing is ever written there).
+        model_saved = best_step is not None and self.model_path is not None and \
+            os.path.exists(self.model_path)
         monitor = None
         if s.max_skip_rate is not None:
             monitor = SkipRateMonitor(s.max_skip_rate)
@@ -624,6 +633,7 @@ class Trainer:
                                                          history + [entry],
                                                          "nonfinite_weights", val)
                                 self._save_model(model)
+                                model_saved = True
                                 events.append(Saved(step, self.model_path, val))
                             best_val, best_step = val, step
                     history.append(entry)
@@ -634,9 +644,14 @@ class Trainer:
                         path = self._write_checkpoint(model, optimizer, train_step, rng,
                                                       history, best_val, best_step)
                         emit(Checkpointed(step + 1, path))
-                # A run too short for the alerts' windows is judged as a whole at its end.
-                if record is not None and \
-                        skipped_in_a_row >= min(s.max_consecutive_skips, len(history)):
+                # A run too short for the alerts' windows is judged as a whole at its end: one
+                # that made no update and whose forward pass failed (a non-finite loss, which
+                # no loss scale cures) stops with an error. Skips for overflowing gradients
+                # alone are the GradScaler finding its scale (it halves on each), which an
+                # fp16 run of a few steps may spend entirely; only max_consecutive_skips of
+                # them in a row mean no progress.
+                if record is not None and skipped_in_a_row == len(history) and any(
+                        h.get("skipped") == "nonfinite_loss" for h in history):
                     raise self._no_progress(len(history) - 1, skipped_in_a_row, record,
                                             best_step, history)
                 if monitor is not None:
@@ -660,7 +675,7 @@ class Trainer:
             final_val_loss=evaluated[-1] if evaluated else None, history=history,
             skipped_steps=sum(1 for h in history if h.get("skipped")), tokens=tokens,
             elapsed_s=time.monotonic() - started_at,
-            model_path=self.model_path if best_step is not None else None)
+            model_path=self.model_path if model_saved else None)
         emit(Finished(summary))
         return summary
 
