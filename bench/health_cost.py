@@ -31,8 +31,10 @@ def main() -> None:
     parser.add_argument("--config", default="M", choices=sorted(common.CONFIGS))
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads (default: all cores; `glassllm train` uses 1)")
     args = parser.parse_args()
-    common.set_threads()
+    common.set_threads(args.threads)
     spec = common.CONFIGS[args.config]
     model = GlassLM(Config(**spec["model"]), seed=0)
     opt = AdamW(model.parameters(), lr=1e-3)

@@ -70,8 +70,8 @@ class HealthWarning:
 
 
 def _norm(a: np.ndarray) -> float:
-    a = a.astype(np.float64, copy=False).reshape(-1)
-    return float(np.sqrt(a @ a))
+    """L2 norm (BLAS nrm2, in the array's dtype: ample for a diagnostic)."""
+    return float(np.linalg.norm(a.reshape(-1)))
 
 
 def _finite(x: float):
@@ -91,16 +91,17 @@ def activation_stats(cache, family: str) -> dict:
     out = {}
     layer = 0
     while f"blocks.{layer}.residual_out" in cache:
-        r = cache[f"blocks.{layer}.residual_out"].astype(np.float64)
-        out[f"blocks.{layer}.residual_out"] = dict(mean=float(r.mean()), std=float(r.std()))
-        pre = cache[f"blocks.{layer}.mlp.hidden_pre"].astype(np.float64)
+        r = cache[f"blocks.{layer}.residual_out"]
+        out[f"blocks.{layer}.residual_out"] = dict(mean=float(r.mean(dtype=np.float64)),
+                                                   std=float(r.std(dtype=np.float64)))
+        pre = cache[f"blocks.{layer}.mlp.hidden_pre"]
         if family == "gpt2":
             gate = np.tanh(_GELU_C * (pre + 0.044715 * pre ** 3))
         else:  # SiLU: x * sigmoid(x) = x * (1 + tanh(x / 2)) / 2
             gate = np.tanh(pre / 2)
         units = pre.reshape(-1, pre.shape[-1])
         out[f"blocks.{layer}.mlp.hidden_pre"] = dict(
-            mean=float(pre.mean()), std=float(pre.std()),
+            mean=float(pre.mean(dtype=np.float64)), std=float(pre.std(dtype=np.float64)),
             saturated=float(np.mean(np.abs(gate) > _TANH_SATURATED)),
             dead=float(np.mean(np.all(units < 0, axis=0))))
         layer += 1
@@ -111,10 +112,10 @@ def attention_entropy(cache, n_layers: int) -> dict:
     """{"L{layer}H{head}": {"entropy": nats}} from traced patterns (B, H, T, T)."""
     out = {}
     for layer in range(n_layers):
-        p = cache[f"blocks.{layer}.attention.pattern"].astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            terms = np.where(p > 0, -p * np.log(p), 0.0)
-        entropy = terms.sum(-1).mean(axis=(0, 2))  # (H,)
+        p = cache[f"blocks.{layer}.attention.pattern"]
+        # -p log p with 0 log 0 = 0 (the masked future): log of max(p, tiny) is finite there
+        terms = p * np.log(np.maximum(p, np.finfo(p.dtype).tiny))
+        entropy = -terms.sum(-1, dtype=np.float64).mean(axis=(0, 2))  # (H,)
         for h, e in enumerate(entropy):
             out[f"L{layer}H{h}"] = dict(entropy=float(e))
     return out
