@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: environment, configs, BLAS report, FLOP count, memory.
+"""Shared pieces of the benchmarks: environment, configs, the PyTorch twin and the same-model
+check, the load of other processes, BLAS report, FLOP count, memory.
 
 Import this module FIRST in a bench script: it re-executes the script without
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE before NumPy is imported, because OpenBLAS reads them
@@ -24,21 +25,29 @@ def _reexec_without_openblas_overrides() -> None:
 
 _reexec_without_openblas_overrides()
 
-import json  # noqa: E402  (after the re-exec on purpose)
+import contextlib  # noqa: E402  (after the re-exec on purpose)
+import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
+import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
 sys.path.insert(0, os.path.join(REPO, "src"))
+sys.path.insert(1, os.path.join(REPO, "tests"))  # the PyTorch twin: tests/torch_reference.py
 
-# The issue's configs. S and M are llama-family (GQA: 2 KV heads); L is GPT-2 small's shape,
-# so it runs the gpt2 family (LayerNorm, learned positions, GELU, biases, tied head).
+from glassllm import cpu  # noqa: E402
+
+# The issue's configs. S64, S and M are llama-family (GQA: 2 KV heads); S64 is S at the
+# shape `glassllm train` uses by default (T 64, B 16). L is GPT-2 small's shape, so it runs
+# the gpt2 family (LayerNorm, learned positions, GELU, biases, tied head).
+_S_MODEL = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
+                max_len=256, family="llama")
 CONFIGS = {
-    "S": dict(model=dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
-                         max_len=256, family="llama"), batch=16, seq=128),
+    "S64": dict(model=_S_MODEL, batch=16, seq=64),
+    "S": dict(model=_S_MODEL, batch=16, seq=128),
     "M": dict(model=dict(vocab_size=256, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2,
                          max_len=256, family="llama"), batch=8, seq=256),
     "L": dict(model=dict(vocab_size=50304, d_model=768, n_layers=12, n_heads=12,
@@ -46,21 +55,118 @@ CONFIGS = {
 }
 
 
+_THREADS = contextlib.ExitStack()
+
+
 def set_threads(n: int | None = None) -> int:
-    """Both sides on n threads, by default all cores (torch.set_num_threads(os.cpu_count())).
+    """Both sides on n threads, by default one per available core (as torch's default):
+    torch.set_num_threads(n), and glassllm inside `glassllm.cpu.use_threads(n)` for the rest
+    of the process (its own pool for every pass and product, BLAS on one thread), the way
+    `glassllm train` runs.
 
     A number below the core count is for profiling on a busy machine only."""
-    import threadpoolctl
     import torch
-
-    from glassllm import parallel
-    n = n or os.cpu_count() or 1
+    n = n or len(cpu.available_cpus())
     torch.set_num_threads(n)
-    threadpoolctl.threadpool_limits(n, user_api="blas")
-    parallel.set_num_threads(n)  # glassllm's elementwise passes
+    _THREADS.close()
+    _THREADS.enter_context(cpu.use_threads(n))
     return n
 
 
+# --------------------------------------------------------------------------- same model
+SAME_LOGITS_RTOL = 1e-5
+
+
+def build_pair(cfg, seed: int = 0):
+    """(glassllm model, PyTorch twin) holding the same weights, checked by `check_same_model`.
+
+    The twin is tests/torch_reference.py, the one the parity tests use."""
+    from torch_reference import TorchLM, load_glassllm_state
+
+    from glassllm.model import GlassLM
+    model = GlassLM(cfg, seed=seed)
+    twin = TorchLM(cfg.to_dict())
+    load_glassllm_state(twin, model.state_dict())
+    check_same_model(model, twin)
+    return model, twin
+
+
+def check_same_model(model, twin, seq: int = 64, rtol: float = SAME_LOGITS_RTOL) -> float:
+    """Logits of both sides on a probe batch (2 x seq random ids) must agree within rtol,
+    relative to the largest logit; returns the relative difference.
+
+    Raises:
+        SystemExit: they do not (the bench then exits non-zero: its ratios would compare two
+            different models).
+    """
+    import torch
+
+    from glassllm.tensor import no_grad
+    cfg = model.cfg
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, min(seq, cfg.max_len)))
+    with no_grad():
+        ours = model(ids).data
+    with torch.no_grad():
+        theirs = twin(torch.from_numpy(ids)).numpy()
+    relative = float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-30))
+    if not relative <= rtol:
+        raise SystemExit(f"not the same model: logits on the probe batch differ by {relative:.2e} "
+                         f"of their largest value (limit {rtol:g})")
+    return relative
+
+
+# --------------------------------------------------------------------------- load
+def add_load_arguments(parser) -> None:
+    parser.add_argument("--require-quiet", action="store_true",
+                        help="wait for a quiet machine before each measurement, repeat one "
+                             "that other processes disturbed, and exit non-zero rather than "
+                             "report a figure measured while the machine was busy")
+    parser.add_argument("--quiet-cores", type=float, default=0.1, metavar="CORES",
+                        help="quiet means other processes use fewer cores than this on "
+                             "average (default 0.1)")
+    parser.add_argument("--quiet-timeout", type=float, default=1800.0, metavar="SECONDS",
+                        help="with --require-quiet: give up after this long (default 1800)")
+
+
+def measure_quietly(fn, args, label: str):
+    """(fn(), Load): fn run under a `glassllm.cpu.LoadMeter`, which records how many cores
+    other processes used meanwhile (this process and its waited-for children excluded).
+
+    With args.require_quiet: first wait for a quiet window (other processes under
+    args.quiet_cores), run, and run again while the run itself was not quiet, until
+    args.quiet_timeout seconds have passed.
+
+    Raises:
+        SystemExit: with --require-quiet, no quiet run within the timeout, or the load
+            cannot be measured on this system.
+    """
+    deadline = time.monotonic() + args.quiet_timeout
+    while True:
+        if args.require_quiet:
+            quiet = cpu.wait_until_quiet(
+                args.quiet_cores, timeout_s=max(0.0, deadline - time.monotonic()),
+                on_wait=lambda load: print(f"[{label}] waiting for a quiet machine: {load}",
+                                           file=sys.stderr, flush=True))
+            if quiet is None:
+                raise SystemExit(f"[{label}] refusing to report: no quiet machine within "
+                                 f"{args.quiet_timeout:.0f} s (or its load is unknown here)")
+        meter = cpu.LoadMeter()
+        result = fn()
+        load = meter.read()
+        if not args.require_quiet or load.other_cores < args.quiet_cores:
+            return result, load
+        print(f"[{label}] other processes disturbed the run ({load}); measuring again",
+              file=sys.stderr, flush=True)
+        if time.monotonic() > deadline:
+            raise SystemExit(f"[{label}] refusing to report: every run within "
+                             f"{args.quiet_timeout:.0f} s was disturbed (last: {load})")
+
+
+def load_text(load) -> str:
+    return "unknown" if load.other_cores is None else f"{load.other_cores:.2f}"
+
+
+# --------------------------------------------------------------------------- report
 def blas_report() -> str:
     """Which BLAS each side uses, with its thread count."""
     import threadpoolctl
@@ -72,7 +178,8 @@ def blas_report() -> str:
                          f"({info.get('architecture')}), {info['num_threads']} threads, "
                          f"{os.path.basename(info['filepath'])}")
     from glassllm import parallel
-    lines.append(f"glassllm elementwise passes: {parallel.get_num_threads()} threads")
+    lines.append(f"glassllm: {parallel.get_num_threads()} threads in its own pool, matrix "
+                 f"products {'split over it' if parallel.split_matmuls() else 'on BLAS threads'}")
     lines.append(f"torch {torch.__version__}: {torch.get_num_threads()} threads")
     config = torch.__config__.show()
     wanted = re.findall(r"\b(?:BLAS_INFO|LAPACK_INFO|USE_MKLDNN)=\w+", config)

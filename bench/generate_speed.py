@@ -1,14 +1,18 @@
 """Generation speed: greedy decoding with a KV cache, glassllm vs PyTorch, same weights.
 
     python bench/generate_speed.py                  # S and M (batch 1)
+    python bench/generate_speed.py --config M --require-quiet --markdown   # one quiet row
     python bench/generate_speed.py --config S --repeats 1
 
 Each run decodes 200 new tokens greedily from a 16-token prompt: one prefill forward of the
 prompt, then one forward of a single position per token against a preallocated KV cache.
 glassllm runs its public `glassllm.generate.generate` (temperature 0); torch runs
-bench/torch_lm.py's model with its simple preallocated cache under torch.inference_mode().
-Runs alternate glassllm/torch; tokens/s = 200 / seconds (prefill included), median over
-`--repeats`. Both sides must produce the same tokens.
+tests/torch_reference.py's twin (the parity tests' model) with its preallocated cache under
+torch.inference_mode(). Runs alternate glassllm/torch; tokens/s = 200 / seconds (prefill
+included), median over `--repeats`. Before timing, both sides' logits on a probe batch must
+agree within 1e-5 (relative); after it, both must have produced the same tokens; otherwise
+the bench exits non-zero. Each row records the load of other processes during its runs;
+`--require-quiet` refuses to report a figure from a busy machine (see bench/train_speed.py).
 """
 from __future__ import annotations
 
@@ -19,13 +23,14 @@ import time
 
 import numpy as np
 
+from glassllm import cpu
 from glassllm.generate import Sampling, generate
-from glassllm.model import Config, GlassLM
+from glassllm.model import Config
 
 
 def torch_greedy(model, prompt: np.ndarray, n_new: int) -> list[int]:
     import torch
-    from torch_lm import TorchKVCache
+    from torch_reference import TorchKVCache
     cache = TorchKVCache(model.cfg, batch_size=1)
     out = []
     with torch.inference_mode():
@@ -38,14 +43,10 @@ def torch_greedy(model, prompt: np.ndarray, n_new: int) -> list[int]:
 
 
 def bench_config(name: str, n_prompt: int, n_new: int, repeats: int) -> dict:
-    from torch_lm import BenchTorchLM, load_glassllm_state
     cfg = Config(**common.CONFIGS[name]["model"])
     if n_prompt + n_new > cfg.max_len:
         raise ValueError(f"{name}: {n_prompt}+{n_new} tokens exceed max_len {cfg.max_len}")
-    model = GlassLM(cfg, seed=0)
-    tmodel = BenchTorchLM(cfg.to_dict())
-    load_glassllm_state(tmodel, model.state_dict())
-    tmodel.eval()
+    model, tmodel = common.build_pair(cfg)  # exits unless the logits agree
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, n_prompt)
     greedy = Sampling(temperature=0)
     g_times, t_times = [], []
@@ -58,30 +59,47 @@ def bench_config(name: str, n_prompt: int, n_new: int, repeats: int) -> dict:
         if i:
             g_times.append(t1 - t0)
             t_times.append(t2 - t1)
-    agree = next((i for i, (a, b) in enumerate(zip(g_tokens, t_tokens)) if a != b), None)
+    differ = next((i for i, (a, b) in enumerate(zip(g_tokens, t_tokens)) if a != b), None)
+    if differ is not None or len(g_tokens) != len(t_tokens):
+        raise SystemExit(f"{name}: not the same model: the greedy tokens differ from new token "
+                         f"#{differ} (glassllm {g_tokens[differ:differ + 5]}, torch "
+                         f"{t_tokens[differ:differ + 5]})")
     g_med, t_med = common.median(g_times), common.median(t_times)
     return dict(config=name, glassllm_tok_s=n_new / g_med, torch_tok_s=n_new / t_med,
-                ratio=t_med / g_med, first_difference=agree, glassllm_s=g_times, torch_s=t_times)
+                ratio=t_med / g_med, glassllm_s=g_times, torch_s=t_times)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", nargs="+", choices=sorted(common.CONFIGS), default=["S", "M"])
+    parser.add_argument("--config", nargs="+", choices=list(common.CONFIGS), default=["S", "M"])
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--new", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="threads per side (default: all cores)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="also print the rows as the README's table rows")
+    common.add_load_arguments(parser)
     args = parser.parse_args()
-    common.set_threads(args.threads)
+    threads = common.set_threads(args.threads)
     print(common.blas_report())
+    print(f"at start: {cpu.measure_load(1.0)}")
     print(f"\ngreedy, batch 1, {args.prompt}-token prompt, {args.new} new tokens, "
-          f"median of {args.repeats}")
-    print(f"{'config':6} {'glassllm tok/s':>14} {'torch tok/s':>12} {'ratio':>6}  same tokens")
+          f"median of {args.repeats}, {threads} threads; both sides gave the same tokens")
+    print(f"{'config':6} {'glassllm tok/s':>14} {'torch tok/s':>12} {'ratio':>6} "
+          f"{'other load':>10}")
+    rows = []
     for name in args.config:
-        r = bench_config(name, args.prompt, args.new, args.repeats)
-        same = "yes" if r["first_difference"] is None else f"no (from #{r['first_difference']})"
+        r, load = common.measure_quietly(
+            lambda: bench_config(name, args.prompt, args.new, args.repeats), args, name)
+        r["other_load_cores"] = load.other_cores
+        rows.append(r)
         print(f"{name:6} {r['glassllm_tok_s']:14.1f} {r['torch_tok_s']:12.1f} "
-              f"{r['ratio']:6.2f}  {same}")
+              f"{r['ratio']:6.2f} {common.load_text(load):>10}", flush=True)
+    if args.markdown:
+        for r in rows:
+            load = "unknown" if r["other_load_cores"] is None else f"{r['other_load_cores']:.2f}"
+            print(f"| {r['config']} | {r['glassllm_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
+                  f"{r['ratio']:.2f} | {load} |")
 
 
 if __name__ == "__main__":

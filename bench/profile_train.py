@@ -1,6 +1,6 @@
-"""Where a glassllm training step spends its time: pyinstrument over a few steps.
+"""Where a glassllm training step spends its time: per fused op, or per Python function.
 
-    python bench/profile_train.py --config M --steps 3            # call tree, all cores
+    python bench/profile_train.py --config M --steps 3            # cProfile, all cores
     python bench/profile_train.py --config S --threads 1 --ops    # per-op CPU-time table
 
 `--ops` times each fused op's forward and backward separately with the CPU clock of this
@@ -15,10 +15,10 @@ import common  # noqa: F401  (first: environment fix-up before numpy)
 import argparse
 import collections
 import functools
+import threading
 import time
 
-import threadpoolctl
-
+from glassllm import cpu, parallel
 from glassllm import functional as F
 from glassllm.model import Config, GlassLM
 from train_speed import glassllm_stepper, make_batches
@@ -27,8 +27,9 @@ OPS = ("linear", "unembed", "embedding", "rms_norm", "layer_norm", "swiglu", "ge
        "causal_attention", "cross_entropy")
 
 
-def instrument_ops(totals, clock):
-    """Wrap each fused op (and its backward closure) to add clock() seconds to totals[name]."""
+def instrument_ops(totals, clock, gemm_in):
+    """Wrap each fused op (and its backward closure) to add clock() seconds to totals[name],
+    and the seconds of its matrix products to gemm_in[name]."""
     from glassllm import tensor
     original_from_op = tensor.Tensor.from_op
     current = []
@@ -58,16 +59,29 @@ def instrument_ops(totals, clock):
             wrapped = timed(name, getattr(F, name))
             setattr(F, name, wrapped)
     # model.py and nn.py call F.<op> through the module, so patching F is enough.
-    matmul = F._mm
+    # Every GEMM the calling thread runs: time and FLOPs, counted apart. A product split over
+    # the pool (`F._matmul` in split mode) is timed whole, on the calling thread; attention's
+    # products, which then run inside the pool's slices, are not counted (threads' clocks
+    # would overlap).
+    def timed_gemm(fn):
+        def timed_matmul(a, b, out=None):
+            if threading.current_thread() is not threading.main_thread() or in_gemm:
+                return fn(a, b) if out is None else fn(a, b, out=out)
+            in_gemm.append(1)
+            t0 = clock()
+            try:
+                result = fn(a, b) if out is None else fn(a, b, out=out)
+            finally:
+                in_gemm.pop()
+            seconds = clock() - t0
+            totals["matrix products"] += seconds
+            totals["matrix FLOPs"] += 2.0 * result.size * a.shape[-1]
+            gemm_in[current[-1] if current else "?"] += seconds
+            return result
+        return timed_matmul
 
-    def timed_matmul(a, b):  # every GEMM of the ops: time and FLOPs, counted apart
-        t0 = clock()
-        out = matmul(a, b)
-        totals["matrix products"] += clock() - t0
-        totals["matrix FLOPs"] += 2.0 * out.size * a.shape[-1]
-        return out
-
-    F._mm = timed_matmul
+    in_gemm = []
+    F._mm, F._matmul = timed_gemm(F._mm), timed_gemm(F._matmul)
     assert model_module.F is F and nn_module.F is F
 
 
@@ -82,40 +96,43 @@ def main():
     spec = common.CONFIGS[args.config]
     cfg = Config(**spec["model"])
     batches = make_batches(cfg, spec["batch"], spec["seq"], args.steps + 1)
-    if args.threads:
-        from glassllm import parallel
-        parallel.set_num_threads(args.threads)
     clock = time.perf_counter if args.wall else time.process_time
-    with threadpoolctl.threadpool_limits(args.threads):
-        totals = collections.Counter()
+    with cpu.use_threads(args.threads or len(cpu.available_cpus())):  # as glassllm train
+        totals, gemm_in = collections.Counter(), collections.Counter()
         if args.ops:
-            instrument_ops(totals, clock)
+            instrument_ops(totals, clock, gemm_in)
         model = GlassLM(cfg, seed=0)
         step = glassllm_stepper(model)
         step(*batches[0])  # warm-up
         totals.clear()
+        gemm_in.clear()
         if args.ops:
+            meter = cpu.LoadMeter()
             t_all = clock()
             for x, y in batches[1:]:
                 step(x, y)
             t_all = clock() - t_all
             unit = "wall" if args.wall else "CPU"
-            print(f"{args.config}: {t_all / args.steps:.3f} {unit} s per step")
+            print(f"{args.config}: {t_all / args.steps:.3f} {unit} s per step, "
+                  f"{parallel.get_num_threads()} threads; {meter.read()}")
             gemm_s, gemm_flops = totals.pop("matrix products"), totals.pop("matrix FLOPs")
+            print(f"  {'op':28s} {'s/step':>8s} {'share':>6s} {'of which GEMM':>14s}")
             for name, t in totals.most_common():
-                print(f"  {name:28s} {t / args.steps:8.4f} s  {t / t_all:6.1%}")
+                print(f"  {name:28s} {t / args.steps:8.4f} {t / t_all:6.1%} "
+                      f"{gemm_in[name] / args.steps:12.4f} s")
             rest = t_all - sum(totals.values())
             print(f"  {'everything else':28s} {rest / args.steps:8.4f} s  {rest / t_all:6.1%}")
             print(f"  (inside the ops above: matrix products {gemm_s / args.steps:.4f} s, "
                   f"{gemm_s / t_all:.1%}, at {gemm_flops / gemm_s / 1e9:.1f} GFLOP/s)")
             return
-        import pyinstrument
-        profiler = pyinstrument.Profiler(interval=0.001)
-        profiler.start()
+        import cProfile
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.enable()
         for x, y in batches[1:]:
             step(x, y)
-        profiler.stop()
-        print(profiler.output_text(unicode=False, color=False, show_all=False))
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,24 @@
 """Training speed: glassllm vs PyTorch eager, same model, same weights, same batches.
 
-    python bench/train_speed.py                       # S, M, L; timing + memory
+    python bench/train_speed.py                       # S64, S, M, L; timing + memory
+    python bench/train_speed.py --config M --require-quiet --markdown   # one quiet table row
     python bench/train_speed.py --config S --steps 5 --no-memory   # a cheap check
 
 One training step = forward, mean cross-entropy, zero grads, backward, clip the global grad
 norm to 1, AdamW (betas 0.9/0.95, decay 0.1 on matrices only). Both sides float32 on all
-cores. Steps are interleaved glassllm/torch/glassllm/torch in one process, so a noisy
-machine slows both alike; the ratio is the median glassllm tokens/s over the median torch
-tokens/s after warm-up steps. MFU = achieved FLOP/s (common.train_flops_per_token) over the
-best float32 matmul GFLOP/s either library reaches on this machine (bench/peak.py), measured
-at the start of the run. Peak memory is measured in a fresh subprocess per side and config,
-so one side's buffers never count for the other.
+cores. The torch side is tests/torch_reference.py, the parity tests' twin, loaded with the
+same weights; before timing, both sides' logits on a probe batch must agree within 1e-5
+(relative), or the bench exits non-zero. Steps are interleaved glassllm/torch/glassllm/torch
+in one process, so a noisy machine slows both alike; the ratio is the median glassllm
+tokens/s over the median torch tokens/s after warm-up steps. MFU = achieved FLOP/s
+(common.train_flops_per_token) over the best float32 matmul GFLOP/s either library reaches
+on this machine (bench/peak.py), measured at the start of the run. Peak memory is measured
+in a fresh subprocess per side and config, so one side's buffers never count for the other.
+
+Every row records the load of other processes during its timed steps (`glassllm.cpu`:
+/proc/stat busy time of this process's CPUs minus this process's own CPU time), in cores.
+`--require-quiet` waits for a quiet machine first, measures again when the run was
+disturbed, and exits non-zero instead of reporting a figure from a busy machine.
 """
 from __future__ import annotations
 
@@ -19,17 +27,16 @@ import common  # noqa: F401  (first: environment fix-up before numpy)
 import argparse
 import gc
 import json
-import os
-import sys
 import time
 
 import numpy as np
 
+from glassllm import cpu
 from glassllm.model import Config, GlassLM
 from glassllm.optim import AdamW, clip_grad_norm
 
-DEFAULT_STEPS = {"S": 7, "M": 7, "L": 5}
-DEFAULT_WARMUP = {"S": 2, "M": 2, "L": 1}
+DEFAULT_STEPS = {"S64": 7, "S": 7, "M": 7, "L": 5}
+DEFAULT_WARMUP = {"S64": 2, "S": 2, "M": 2, "L": 1}
 
 
 def make_batches(cfg: Config, batch: int, seq: int, n: int, seed: int = 0):
@@ -56,7 +63,7 @@ def glassllm_stepper(model: GlassLM, lr: float = 1e-3):
 def torch_stepper(model, lr: float = 1e-3):
     import torch
     import torch.nn.functional as F
-    from torch_lm import torch_adamw
+    from torch_reference import torch_adamw
     opt = torch_adamw(model, lr)
     params = list(model.parameters())
 
@@ -73,33 +80,12 @@ def torch_stepper(model, lr: float = 1e-3):
     return step
 
 
-def torch_model_class(impl: str):
-    """(class, loader) of the torch side: "sdpa" is bench/torch_lm.py, written as a PyTorch user
-    would (fused scaled_dot_product_attention); "reference" is tests/torch_reference.py, the
-    parity tests' model (explicit masked softmax, repeat_interleave of KV heads)."""
-    if impl == "sdpa":
-        from torch_lm import BenchTorchLM, load_glassllm_state
-        return BenchTorchLM, load_glassllm_state
-    sys.path.insert(0, os.path.join(common.REPO, "tests"))
-    from torch_reference import TorchLM, load_glassllm_state
-    return TorchLM, load_glassllm_state
-
-
-def build_pair(cfg: Config, impl: str):
-    """glassllm model and a torch model holding the same weights."""
-    cls, load = torch_model_class(impl)
-    model = GlassLM(cfg, seed=0)
-    tmodel = cls(cfg.to_dict())
-    load(tmodel, model.state_dict())
-    return model, tmodel
-
-
-def time_config(name: str, steps: int, warmup: int, peak_gflops: float, impl: str,
+def time_config(name: str, steps: int, warmup: int, peak_gflops: float,
                 clock=time.perf_counter) -> dict:
     spec = common.CONFIGS[name]
     cfg = Config(**spec["model"])
     B, T = spec["batch"], spec["seq"]
-    model, tmodel = build_pair(cfg, impl)
+    model, tmodel = common.build_pair(cfg)  # exits unless the logits agree
     g_step, t_step = glassllm_stepper(model), torch_stepper(tmodel)
     batches = make_batches(cfg, B, T, warmup + steps)
     g_times, t_times, g_losses, t_losses = [], [], [], []
@@ -113,9 +99,6 @@ def time_config(name: str, steps: int, warmup: int, peak_gflops: float, impl: st
         if i >= warmup:
             g_times.append(t1 - t0)
             t_times.append(t2 - t1)
-    if abs(g_losses[0] - t_losses[0]) > 1e-4 * max(1.0, abs(t_losses[0])):
-        raise RuntimeError(f"{name}: first losses differ: glassllm {g_losses[0]} vs "
-                           f"torch {t_losses[0]} -- not the same model")
     tokens = B * T
     flops = common.train_flops_per_token(cfg, T) * tokens
     g_med, t_med = common.median(g_times), common.median(t_times)
@@ -128,17 +111,17 @@ def time_config(name: str, steps: int, warmup: int, peak_gflops: float, impl: st
                 loss_first=(g_losses[0], t_losses[0]), loss_last=(g_losses[-1], t_losses[-1]))
 
 
-def memory_child(side: str, name: str, steps: int, impl: str) -> None:
+def memory_child(side: str, name: str, steps: int) -> None:
     """Run in a fresh process: a few training steps of one side; print peak RSS as JSON."""
     spec = common.CONFIGS[name]
     cfg = Config(**spec["model"])
     if side == "torch":
         import torch  # noqa: F401  (imported before the baseline: library code is not data)
-        cls, _ = torch_model_class(impl)  # own init: copying weights would add a peak
+        from torch_reference import TorchLM  # own init: copying weights would add a peak
         common.set_threads()
         torch.ones(64, 64) @ torch.ones(64, 64)  # MKL's thread buffers are library, not data
         base = common.current_rss_mib()
-        model = cls(cfg.to_dict())
+        model = TorchLM(cfg.to_dict())
         step = torch_stepper(model)
     else:
         np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)  # OpenBLAS buffers
@@ -154,49 +137,55 @@ def memory_child(side: str, name: str, steps: int, impl: str) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", nargs="+", choices=sorted(common.CONFIGS),
-                        default=["S", "M", "L"])
-    parser.add_argument("--steps", type=int, help="timed steps per side (default S,M 7; L 5)")
-    parser.add_argument("--warmup", type=int, help="untimed steps first (default S,M 2; L 1)")
+    parser.add_argument("--config", nargs="+", choices=list(common.CONFIGS),
+                        default=list(common.CONFIGS))
+    parser.add_argument("--steps", type=int, help="timed steps per side (default 7; L 5)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default 2; L 1)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--memory-steps", type=int, default=2)
     parser.add_argument("--peak", type=float, help="matmul peak GFLOP/s (default: measure)")
-    parser.add_argument("--torch-impl", choices=["sdpa", "reference"], default="sdpa",
-                        help="torch side: bench/torch_lm.py (default) or tests/torch_reference.py")
     parser.add_argument("--threads", type=int,
                         help="threads per side (default: all cores; fewer only for profiling)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time steps with this process's CPU clock instead of the wall "
                              "clock: with --threads 1 a busy machine disturbs it far less")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--markdown", action="store_true",
+                        help="also print the rows as the README's table rows")
+    common.add_load_arguments(parser)
     parser.add_argument("--memory-child", choices=["glassllm", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
-        memory_child(args.memory_child, args.config[0], args.memory_steps, args.torch_impl)
+        memory_child(args.memory_child, args.config[0], args.memory_steps)
         return
     threads = common.set_threads(args.threads)
     print(common.blas_report())
+    print(f"at start: {cpu.measure_load(1.0)}")
     if args.peak is None:
         from peak import measure_peak
         args.peak = measure_peak((1024, 2048), repeats=5)
-    print(f"torch side: {args.torch_impl}; clock: {'CPU' if args.cpu_time else 'wall'}")
+    print(f"torch side: tests/torch_reference.py; clock: {'CPU' if args.cpu_time else 'wall'}")
     print(f"threads {threads}; matmul peak {args.peak:.1f} GFLOP/s (float32, best of both)\n")
     rows = []
     for name in args.config:
         steps = args.steps or DEFAULT_STEPS[name]
         warmup = DEFAULT_WARMUP[name] if args.warmup is None else args.warmup
         clock = time.process_time if args.cpu_time else time.perf_counter
-        row = time_config(name, steps, warmup, args.peak, args.torch_impl, clock)
+        row, load = common.measure_quietly(
+            lambda: time_config(name, steps, warmup, args.peak, clock), args, name)
+        row["other_load_cores"] = load.other_cores
+        row["threads"] = threads
         if not args.no_memory:
             for side in ("glassllm", "torch"):
                 mem = common.run_child(["--memory-child", side, "--config", name,
-                                        "--torch-impl", args.torch_impl,
                                         "--memory-steps", str(args.memory_steps)])
                 row[f"{side}_peak_mib"] = mem["peak_rss_mib"]
                 row[f"{side}_working_mib"] = mem["working_mib"]
         rows.append(row)
         print_row(row)
     print_table(rows)
+    if args.markdown:
+        print_markdown(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(peak_gflops=args.peak, rows=rows), f, indent=1)
@@ -208,12 +197,17 @@ def print_row(r):
     print(f"[{r['config']}] step seconds glassllm: {g}\n[{r['config']}] step seconds torch:    {t}")
     print(f"[{r['config']}] loss first {r['loss_first'][0]:.5f} / {r['loss_first'][1]:.5f}, "
           f"last {r['loss_last'][0]:.5f} / {r['loss_last'][1]:.5f} (glassllm / torch)")
+    print(f"[{r['config']}] other processes used {_load(r)} cores during the timed steps")
+
+
+def _load(r) -> str:
+    return "unknown" if r["other_load_cores"] is None else f"{r['other_load_cores']:.2f}"
 
 
 def print_table(rows):
     print(f"\n{'config':6} {'glassllm tok/s':>14} {'torch tok/s':>12} {'ratio':>6} "
           f"{'MFU glass':>9} {'MFU torch':>9} {'peak MiB glass/torch':>21} "
-          f"{'working MiB glass/torch':>24}")
+          f"{'working MiB glass/torch':>24} {'other load':>10}")
     for r in rows:
         mem = work = ""
         if "glassllm_peak_mib" in r:
@@ -221,7 +215,19 @@ def print_table(rows):
             work = f"{r['glassllm_working_mib']:.0f} / {r['torch_working_mib']:.0f}"
         print(f"{r['config']:6} {r['glassllm_tok_s']:14.0f} {r['torch_tok_s']:12.0f} "
               f"{r['ratio']:6.2f} {r['glassllm_mfu']:9.1%} {r['torch_mfu']:9.1%} "
-              f"{mem:>21} {work:>24}")
+              f"{mem:>21} {work:>24} {_load(r):>10}")
+
+
+def print_markdown(rows):
+    """The README's table rows (config | tok/s | ratio | MFU | memory | load of others)."""
+    for r in rows:
+        mem = work = "-"
+        if "glassllm_peak_mib" in r:
+            mem = f"{r['glassllm_peak_mib']:.0f} / {r['torch_peak_mib']:.0f}"
+            work = f"{r['glassllm_working_mib']:.0f} / {r['torch_working_mib']:.0f}"
+        print(f"| {r['config']} | {r['glassllm_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
+              f"{r['ratio']:.2f} | {r['glassllm_mfu']:.0%} | {r['torch_mfu']:.0%} | {mem} | "
+              f"{work} | {_load(r)} |")
 
 
 if __name__ == "__main__":

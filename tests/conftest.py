@@ -4,11 +4,56 @@ Fixtures (not autouse, so other test files are unaffected):
     gradcheck: `gradcheck(fn, *arrays)` checks glassllm's backward of `fn` against central
         finite differences in float64.
     torch: the torch module, or the test is skipped when torch is not installed.
+    shared_data: `shared_data("gpt2", "merges.txt")`, the path of a file of the workspace's
+        data directory (see `shared_data_path`).
+
+The workspace's data directory (real corpora, the GPT-2 tokenizer files, llama2.c's model)
+is `../shared/data` beside the checkout, i.e. `<repository>/../shared/data`, or the
+directory the environment variable GLASSLLM_SHARED_DATA names. Every test that reads it goes
+through `shared_data_path`, which skips the test with a clear reason when a file is missing,
+and fails it instead when CI=true: on CI no data-dependent test may skip silently.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA_ENV = "GLASSLLM_SHARED_DATA"
+
+
+def shared_data_dir() -> Path:
+    """The data directory: $GLASSLLM_SHARED_DATA if set, else <repository>/../shared/data."""
+    override = os.environ.get(SHARED_DATA_ENV)
+    return Path(override) if override else REPO.parent / "shared" / "data"
+
+
+def in_ci() -> bool:
+    """CI=true (as GitHub Actions, GitLab and `.ci/run`'s callers set it)."""
+    return os.environ.get("CI") == "true"
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip the test with `reason`; on CI (CI=true) fail it instead."""
+    if in_ci():
+        pytest.fail(f"{reason}; CI=true requires it", pytrace=False)
+    pytest.skip(reason)
+
+
+def shared_data_path(*parts: str) -> Path:
+    """The path of a file or directory in the data directory, checked to exist.
+
+    Missing: the test is skipped, naming the path and how to provide it; with CI=true it
+    fails (pytest's Failed) instead.
+    """
+    path = shared_data_dir().joinpath(*parts)
+    if not path.exists():
+        skip_or_fail(f"{path} is missing (the workspace data, ../shared/data beside the "
+                     f"checkout, see its README.md; or set {SHARED_DATA_ENV})")
+    return path
 
 from glassllm import Tensor
 
@@ -90,6 +135,11 @@ def torch_check(torch):
     def check(glass_fn, torch_fn, *arrays, **kw):
         return check_against_torch(torch, glass_fn, torch_fn, *arrays, **kw)
     return check
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    return shared_data_path
 
 
 @pytest.fixture

@@ -1,18 +1,13 @@
 """BPETokenizer: GPT-2 ids against the reference encodings and transformers' GPT2TokenizerFast,
 exact bytes for streaming decode, training, and its JSON/file round trips."""
 import json
-import pathlib
 
 import numpy as np
 import pytest
 
+from conftest import shared_data_path
 from glassllm.tokenizer import (BPETokenizer, ByteTokenizer, StreamDecoder, _bytes_to_unicode,
                                 load_tokenizer, tokenizer_from_json)
-
-DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-GPT2 = DATA / "gpt2"
-needs_gpt2 = pytest.mark.skipif(not (GPT2 / "merges.txt").is_file(),
-                                reason="../shared/data/gpt2 not present")
 
 SAMPLE = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
           "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than "
@@ -20,8 +15,16 @@ SAMPLE = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
 
 
 @pytest.fixture(scope="module")
-def gpt2():
-    return BPETokenizer.from_gpt2_files(GPT2 / "vocab.json", GPT2 / "merges.txt")
+def gpt2_dir():
+    """../shared/data/gpt2 (the test skips if absent, and fails with CI=true)."""
+    for name in ("vocab.json", "merges.txt", "reference_encodings.json"):
+        shared_data_path("gpt2", name)
+    return shared_data_path("gpt2")
+
+
+@pytest.fixture(scope="module")
+def gpt2(gpt2_dir):
+    return BPETokenizer.from_gpt2_files(gpt2_dir / "vocab.json", gpt2_dir / "merges.txt")
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +33,10 @@ def small():
 
 
 def reference_cases():
-    return json.loads((GPT2 / "reference_encodings.json").read_text(encoding="utf-8"))
+    return json.loads(shared_data_path("gpt2", "reference_encodings.json")
+                      .read_text(encoding="utf-8"))
 
 
-@needs_gpt2
 def test_gpt2_ids_match_every_reference_encoding(gpt2):
     cases = reference_cases()
     assert len(cases) == 69
@@ -46,7 +49,6 @@ def test_gpt2_ids_match_every_reference_encoding(gpt2):
     assert gpt2.vocab_size == 50257 and gpt2.eot_id == 50256
 
 
-@needs_gpt2
 def test_special_token_is_ordinary_text_unless_allowed(gpt2):
     text = "hello <|endoftext|>"
     ordinary = gpt2.encode(text).tolist()
@@ -58,18 +60,16 @@ def test_special_token_is_ordinary_text_unless_allowed(gpt2):
         gpt2.encode(text, allowed_special="some")
 
 
-@needs_gpt2
-def test_gpt2_ids_equal_transformers_gpt2_tokenizer_fast(gpt2):
+def test_gpt2_ids_equal_transformers_gpt2_tokenizer_fast(gpt2, gpt2_dir):
     transformers = pytest.importorskip("transformers")
     # Built offline from the same two files (the directory holds vocab.json + merges.txt).
-    reference = transformers.GPT2TokenizerFast.from_pretrained(str(GPT2), local_files_only=True)
+    reference = transformers.GPT2TokenizerFast.from_pretrained(str(gpt2_dir),
+                                                               local_files_only=True)
     assert len(reference) == 50257
     texts = [c["text"] for c in reference_cases()]
     for name in ("utf8-emoji-cjk.txt", "utf8-sample.txt"):
-        if (DATA / name).is_file():
-            texts.append((DATA / name).read_text(encoding="utf-8"))
-    if (DATA / "tinyshakespeare.txt").is_file():
-        texts.append((DATA / "tinyshakespeare.txt").read_text(encoding="utf-8")[:50_000])
+        texts.append(shared_data_path(name).read_text(encoding="utf-8"))
+    texts.append(shared_data_path("tinyshakespeare.txt").read_text(encoding="utf-8")[:50_000])
     for text in texts:
         # GPT2TokenizerFast always treats "<|endoftext|>" as the special token.
         ours = gpt2.encode(text, allowed_special="all").tolist()
@@ -77,7 +77,6 @@ def test_gpt2_ids_equal_transformers_gpt2_tokenizer_fast(gpt2):
         assert gpt2.decode(ours) == reference.decode(ours, skip_special_tokens=True)
 
 
-@needs_gpt2
 def test_decode_bytes_are_the_raw_token_bytes(gpt2):
     # " the" is id 262: its vocabulary string is "Ġthe" (Ġ stands for the space byte).
     assert gpt2.id_to_token(262) == "\u0120the"
@@ -93,9 +92,8 @@ def test_decode_bytes_are_the_raw_token_bytes(gpt2):
         gpt2.decode_bytes([-1])
 
 
-@needs_gpt2
 def test_stream_decoder_chunks_join_to_decode(gpt2, small):
-    text = (DATA / "utf8-emoji-cjk.txt").read_text(encoding="utf-8")
+    text = shared_data_path("utf8-emoji-cjk.txt").read_text(encoding="utf-8")
     rng = np.random.default_rng(0)
     for tok in (gpt2, small):
         ids = tok.encode(text)
@@ -185,9 +183,8 @@ def test_json_save_load_round_trip(tmp_path, small):
     assert isinstance(load_tokenizer(tmp_path / "byte.json"), ByteTokenizer)
 
 
-@needs_gpt2
-def test_load_tokenizer_from_gpt2_directory(gpt2):
-    tok = load_tokenizer(GPT2)
+def test_load_tokenizer_from_gpt2_directory(gpt2_dir):
+    tok = load_tokenizer(gpt2_dir)
     assert tok.encode("hello world").tolist() == [31373, 995]
 
 
@@ -210,6 +207,29 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     (tmp_path / "x.json").write_text("no json here")
     with pytest.raises(ValueError, match="not a tokenizer"):
         load_tokenizer(tmp_path / "x.json")
+
+
+def test_only_the_tokenizers_librarys_own_errors_become_value_errors(tmp_path, monkeypatch,
+                                                                     small):
+    """tokenizers raises plain Exception for a bad file or description; that becomes the
+    ValueError above. Anything else (here an injected MemoryError) is not about the file and
+    propagates as itself."""
+    import types
+
+    import tokenizers
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("injected")
+    (tmp_path / "vocab.json").write_text("{}")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    monkeypatch.setattr(tokenizers, "models",
+                        types.SimpleNamespace(BPE=types.SimpleNamespace(from_file=out_of_memory)))
+    with pytest.raises(MemoryError, match="injected"):
+        BPETokenizer.from_gpt2_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    text = small.to_json()
+    monkeypatch.setattr(tokenizers, "Tokenizer", types.SimpleNamespace(from_str=out_of_memory))
+    with pytest.raises(MemoryError, match="injected"):
+        BPETokenizer.from_json(text)
 
 
 def test_non_byte_level_vocabulary_is_rejected():

@@ -1,6 +1,5 @@
 """`glassllm prepare`: text files -> train.bin / val.bin (+ sidecars, + tokenizer.json)."""
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -8,8 +7,8 @@ import pytest
 from glassllm.cli import main
 from glassllm.data import TokenFile
 from glassllm.tokenizer import BPETokenizer, ByteTokenizer
+from conftest import shared_data_path
 
-GPT2 = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2"
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300))
 
 
@@ -51,10 +50,11 @@ def test_prepare_bpe_writes_tokenizer(corpus, tmp_path, capsys):
     assert (again / "train.bin").read_bytes() == (out / "train.bin").read_bytes()
 
 
-@pytest.mark.skipif(not (GPT2 / "merges.txt").is_file(), reason="../shared/data/gpt2 absent")
 def test_prepare_with_gpt2_directory(corpus, tmp_path, capsys):
+    shared_data_path("gpt2", "vocab.json")
+    gpt2 = shared_data_path("gpt2", "merges.txt").parent
     out = tmp_path / "out"
-    assert main(["prepare", str(corpus), "--out", str(out), "--tokenizer", str(GPT2)]) == 0
+    assert main(["prepare", str(corpus), "--out", str(out), "--tokenizer", str(gpt2)]) == 0
     assert "vocab_size 50257" in capsys.readouterr().out
     train = TokenFile(out / "train.bin")
     assert train.tokens[:4].tolist() == [13949, 657, 25, 262]  # "Line", " 0", ":", " the"

@@ -1,7 +1,6 @@
 """glassllm.data: the Batches sources, token files on disk, and streaming `prepare`."""
 import json
 import os
-import pathlib
 
 import numpy as np
 import pytest
@@ -11,9 +10,7 @@ from glassllm import data
 from glassllm.data import (ArrayBatches, Batches, TokenFile, TokenWriter, get_batch, prepare,
                            token_dtype)
 from glassllm.tokenizer import BPETokenizer, ByteTokenizer
-
-DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-GPT2 = DATA / "gpt2"
+from conftest import shared_data_path
 
 
 def write_tokens(path, ids, tokenizer=None):
@@ -282,12 +279,92 @@ def test_prepare_bpe_trains_saves_and_encodes(tmp_path):
     assert train.token_count() < 0.7 * train.text_bytes  # merges learned
 
 
-@pytest.mark.skipif(not (GPT2 / "merges.txt").is_file() or
-                    not (DATA / "tinyshakespeare.txt").is_file(),
-                    reason="../shared/data not present")
+PUBLISH_FAILURES = ["train.bin", "train.bin.json", "val.bin", "val.bin.json",
+                    "tokenizer.json"]
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()],
+                         ids=["disk-full", "ctrl-c"])
+@pytest.mark.parametrize("failing", PUBLISH_FAILURES)
+def test_a_failure_while_publishing_leaves_no_output(tmp_path, monkeypatch, failing, error):
+    """The last stage of prepare -- moving train.bin / val.bin into place, writing their
+    sidecars and tokenizer.json -- fails at each of its five writes in turn: no file of the
+    call is left (nor a temporary), the directory it created is gone, and a directory that
+    existed keeps its other files."""
+    import glassllm.atomic
+    src = tmp_path / "a.txt"
+    src.write_text("".join(f"to be or not to be, line {i}\n" for i in range(300)))
+    real_replace = os.replace
+
+    def replace(a, b):  # every published file goes through os.replace (glassllm.atomic)
+        if os.path.basename(b) == failing:
+            raise error
+        real_replace(a, b)
+    monkeypatch.setattr(glassllm.atomic.os, "replace", replace)
+    for out, existed in ((tmp_path / "new" / "out", False), (tmp_path / "kept", True)):
+        if existed:
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+        with pytest.raises(type(error)):
+            prepare([src], out, "bpe:270", val_fraction=0.2, chunk_bytes=256)
+        if existed:
+            assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+        else:
+            assert not (tmp_path / "new").exists()
+    monkeypatch.setattr(glassllm.atomic.os, "replace", real_replace)
+    prepare([src], tmp_path / "ok", "bpe:270", val_fraction=0.2, chunk_bytes=256)
+    assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == sorted(PUBLISH_FAILURES)
+
+
+def test_prepare_memory_is_bounded_by_the_chunk_not_the_corpus(tmp_path):
+    """The docstring's claim: memory is bounded by chunk_bytes whatever the corpus size.
+    Byte tokenizer, a 4 MiB corpus in 16 KiB chunks: the peak of Python and NumPy
+    allocations (tracemalloc) stays under 256 KiB, a sixteenth of the corpus (reading it
+    whole takes 4 MiB of bytes and 8 MiB of ids). BPE (the `tokenizers` library allocates
+    in Rust, out of tracemalloc's sight), a 1 MiB corpus: the peak RSS grows by less than
+    16 MiB, where encoding the corpus whole grows it by ~230 MiB."""
+    import tracemalloc
+    line = "".join(f"def f_{i}(x):\n    return x * {i} + 'ünï'\n\n" for i in range(100))
+    chunk = 16 << 10
+    for name, tokenizer, size in (("byte", "byte", 4 << 20),
+                                  ("bpe", BPETokenizer.train([line * 5], vocab_size=300),
+                                   1 << 20)):
+        src = tmp_path / f"{name}.txt"
+        with open(src, "w", encoding="utf-8") as f:
+            while f.tell() < size:
+                f.write(line)
+        rss_before = _reset_peak_rss()
+        if name == "byte":
+            tracemalloc.start()
+        try:
+            result = prepare([src], tmp_path / name, tokenizer, val_fraction=0.1,
+                             chunk_bytes=chunk)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        rss_growth = None if rss_before is None else _rss_kb("VmHWM") * 1024 - rss_before
+        assert result["train"]["text_bytes"] + result["val"]["text_bytes"] == \
+            src.stat().st_size
+        if name == "byte":
+            assert peak < 256 << 10, f"peak {peak / 2**10:.0f} KiB for a 4 MiB corpus"
+        elif rss_growth is not None:
+            assert rss_growth < 16 << 20, f"bpe: RSS grew {rss_growth / 2**20:.0f} MiB"
+
+
+def _reset_peak_rss():
+    """Reset the peak-RSS mark (Linux >= 4.0); the current RSS in bytes, or None."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return _rss_kb("VmRSS") * 1024
+    except OSError:
+        return None
+
+
 def test_prepare_with_gpt2_matches_whole_text_encoding(tmp_path):
-    gpt2 = BPETokenizer.from_gpt2_files(GPT2 / "vocab.json", GPT2 / "merges.txt")
-    text = (DATA / "tinyshakespeare.txt").read_text(encoding="utf-8")[:120_000]
+    gpt2 = BPETokenizer.from_gpt2_files(shared_data_path("gpt2", "vocab.json"),
+                                        shared_data_path("gpt2", "merges.txt"))
+    text = shared_data_path("tinyshakespeare.txt").read_text(encoding="utf-8")[:120_000]
     text += "\n\n\n   spaced\n\u00a0\u00a0nbsp\n\n'tis\n" * 3
     src = tmp_path / "shakespeare.txt"
     src.write_text(text, encoding="utf-8")

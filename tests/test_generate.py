@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM, no_grad
+from glassllm import Config, GlassLM, decode, no_grad
 from glassllm.tensor import is_grad_enabled
 from glassllm.generate import Generator, Sampling, generate, sample_next, sampling_distribution
 
@@ -37,9 +37,26 @@ def test_sampling_rejects_bad_settings(kwargs):
         Sampling(**kwargs)
 
 
-def test_sampling_accepts_edges():
-    Sampling(temperature=0, top_k=1, top_p=1.0)
-    Sampling(temperature=5, top_k=np.int64(3), top_p=1e-9)
+def test_sampling_accepts_edges_and_they_mean_what_they_say():
+    """Each edge value is accepted, kept, and acts at its limit: temperature 0 is a one-hot
+    at the argmax (lowest id on a tie), top_k 1 keeps only the argmax even at temperature 5,
+    top_p 1e-9 keeps just the most probable token, top_p 1.0 keeps every token, and a NumPy
+    integer top_k counts like an int."""
+    logits = np.array([0.5, 2.0, -1.0, 2.0, 1.0])
+    greedy = Sampling(temperature=0, top_k=1, top_p=1.0)
+    assert (greedy.temperature, greedy.top_k, greedy.top_p) == (0, 1, 1.0)
+    np.testing.assert_array_equal(sampling_distribution(logits, greedy), [0, 1, 0, 0, 0])
+    wide = Sampling(temperature=5, top_k=np.int64(3), top_p=1e-9)
+    assert wide.top_k == 3 and wide.top_p == 1e-9
+    np.testing.assert_array_equal(sampling_distribution(logits, wide), [0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(sampling_distribution(logits, Sampling(5, top_k=1)),
+                                  [0, 1, 0, 0, 0])
+    everything = sampling_distribution(logits, Sampling(temperature=5, top_p=1.0))
+    np.testing.assert_allclose(everything, softmax64(list(logits), 5), rtol=1e-12)
+    three = sampling_distribution(logits, Sampling(temperature=5, top_k=np.int64(3)))
+    assert np.count_nonzero(three) == 3 and three[[1, 3, 4]].sum() == pytest.approx(1.0)
+    rng = np.random.default_rng(0)
+    assert {sample_next(logits, wide, rng) for _ in range(50)} == {1}
 
 
 # --------------------------------------------------------------------------- the sampler
@@ -293,6 +310,8 @@ def test_generate_runs_the_model_under_no_grad(monkeypatch):
         return out
 
     monkeypatch.setattr(model, "forward", spy)
+    # every token through forward (glassllm.decode.step, the one-token path, makes no Tensors)
+    monkeypatch.setattr(decode, "supports", lambda model, cache: False)
     gen = Generator(model, [1, 2])
     for _ in range(20):  # 2 + 20 > max_len: cached and cropped paths both run
         gen.next_token(Sampling(0))

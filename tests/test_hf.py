@@ -246,6 +246,95 @@ def test_round_trip_through_transformers(tmp_path, family, tie):
         np.testing.assert_array_equal(again[name], before[name], err_msg=name)
 
 
+def test_to_hf_writes_shards_with_an_index_that_transformers_loads(tmp_path):
+    """max_shard_size as transformers' save_pretrained: shards model-0000i-of-0000n plus the
+    index, split as huggingface_hub splits (tensors in order, a new shard when the next
+    would pass the limit, an oversized tensor alone); transformers loads the directory with
+    the same logits, from_hf gets every tensor back bit for bit, and a re-export as one file
+    removes the shards and the index (no stale weights left for a reader to prefer)."""
+    model = glass_model("llama", tie=False)
+    limit = 100_000  # the 300 x 64 float32 embedding (76.8 kB) fits; two of them do not
+    hf.to_hf(model, tmp_path, max_shard_size="100KB")
+    index = json.loads((tmp_path / hf.INDEX_FILE).read_text())
+    shards = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))
+    assert len(shards) >= 3 and shards == sorted(set(index["weight_map"].values()))
+    assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert not (tmp_path / hf.WEIGHTS_FILE).exists()
+    tensors = hf._state_to_hf(model.cfg, model.state_dict())
+    assert sorted(index["weight_map"]) == sorted(tensors)
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in tensors.values())
+    order = list(tensors)  # the shards hold consecutive runs of the tensors, each under limit
+    for name in shards:
+        held = load_file(tmp_path / name)
+        assert sum(t.nbytes for t in held.values()) <= limit
+        positions = sorted(order.index(t) for t in held)
+        assert positions == list(range(positions[0], positions[0] + len(positions)))
+    # huggingface_hub's own split of the same tensors gives the same shards
+    from huggingface_hub import split_state_dict_into_shards_factory
+    theirs = split_state_dict_into_shards_factory(
+        tensors, get_storage_size=lambda t: t.nbytes, max_shard_size="100KB",
+        filename_pattern="model{suffix}.safetensors")
+    assert theirs.tensor_to_filename == index["weight_map"]
+
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="eager").eval()
+    idx = batch(8)
+    got = model(idx).data
+    assert np.abs(hf_logits(loaded, idx) - got).max() <= tolerance(got)
+    back = hf.from_hf(tmp_path).state_dict()
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+    with pytest.raises(FileExistsError, match="already holds"):
+        hf.to_hf(model, tmp_path)  # an index counts as a checkpoint already there
+    hf.to_hf(model, tmp_path, overwrite=True)  # default size: one file again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    hf.to_hf(model, tmp_path, overwrite=True, max_shard_size=limit)
+    assert sorted(p.name for p in tmp_path.glob("model*")) == sorted(shards + [hf.INDEX_FILE])
+
+
+@pytest.mark.parametrize("size", [0, -5, "0KB", "5XB", "lots", "", True, 1.5])
+def test_bad_max_shard_size_is_refused_before_writing(tmp_path, size):
+    with pytest.raises(ValueError, match="max_shard_size"):
+        hf.to_hf(glass_model("gpt2"), tmp_path / "out", max_shard_size=size)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_to_hf_max_shard_size(tmp_path, capsys):
+    from glassllm import files
+    from glassllm.cli import main
+    model_file = tmp_path / "m.safetensors"
+    files.save(glass_model("gpt2"), model_file)
+    assert main(["convert", "--model", str(model_file), "--to-hf", str(tmp_path / "hf"),
+                 "--max-shard-size", "60KB"]) == 0
+    assert (tmp_path / "hf" / hf.INDEX_FILE).is_file()
+    assert len(list((tmp_path / "hf").glob("model-*-of-*.safetensors"))) > 1
+    assert main(["convert", "--model", str(model_file), "--to-hf", str(tmp_path / "b"),
+                 "--max-shard-size", "big"]) == 2
+    assert "--max-shard-size" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_float64_gpt2_logits_agree_with_transformers_to_1e_12(tmp_path, gpt2_checkpoint):
+    """The README's claim: with float64 on both sides the imported GPT-2's logits agree with
+    transformers' to ~7e-13 (max |logit| ~70), so the float32 gaps above are summation order,
+    not a wrong op. Bound 1e-12 absolute; float32 arithmetic on either side would miss it by
+    eight orders of magnitude."""
+    _, model, directory, _ = gpt2_checkpoint
+    glass = hf.from_hf(directory)
+    for p in glass.parameters():
+        p.data = p.data.astype(np.float64)
+    reference = transformers.GPT2LMHeadModel.from_pretrained(
+        directory, attn_implementation="eager", dtype=torch.float64).eval()
+    idx = batch(1)
+    got = glass(idx).data
+    want = hf_logits(reference, idx)
+    assert got.dtype == want.dtype == np.float64
+    assert np.abs(want).max() > 50
+    worst = np.abs(got - want).max()
+    assert worst <= 1e-12, worst
+
+
 def test_to_hf_bos_token_id_is_the_tokenizers_start_id(tmp_path):
     """A tokenizer with a BOS (SentencePiece/Llama: bos 1, eos 2) exports bos_token_id 1, so
     transformers' generate() starts where glassllm's unconditional sample does."""
@@ -377,6 +466,27 @@ def test_missing_and_unexpected_tensors(tmp_path, hf_checkpoint):
                             edit_tensors=lambda t: t.update(stray=np.zeros(3, np.float32)))
     with pytest.raises(ValueError, match="unexpected tensor.*stray"):
         hf.from_hf(extra)
+
+
+def test_a_float8_tensor_is_a_clear_error_and_memory_errors_are_not_hidden(
+        tmp_path, gpt2_checkpoint, monkeypatch):
+    """safetensors' NumPy backend cannot hold float8 (AttributeError inside the library): a
+    ValueError naming the file. A MemoryError (or any error that is not about the file)
+    propagates as itself instead of becoming "not a readable safetensors file"."""
+    import struct
+    _, _, directory, _ = gpt2_checkpoint
+    header = json.dumps({"w": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})
+    (tmp_path / "f8.safetensors").write_bytes(struct.pack("<Q", len(header))
+                                              + header.encode() + b"\0\0")
+    with pytest.raises(ValueError, match=r"f8.safetensors: not a readable safetensors file "
+                                         r"\(a tensor dtype NumPy cannot hold"):
+        hf._read_safetensors(tmp_path / "f8.safetensors")
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("injected")
+    monkeypatch.setattr(hf, "safe_open", out_of_memory)
+    with pytest.raises(MemoryError, match="injected"):
+        hf.from_hf(directory)
 
 
 def test_corrupt_weights_file(tmp_path, gpt2_checkpoint):

@@ -10,7 +10,6 @@ under CI=true, where they fail: a CI run must not pass by testing nothing.
 """
 from __future__ import annotations
 
-import os
 import struct
 import tracemalloc
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import shared_data_path
 from glassllm import Config, GlassLM, files
 from glassllm import functional as F
 from glassllm.cli import main
@@ -28,7 +28,6 @@ from glassllm.llama2c import (HEADER_BYTES, from_llama2c, read_header, to_llama2
                               tokenizer_from_llama2c)
 from glassllm.tokenizer import SentencePieceTokenizer, StreamDecoder, tokenizer_from_json
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "llama2c"
 
 # karpathy/llama2.c test_all.py, `expected_stdout` of test_runc: what
 # `./run stories260K.bin -z tok512.bin -t 0.0 -n 200` prints (before its final "\n").
@@ -42,13 +41,8 @@ GOLDEN = (
 
 
 def data_file(name: str) -> Path:
-    path = DATA / name
-    if not path.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} is missing; CI needs ../shared/data/llama2c "
-                        f"(see ../shared/data/README.md)")
-        pytest.skip(f"{path} not present (../shared/data/llama2c)")
-    return path
+    """A file of ../shared/data/llama2c (skipped if absent; CI=true: fails)."""
+    return shared_data_path("llama2c", name)
 
 
 @pytest.fixture(scope="module")
@@ -486,7 +480,7 @@ def test_encode_equals_run_c_encode_on_generated_text(tok, tok_path, text):
 
 @pytest.mark.parametrize("name", ["utf8-emoji-cjk.txt", "utf8-sample.txt"])
 def test_round_trip_on_real_utf8_files(tok, name):
-    text = data_file(f"../{name}").read_text(encoding="utf-8")
+    text = shared_data_path(name).read_text(encoding="utf-8")
     assert tok.decode(tok.encode(text)) == text
 
 

@@ -139,11 +139,32 @@ def test_one_dimensional_idx_is_a_batch_of_one():
     np.testing.assert_array_equal(model.loss(x, x).data, model.loss(x[None], x[None]).data)
 
 
-def test_no_dropout_no_mode_same_input_same_logits():
-    cfg = small_config(family="gpt2")
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_no_dropout_no_mode_same_input_same_logits(family):
+    """There is no train/eval mode because nothing would differ: no dropout (the same input
+    gives the same logits on every call, with gradients on or off, before and after a
+    backward pass) and no batch statistics (a row's logits do not depend on the other rows
+    of its batch, so evaluating one sequence alone or inside a batch agrees to float32
+    rounding of the batched matmuls)."""
+    from glassllm import no_grad
+    cfg = small_config(family=family)
     model = perturbed_model(cfg)
-    x = ids(cfg, (2, 6), 6)
-    np.testing.assert_array_equal(model(x).data, model(x).data)
+    x = ids(cfg, (3, 6), 6)
+    first = model(x).data
+    np.testing.assert_array_equal(first, model(x).data)
+    with no_grad():
+        np.testing.assert_array_equal(first, model(x).data)
+    model.loss(x[:, :-1], x[:, 1:]).backward()
+    np.testing.assert_array_equal(first, model(x).data)
+    scale = np.abs(first).max()
+    for row in range(3):
+        alone = model(x[row:row + 1]).data[0]
+        np.testing.assert_allclose(alone, first[row], rtol=0, atol=1e-5 * scale)
+        other = x.copy()
+        other[[r for r in range(3) if r != row]] = (other[[r for r in range(3) if r != row]]
+                                                     + 1) % cfg.vocab_size
+        np.testing.assert_allclose(model(other).data[row], first[row], rtol=0,
+                                   atol=1e-5 * scale)
     assert not hasattr(model, "eval") and not hasattr(model, "train")
 
 

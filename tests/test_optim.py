@@ -101,6 +101,77 @@ def run_both(lrs, missing_at=None, dtype=np.float64, **opts):
     return opt, params, arrays
 
 
+class WholeArrayAdamW:
+    """AdamW exactly as glassllm computed it before the update was cut into slices (commit
+    6b0f30e's parent): the same operations in the same order, each over the whole array."""
+
+    def __init__(self, arrays, lr=0.003, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
+        self.m = [np.zeros_like(a) for a in arrays]
+        self.v = [np.zeros_like(a) for a in arrays]
+        self.n = [0] * len(arrays)
+
+    def step(self, arrays, grads, lr=None):
+        lr = self.lr if lr is None else lr
+        beta1, beta2 = self.betas
+        for i, (p, g) in enumerate(zip(arrays, grads)):
+            if g is None:
+                continue
+            self.n[i] += 1
+            if self.wd and p.ndim >= 2:
+                p *= 1.0 - lr * self.wd
+            m, v = self.m[i], self.v[i]
+            m *= beta1
+            m += (1.0 - beta1) * g
+            v *= beta2
+            v += (1.0 - beta2) * (g * g)
+            c1, c2 = 1.0 - beta1 ** self.n[i], 1.0 - beta2 ** self.n[i]
+            denom = np.sqrt(v)
+            denom /= math.sqrt(c2)
+            denom += self.eps
+            p -= (lr / c1) * (m / denom)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32 if a.dtype == np.float32 else np.uint64)
+
+
+# README, Performance: "AdamW's results are bitwise unchanged" by the sliced update.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sliced_adamw_is_bit_identical_to_the_whole_array_update(dtype, threads):
+    """Parameters from far below one slice to several slices (SLICE_ELEMENTS = 2**18, and
+    above MIN_PARALLEL_ELEMENTS so the thread pool runs them), matrices (decayed) and vectors
+    (not), a parameter without a gradient at some steps, an lr override: every weight and
+    both moments equal the whole-array update bit for bit after each of 6 steps."""
+    from glassllm import parallel
+    shapes = [(700, 1001), (3, 5), (300_001,), (64,), (2, 300, 500)]
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    params = [Tensor(a.copy(), requires_grad=True) for a in arrays]
+    assert max(a.size for a in arrays) > 2 * parallel.SLICE_ELEMENTS
+    opts = dict(lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt, ref = AdamW(params, **opts), WholeArrayAdamW(arrays, **opts)
+    saved = parallel.get_num_threads()
+    parallel.set_num_threads(threads)
+    try:
+        for step, lr in enumerate([None, 0.01, None, 1e-4, None, 0.5]):
+            grads = [None if (i == 4 and step in (1, 2)) else
+                     (rng.standard_normal(s) * 10.0 ** (step - 3)).astype(dtype)
+                     for i, s in enumerate(shapes)]
+            for p, g in zip(params, grads):
+                p.grad = None if g is None else g.copy()
+            opt.step(lr)
+            ref.step(arrays, grads, lr)
+            for i, (p, want) in enumerate(zip(params, arrays)):
+                assert np.array_equal(bits(p.data), bits(want)), (step, i, "weights")
+                assert np.array_equal(bits(opt.m[i]), bits(ref.m[i])), (step, i, "m")
+                assert np.array_equal(bits(opt.v[i]), bits(ref.v[i])), (step, i, "v")
+    finally:
+        parallel.set_num_threads(saved)
+    assert opt.steps == ref.n == [6, 6, 6, 6, 4]
+
+
 # "AdamW(params: list[Tensor], lr: float = 0.003, betas=(0.9,0.95), eps: float = 1e-8,
 # weight_decay: float = 0.1)"
 def test_adamw_signature_defaults():
@@ -329,6 +400,9 @@ def test_schedule_progress_capped_at_minimum():
     last = lr_schedule(99, 100, 1.0, warmup=10)
     assert 0.1 < last < 0.1 + 1e-3
     assert lr_schedule(12, 5, 1.0, warmup=10) == pytest.approx(0.1)  # total < warmup
+    # "... once warmup has finished": a step past total_steps but still inside the warmup
+    # stays on the warmup line (the docstring says so)
+    assert lr_schedule(6, 5, 1.0, warmup=10) == pytest.approx(0.7)
 
 
 def test_step_with_a_grad_of_the_wrong_shape_raises_and_changes_nothing():

@@ -9,18 +9,19 @@ import weakref
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM, Tensor, parallel
+from glassllm import Config, GlassLM, Tensor, cpu, parallel
 from glassllm import functional as F
 from glassllm.optim import AdamW, clip_grad_norm
 
 
 @pytest.fixture
 def threads():
-    """Restore the thread count (and slice size) after the test."""
-    before, size = parallel.get_num_threads(), parallel.SLICE_ELEMENTS
+    """Restore the thread count (and slice sizes) after the test."""
+    before = parallel.get_num_threads()
+    size, minimum = parallel.SLICE_ELEMENTS, parallel.MIN_PARALLEL_ELEMENTS
     yield
     parallel.set_num_threads(before)
-    parallel.SLICE_ELEMENTS = size
+    parallel.SLICE_ELEMENTS, parallel.MIN_PARALLEL_ELEMENTS = size, minimum
 
 
 @pytest.mark.parametrize("n_rows,row_size", [(0, 5), (1, 3), (7, 1), (1000, 300), (3, 10**6)])
@@ -78,28 +79,53 @@ def test_set_num_threads_rejects_zero():
 
 
 def _train_step(cfg, n_threads):
-    parallel.set_num_threads(n_threads)
-    model = GlassLM(cfg, seed=3)
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, cfg.vocab_size, (4, 32))
-    y = rng.integers(0, cfg.vocab_size, (4, 32))
-    opt = AdamW(model.parameters(), lr=1e-2)
-    loss = model.loss(x, y)
-    loss.backward()
-    norm = clip_grad_norm(model.parameters(), 0.5)
-    grads = {n: p.grad.copy() for n, p in model.named_parameters()}
-    opt.step()
-    weights = {n: p.data.copy() for n, p in model.named_parameters()}
+    with cpu.use_threads(n_threads):  # BLAS and the elementwise pool
+        model = GlassLM(cfg, seed=3)
+        rng = np.random.default_rng(0)
+        x = rng.integers(0, cfg.vocab_size, (4, 80))  # 80 > ATTENTION_BLOCK: two query blocks
+        y = rng.integers(0, cfg.vocab_size, (4, 80))
+        opt = AdamW(model.parameters(), lr=1e-2)
+        loss = model.loss(x, y)
+        loss.backward()
+        norm = clip_grad_norm(model.parameters(), 0.5)
+        grads = {n: p.grad.copy() for n, p in model.named_parameters()}
+        opt.step()
+        weights = {n: p.data.copy() for n, p in model.named_parameters()}
     return loss.item(), norm, grads, weights
 
 
+@pytest.fixture
+def pool_calls(monkeypatch):
+    """The slice functions run by the pool's worker threads (not by the calling thread)."""
+    calls = []
+    run = parallel._run_as_worker
+
+    def counted(fn, part, *args):
+        if threading.current_thread() is not threading.main_thread():
+            calls.append(fn.__qualname__)
+        return run(fn, part, *args)
+
+    monkeypatch.setattr(parallel, "_run_as_worker", counted)
+    return calls
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_a_training_step_gives_identical_bits_on_one_and_two_threads(family, threads):
+def test_a_training_step_gives_identical_bits_on_one_and_two_threads(family, threads,
+                                                                      pool_calls):
     cfg = Config(vocab_size=50, d_model=64, n_layers=2, n_heads=4,
-                 n_kv_heads=2 if family == "llama" else None, max_len=32, family=family)
-    parallel.SLICE_ELEMENTS = 512  # force many slices on this small model
+                 n_kv_heads=2 if family == "llama" else None, max_len=80, family=family)
+    # force many slices, and the pool, on this small model
+    parallel.SLICE_ELEMENTS, parallel.MIN_PARALLEL_ELEMENTS = 512, 1024
     one = _train_step(cfg, 1)
+    assert not pool_calls
     two = _train_step(cfg, 2)
+    # the pool really ran slices of every kind of pass, matrix products and attention too
+    ran = " ".join(sorted(set(pool_calls)))
+    for op in ("norm_forward", "norm_backward", "causal_attention_forward",
+               "causal_attention_backward", "_matmul", "target_logprob",
+               "swiglu" if family == "llama" else "gelu", "sum_of_squares",
+               "_in_slices") + (("rope",) if family == "llama" else ()):
+        assert op in ran, f"{op} never ran in the pool: {ran}"
     assert one[0] == two[0] and one[1] == two[1]
     for name in one[2]:
         np.testing.assert_array_equal(one[2][name], two[2][name], err_msg=name)
@@ -138,3 +164,43 @@ def test_backward_frees_intermediate_results_as_it_goes():
     out.backward()
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_split_products_round_as_the_caller_under_autocast(low, threads):
+    from glassllm import amp
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 4, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    dy = rng.standard_normal((64, 4, 40)).astype(np.float32)
+    results = []
+    for n in (1, 2):
+        with cpu.use_threads(n), amp.autocast(low):
+            assert parallel.split_matmuls() == (n > 1)
+            xt, wt = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+            y = F.linear(xt, wt)
+            y.backward(dy)
+            results.append((y.data, xt.grad, wt.grad))
+    for one, two in zip(*results):
+        np.testing.assert_array_equal(one, two)
+    with amp.autocast(low):  # and it is the rounded product, not the float32 one
+        rounded = amp.matmul(x.reshape(-1, 24), w).reshape(64, 4, 40)
+    np.testing.assert_array_equal(results[1][0], rounded)
+    assert not np.array_equal(rounded, (x.reshape(-1, 24) @ w).reshape(64, 4, 40))
+
+
+@pytest.mark.parametrize("n_rows", [0, 1, 2, 5, 1000])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_thread_slices_cover_every_row_once_one_slice_per_thread(n_rows, n_threads, threads):
+    parallel.set_num_threads(n_threads)
+    hits, parts = np.zeros(n_rows, dtype=int), []
+    lock = threading.Lock()
+
+    def fn(rows):
+        with lock:
+            hits[rows] += 1
+            parts.append(rows)
+
+    parallel.for_thread_slices(fn, n_rows)
+    assert (hits == 1).all()
+    assert len(parts) == (min(n_threads, n_rows) if n_rows > 1 else min(n_rows, 1))

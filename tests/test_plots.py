@@ -1,6 +1,7 @@
 """glassllm.plots and `glassllm plot`: history files -> a loss/lr PNG."""
 import math
 
+import numpy as np
 import pytest
 
 from glassllm.cli import main
@@ -17,11 +18,42 @@ bad,1,1,1,1
 """
 
 
-def assert_png(path):
+# matplotlib's default colour cycle (train: C0, validation: C1) and the lr curve's tab:green
+TRAIN, VAL, LR = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C)
+
+
+def pixels_of(image: np.ndarray, rgb) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, columns) of the pixels within a small distance of a colour (anti-aliasing)."""
+    distance = np.abs(image[..., :3].astype(int) - np.array(rgb)).sum(axis=-1)
+    return np.nonzero(distance < 40)
+
+
+def assert_png(path, falling_train=True, rising_lr=True):
+    """A real 800 x 600 PNG with the three curves drawn where they belong: the train line
+    (C0) and validation markers (C1) in the loss panel (the upper three quarters), the lr
+    line (green) in the lower panel; the train loss falls left to right (its pixels sit
+    higher on the left), the lr rises. A blank or empty figure fails every check."""
     data = path.read_bytes()
     assert data[:8] == PNG_SIGNATURE and len(data) > 1000
     # IHDR: width and height of the 8x6 inch, 100 dpi figure.
     assert int.from_bytes(data[16:20], "big") == 800 and int.from_bytes(data[20:24], "big") == 600
+    from matplotlib.image import imread
+    image = np.asarray(imread(path)[..., :3] * 255, dtype=np.uint8)
+    assert image.shape == (600, 800, 3)
+    split = 600 * 3 // 4
+    (train_rows, train_cols), (val_rows, _), (lr_rows, lr_cols) = (
+        pixels_of(image, colour) for colour in (TRAIN, VAL, LR))
+    assert train_rows.size > 300 and val_rows.size > 20 and lr_rows.size > 300, \
+        (train_rows.size, val_rows.size, lr_rows.size)
+    assert train_rows.max() < split and val_rows.max() < split and lr_rows.min() > split * 0.9
+
+    def left_minus_right(rows, cols):  # mean pixel row at the left end minus the right end
+        left, right = cols <= np.percentile(cols, 10), cols >= np.percentile(cols, 90)
+        return rows[left].mean() - rows[right].mean()
+    if falling_train:  # image rows grow downwards: a falling curve starts at smaller rows
+        assert left_minus_right(train_rows, train_cols) < -50
+    if rising_lr:
+        assert left_minus_right(lr_rows, lr_cols) > 20
 
 
 def test_read_history_csv_tolerates_empty_cells_and_extra_columns(tmp_path):

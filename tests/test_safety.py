@@ -120,6 +120,29 @@ def test_injected_inf_gradient_is_skipped_bit_exactly_and_halves_the_scale():
     assert all(p.dtype == np.float32 for p in model.parameters())
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_model_error_propagates_with_weights_moments_and_scale_unchanged(precision):
+    """The docstring's contract: bad ids raise the model's ValueError before the weights, the
+    AdamW moments and step counts or the loss scale change; the gradients are cleared."""
+    model = GlassLM(CFG, seed=0)
+    opt = AdamW(model.parameters())
+    step_fn = TrainStep(model, opt, precision=precision,
+                        scaler=amp.GradScaler(enabled=precision == "fp16", growth_interval=1))
+    rng = np.random.default_rng(0)
+    for step in range(2):  # moments, counts and the scale move first
+        x, y = get_batch(DATA, 2, 8, rng)
+        assert not step_fn(x, y, 1e-3, step).skipped
+    before, scale = _snapshot(model, opt), step_fn.scaler.get_scale()
+    scaler_state = step_fn.scaler.state_dict()
+    x, y = get_batch(DATA, 2, 8, rng)
+    x[0, 3] = CFG.vocab_size  # an id outside the vocabulary
+    with pytest.raises(ValueError, match=r"token id 16 at position \(0, 3\) is outside"):
+        step_fn(x, y, 1e-3, 2)
+    _assert_same(before, _snapshot(model, opt))
+    assert step_fn.scaler.get_scale() == scale and step_fn.scaler.state_dict() == scaler_state
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_bf16_trains_without_a_scaler_and_state_dict_round_trips():
     model = GlassLM(CFG, seed=0)
     step_fn = TrainStep(model, AdamW(model.parameters()), precision="bf16")

@@ -3,24 +3,21 @@ releasing only complete characters whose concatenation equals the one-shot decod
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import shared_data_path
 from glassllm.tokenizer import ByteTokenizer, StreamDecoder, tokenizer_from_json
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TOK = ByteTokenizer()
 
 
 def data_text(name: str) -> str:
-    path = DATA / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    return path.read_text(encoding="utf-8")
+    """A text file of ../shared/data (skipped with the reason if absent; CI=true: fails)."""
+    return shared_data_path(name).read_text(encoding="utf-8")
 
 
 def stream(ids) -> list[str]:

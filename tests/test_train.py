@@ -255,14 +255,29 @@ def test_evaluate_no_grad_weights_and_grads_untouched():
 
 
 # "It does not call .eval(): there is no dropout or batch-normalization mode."
-def test_evaluate_does_not_call_eval():
-    model = tiny_model()
+def test_evaluate_does_not_call_eval_and_measures_the_training_mode_loss():
+    """No mode to switch: evaluate's number is the mean of the very losses the model gives
+    in training (gradients on) on the windows of get_batch(rng=default_rng(seed)), bit for
+    bit; a model with .eval()/.train() that raise, and a bare object with only .loss, both
+    work (evaluate never looks for a mode)."""
+    model = tiny_model(seed=3)
+    rng = np.random.default_rng(1234)
+    losses = []
+    for _ in range(3):
+        x, y = get_batch(VAL, 2, 4, rng)
+        losses.append(float(model.loss(x, y).item()))  # grad mode on, as in training
+    assert len(set(losses)) == 3  # three different windows, so the seed matters
 
     def forbidden():
-        raise AssertionError("evaluate called .eval()")
+        raise AssertionError("evaluate called .eval() / .train()")
 
     model.eval = model.train = forbidden
-    evaluate(model, DATA, 2, 4, n_batches=2)
+    assert evaluate(model, VAL, 2, 4, n_batches=3) == sum(losses) / 3
+
+    class OnlyLoss:  # the whole interface evaluate may use
+        def __init__(self, inner):
+            self.loss = inner.loss
+    assert evaluate(OnlyLoss(tiny_model(seed=3)), VAL, 2, 4, n_batches=3) == sum(losses) / 3
 
 
 # =========================================================================== train

@@ -1,21 +1,25 @@
-"""An independent PyTorch implementation of glassllm's two model families, for parity tests.
+"""The PyTorch twin of glassllm's model: the same two architectures, written the way a PyTorch
+user writes them (nn.Linear, nn.Embedding, F.rms_norm / F.layer_norm,
+F.scaled_dot_product_attention with enable_gqa, torch.optim.AdamW). One twin serves both
+the parity tests (`tests/test_model.py`, float32 and float64) and the benchmarks (`bench/`).
 
-Written from the papers and Hugging Face's conventions, not from glassllm's code:
+It is written from the papers and Hugging Face's conventions, not from glassllm's code; only
+the parameter names are glassllm's, so weights copy over by name:
 - llama (Touvron et al. 2023; HF `modeling_llama.py`): RMSNorm (Zhang & Sennrich 2019),
   rotary embedding in the rotate-half layout (Su et al. 2021; HF `rotate_half`), grouped-query
-  attention by repeating each KV head for its group (Ainslie et al. 2023; HF `repeat_kv`, here
-  `repeat_interleave`), SwiGLU MLP (Shazeer 2020), no biases, tied or untied output head.
+  attention (Ainslie et al. 2023; SDPA's `enable_gqa`, HF's `repeat_kv`), SwiGLU MLP
+  (Shazeer 2020), no biases, tied or untied output head.
 - gpt2 (Radford et al. 2019; HF `modeling_gpt2.py`, nanoGPT): LayerNorm, learned positions,
   GELU tanh MLP, biases, output head tied to the token embedding.
 
-Usage (also from bench/):
-    model = TorchLM(cfg.to_dict())                 # plain dict of Config fields
-    load_glassllm_state(model, glass.state_dict()) # glassllm names, Linear weights [in, out]
-    logits = model(idx)                            # (B, T) ids -> (B, T, V)
-    loss = model.loss(idx, targets)                # mean nats
-    grads = glassllm_gradients(model)              # .grad arrays under glassllm's names
-
-Attention uses an explicit masked softmax (not a fused kernel) so float64 works everywhere.
+Usage:
+    twin = TorchLM(cfg.to_dict())                   # float32; dtype=torch.float64 for checks
+    load_glassllm_state(twin, glass.state_dict())   # Linear weights [in, out] -> [out, in]
+    logits = twin(idx)                              # (B, T) ids (NumPy or torch) -> (B, T, V)
+    loss = twin.loss(idx, targets)                  # mean nats
+    grads = glassllm_gradients(twin)                # .grad arrays under glassllm's names
+    cache = TorchKVCache(twin.cfg); twin(prompt, cache); twin(next_id, cache)  # decoding
+    opt = torch_adamw(twin, lr)                     # AdamW with glassllm's decay groups
 """
 from __future__ import annotations
 
@@ -23,208 +27,219 @@ import math
 
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
-from torch import nn
 
 
 def _d_ff(cfg: dict) -> int:
     if cfg.get("d_ff"):
         return int(cfg["d_ff"])
     d = cfg["d_model"]
-    if cfg.get("family", "llama") == "gpt2":
+    if cfg["family"] == "gpt2":
         return 4 * d
     return 32 * math.ceil(8 * d / 3 / 32)  # Llama's multiple_of rounding of 8/3 * d
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
+class TorchKVCache:
+    """Preallocated keys/values (n_layers, B, Hkv, max_len, D) and the filled length."""
 
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+    def __init__(self, cfg: dict, batch_size: int = 1, dtype=torch.float32):
+        shape = (cfg["n_layers"], batch_size, cfg["n_kv_heads"] or cfg["n_heads"],
+                 cfg["max_len"], cfg["d_model"] // cfg["n_heads"])
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.length = 0
 
 
-def rotary_cos_sin(max_len: int, head_dim: int, theta: float, dtype):
-    """HF Llama's cos/sin: inv_freq = 1/theta^(2i/D), each frequency used by both halves."""
+def rope_tables(max_len: int, head_dim: int, theta: float):
+    """HF Llama's cos/sin in float64: inv_freq = 1/theta^(2i/D), each frequency used by both
+    halves of the head (rotate-half layout)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
 
 
-def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat([-x2, x1], dim=-1)
+def apply_rope(x, cos, sin):
+    """x (B, H, T, D); cos, sin (T, D): x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
 
 
-class SelfAttention(nn.Module):
-    def __init__(self, cfg: dict, bias: bool):
-        super().__init__()
-        self.n_heads, self.n_kv_heads = cfg["n_heads"], cfg["n_kv_heads"] or cfg["n_heads"]
-        self.head_dim = cfg["d_model"] // self.n_heads
-        d = cfg["d_model"]
-        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
-
-    def forward(self, x, cos=None, sin=None):
-        B, T, _ = x.shape
-        # HF layout: (B, heads, T, head_dim)
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if cos is not None:
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-        n_rep = self.n_heads // self.n_kv_heads
-        k = k.repeat_interleave(n_rep, dim=1)  # query head h reads KV head h // n_rep
-        v = v.repeat_interleave(n_rep, dim=1)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-        y = torch.softmax(scores, dim=-1) @ v
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, d: int, d_ff: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, d_ff, bias=False)
-        self.up_proj = nn.Linear(d, d_ff, bias=False)
-        self.down_proj = nn.Linear(d_ff, d, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class GeluMLP(nn.Module):
-    def __init__(self, d: int, d_ff: int):
-        super().__init__()
-        self.c_fc = nn.Linear(d, d_ff)
-        self.c_proj = nn.Linear(d_ff, d)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-
-
-class DecoderLayer(nn.Module):
+class Attention(nn.Module):
     def __init__(self, cfg: dict):
         super().__init__()
-        llama = cfg.get("family", "llama") == "llama"
-        d, eps = cfg["d_model"], cfg.get("norm_eps", 1e-5)
-        norm = (lambda: RMSNorm(d, eps)) if llama else (lambda: nn.LayerNorm(d, eps=eps))
-        self.input_norm = norm()
-        self.attn = SelfAttention(cfg, bias=not llama)
-        self.post_attention_norm = norm()
-        self.mlp = SwiGLU(d, _d_ff(cfg)) if llama else GeluMLP(d, _d_ff(cfg))
+        C, H = cfg["d_model"], cfg["n_heads"]
+        Hkv = cfg["n_kv_heads"] or H
+        bias = cfg["family"] == "gpt2"
+        self.H, self.Hkv, self.D = H, Hkv, C // H
+        self.query = nn.Linear(C, C, bias=bias)
+        self.key = nn.Linear(C, Hkv * self.D, bias=bias)
+        self.value = nn.Linear(C, Hkv * self.D, bias=bias)
+        self.output = nn.Linear(C, C, bias=bias)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.input_norm(x), cos, sin)
-        return x + self.mlp(self.post_attention_norm(x))
+    def forward(self, x, cos, sin, cache, layer):
+        B, T, C = x.shape
+        q = self.query(x).view(B, T, self.H, self.D).transpose(1, 2)
+        k = self.key(x).view(B, T, self.Hkv, self.D).transpose(1, 2)
+        v = self.value(x).view(B, T, self.Hkv, self.D).transpose(1, 2)
+        if cos is not None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        start, mask = 0, None
+        if cache is not None:  # append this step's keys/values, attend to everything so far
+            start = cache.length
+            cache.k[layer, :, :, start:start + T] = k
+            cache.v[layer, :, :, start:start + T] = v
+            k, v = cache.k[layer, :, :, :start + T], cache.v[layer, :, :, :start + T]
+        if start > 0 and T > 1:  # queries at start..start+T-1 see keys up to their position
+            mask = torch.arange(start + T)[None, :] <= torch.arange(start, start + T)[:, None]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           is_causal=mask is None and start == 0,
+                                           enable_gqa=self.H != self.Hkv)
+        return self.output(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        C, d_ff = cfg["d_model"], _d_ff(cfg)
+        self.swiglu = cfg["family"] == "llama"
+        if self.swiglu:
+            self.gate = nn.Linear(C, d_ff, bias=False)
+        self.up = nn.Linear(C, d_ff, bias=not self.swiglu)
+        self.down = nn.Linear(d_ff, C, bias=not self.swiglu)
+
+    def forward(self, x):
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Norm(nn.Module):
+    """RMSNorm (llama) or LayerNorm (gpt2) over the last axis, with a learned gain."""
+
+    def __init__(self, cfg: dict):
+        super().__init__()
+        C = cfg["d_model"]
+        self.rms = cfg["family"] == "llama"
+        self.eps = cfg.get("norm_eps", 1e-5)
+        self.weight = nn.Parameter(torch.ones(C))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(C))
+
+    def forward(self, x):
+        if self.rms:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.attention_norm = Norm(cfg)
+        self.attention = Attention(cfg)
+        self.mlp_norm = Norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache, layer):
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer)
+        return x + self.mlp(self.mlp_norm(x))
 
 
 class TorchLM(nn.Module):
-    """Decoder-only LM from a dict of glassllm Config fields (`Config.to_dict()`)."""
+    """Decoder-only LM of either family; `cfg` is glassllm's `Config.to_dict()`."""
 
     def __init__(self, cfg: dict, dtype=torch.float32):
         super().__init__()
         self.cfg = dict(cfg)
-        self.llama = cfg.get("family", "llama") == "llama"
-        self.tied = cfg.get("tie_embeddings", True) or not self.llama
-        d, V = cfg["d_model"], cfg["vocab_size"]
-        self.embed_tokens = nn.Embedding(V, d)
-        if not self.llama:
-            self.wpe = nn.Embedding(cfg["max_len"], d)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg["n_layers"]))
-        eps = cfg.get("norm_eps", 1e-5)
-        self.norm = RMSNorm(d, eps) if self.llama else nn.LayerNorm(d, eps=eps)
-        if not self.tied:
-            self.lm_head = nn.Linear(d, V, bias=False)
+        self.cfg["n_kv_heads"] = cfg.get("n_kv_heads") or cfg["n_heads"]
+        C, V = cfg["d_model"], cfg["vocab_size"]
+        self.token_embedding = nn.Embedding(V, C)
+        self.position_embedding = None
+        if cfg["family"] == "gpt2":
+            self.position_embedding = nn.Embedding(cfg["max_len"], C)
+        else:  # float64 tables, rounded once by .to(dtype) below
+            cos, sin = rope_tables(cfg["max_len"], C // cfg["n_heads"],
+                                   cfg.get("rope_theta", 10000.0))
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.blocks = nn.ModuleList(Block(self.cfg) for _ in range(cfg["n_layers"]))
+        self.final_norm = Norm(cfg)
+        self.lm_head = None
+        if not cfg.get("tie_embeddings", True) and cfg["family"] == "llama":
+            self.lm_head = nn.Linear(C, V, bias=False)
         self.to(dtype)
 
-    def forward(self, idx):
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+    def forward(self, idx, cache: TorchKVCache | None = None):
+        """idx (B, T) or (T,) int ids, NumPy or torch -> logits (B, T, V)."""
+        idx = torch.as_tensor(np.asarray(idx) if not torch.is_tensor(idx) else idx,
+                              dtype=torch.long)
         if idx.ndim == 1:
             idx = idx[None]
         T = idx.shape[1]
-        x = self.embed_tokens(idx)
+        start = cache.length if cache is not None else 0
+        x = self.token_embedding(idx)
         cos = sin = None
-        if self.llama:
-            head_dim = self.cfg["d_model"] // self.cfg["n_heads"]
-            cos, sin = rotary_cos_sin(T, head_dim, self.cfg.get("rope_theta", 10000.0), x.dtype)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(torch.arange(start, start + T))
         else:
-            x = x + self.wpe(torch.arange(T))
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        x = self.norm(x)
-        if self.tied:
-            return x @ self.embed_tokens.weight.T
+            cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cache, layer)
+        if cache is not None:
+            cache.length = start + T
+        x = self.final_norm(x)
+        if self.lm_head is None:
+            return F.linear(x, self.token_embedding.weight)  # tied head
         return self.lm_head(x)
 
     def loss(self, idx, targets):
+        """Mean next-token cross-entropy in nats."""
         logits = self(idx)
         targets = torch.as_tensor(np.asarray(targets), dtype=torch.long).reshape(-1)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
 
 
-def name_map(model: TorchLM) -> dict[str, tuple[str, bool]]:
-    """glassllm parameter name -> (torch parameter name, whether the weight is transposed).
+def _transposed(name: str, p: torch.Tensor) -> bool:
+    """glassllm's Linear weights are [in, out]; nn.Linear stores [out, in]."""
+    return name.endswith(".weight") and p.ndim == 2 and "embedding" not in name
 
-    glassllm's Linear weights are [in, out]; torch's nn.Linear stores [out, in].
+
+def load_glassllm_state(model: TorchLM, state: dict) -> None:
+    """Copy a glassllm `state_dict()` (name -> ndarray) into `model`, strictly, in the model's
+    dtype.
+
+    Raises:
+        KeyError: the names differ. ValueError: a shape differs.
     """
-    names = {"token_embedding.weight": ("embed_tokens.weight", False)}
-    if not model.llama:
-        names["position_embedding.weight"] = ("wpe.weight", False)
-    norm_parts = ("weight",) if model.llama else ("weight", "bias")
-    linear_parts = ("weight",) if model.llama else ("weight", "bias")
-    mlp = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"} if model.llama \
-        else {"up": "c_fc", "down": "c_proj"}
-    for i in range(len(model.layers)):
-        g, t = f"blocks.{i}.", f"layers.{i}."
-        for part in norm_parts:
-            names[f"{g}attention_norm.{part}"] = (f"{t}input_norm.{part}", False)
-            names[f"{g}mlp_norm.{part}"] = (f"{t}post_attention_norm.{part}", False)
-        for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"),
-                             ("output", "o_proj")):
-            for part in linear_parts:
-                names[f"{g}attention.{ours}.{part}"] = (f"{t}attn.{theirs}.{part}",
-                                                       part == "weight")
-        for ours, theirs in mlp.items():
-            for part in linear_parts:
-                names[f"{g}mlp.{ours}.{part}"] = (f"{t}mlp.{theirs}.{part}", part == "weight")
-    for part in norm_parts:
-        names[f"final_norm.{part}"] = (f"norm.{part}", False)
-    if not model.tied:
-        names["lm_head.weight"] = ("lm_head.weight", True)
-    return names
-
-
-def load_glassllm_state(model: TorchLM, state_dict: dict) -> None:
-    """Copy a glassllm state_dict (name -> ndarray) into `model`, strictly, in model's dtype."""
-    names = name_map(model)
-    missing, unexpected = set(names) - set(state_dict), set(state_dict) - set(names)
+    own = dict(model.named_parameters())
+    missing, unexpected = set(own) - set(state), set(state) - set(own)
     if missing or unexpected:
         raise KeyError(f"missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    params = dict(model.named_parameters())
-    assert set(params) == {t for t, _ in names.values()}, "name map does not cover the model"
     with torch.no_grad():
-        for ours, (theirs, transposed) in names.items():
-            value = torch.from_numpy(np.array(state_dict[ours]))
-            value = value.T if transposed else value
-            target = params[theirs]
-            if value.shape != target.shape:
-                raise ValueError(f"{ours}: shape {tuple(value.shape)} vs {tuple(target.shape)}")
-            target.copy_(value.to(target.dtype))
+        for name, p in own.items():
+            value = torch.from_numpy(np.array(state[name]))
+            if _transposed(name, p):
+                value = value.T
+            if value.shape != p.shape:
+                raise ValueError(f"{name}: shape {tuple(value.shape)} vs {tuple(p.shape)}")
+            p.copy_(value.to(p.dtype))
 
 
-def glassllm_gradients(model: TorchLM) -> dict[str, np.ndarray]:
+def glassllm_gradients(model: TorchLM) -> dict[str, np.ndarray | None]:
     """The .grad of every parameter, under glassllm's names and in glassllm's layout."""
-    params = dict(model.named_parameters())
     grads = {}
-    for ours, (theirs, transposed) in name_map(model).items():
-        g = params[theirs].grad
-        grads[ours] = None if g is None else (g.T if transposed else g).detach().numpy()
+    for name, p in model.named_parameters():
+        g = p.grad
+        grads[name] = None if g is None else (g.T if _transposed(name, p) else g).numpy()
     return grads
+
+
+def torch_adamw(model: nn.Module, lr: float):
+    """torch.optim.AdamW with glassllm's choices: weight decay 0.1 on matrices (ndim >= 2)
+    only, betas (0.9, 0.95), eps 1e-8."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8)

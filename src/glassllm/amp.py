@@ -147,18 +147,23 @@ def _round_float16(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """a @ b (np.matmul shapes and broadcasting), float32 in and out.
 
     Outside autocast: the plain float32 product, no overhead. Inside `autocast(low)`: the
     tensor-core emulation of the module doc -- round(a) @ round(b) accumulated in float32,
     then the result rounded to `low` (so float16 outputs above 65504 are inf).
+    `out`, if given, receives the product (as np.matmul's out=) and is returned.
     """
     low = _state.dtype
     if low is None:
-        return a @ b
+        return np.matmul(a, b, out=out)
     with np.errstate(invalid="ignore"):  # inf * 0 after an overflow: NaN is the honest result
-        return round_to(round_to(a, low) @ round_to(b, low), low)
+        product = round_to(round_to(a, low) @ round_to(b, low), low)
+    if out is None:
+        return product
+    out[...] = product
+    return out
 
 
 @contextlib.contextmanager

@@ -113,8 +113,10 @@ def add_train(sub) -> None:
                         "SHA-256) and settings; the result equals an uninterrupted run. "
                         "--steps cannot grow: the learning-rate schedule depends on it")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="threads for matrix products (default 1, or the resumed run's: on a "
-                        "busy machine more threads can make each step many times slower)")
+                   help="threads for matrix products and elementwise passes (default: the "
+                        "resumed run's --threads, else one per core unless other processes "
+                        "are measured busy at start, then the cores they leave free; the "
+                        "header says which)")
     p.set_defaults(func=run_train)
 
 
@@ -136,7 +138,7 @@ def run_train(args) -> int:
     saved = _resumed_extra(resume, args.resume) if resume is not None else {}
     # A resumed run keeps writing where the interrupted one did, unless told otherwise.
     out = _first_given(args.out, saved.get("out"), os.path.join("runs", "model.safetensors"))
-    threads = _first_given(args.threads, saved.get("threads"), 1)
+    threads = _first_given(args.threads, saved.get("threads"))  # None: measure at start
 
     if resume is not None:
         settings = _resumed_settings(resume, given, args)
@@ -186,7 +188,7 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
 
     import numpy as np
 
-    from . import runfiles
+    from . import cpu, runfiles
     from .model import GlassLM
     from .safety import SkipRateExceeded
     from .train import (Checkpointed, Evaluated, HealthWarning, NonFiniteLossError, Resumed,
@@ -194,10 +196,13 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
 
     out = paths["model"]
     model = GlassLM(cfg, seed=settings.seed)
+    extra = {"data": corpus.describe(), "out": os.path.abspath(out)}
+    if threads is not None:  # an explicit --threads is kept for --resume
+        extra["threads"] = threads
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
                       checkpoint_path=paths["checkpoint"], tokenizer=corpus.tokenizer,
-                      extra={"data": corpus.describe(), "out": os.path.abspath(out),
-                             "threads": threads})
+                      extra=extra)
+    threads, why = cpu.choose_threads(threads)  # measures the load when not given
 
     print(f"glassllm train: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} layers, "
           f"{cfg.n_heads} heads ({cfg.n_kv_heads} kv), {sum(p.size for p in model.parameters()):,} "
@@ -207,6 +212,7 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
     print(f"{settings.steps} steps of {settings.batch_size} x {settings.seq_len} tokens, lr "
           f"{settings.lr:g}, warmup {settings.warmup}, {settings.precision}; best model -> {out}",
           flush=True)
+    print(f"threads: {threads} ({why})", flush=True)
 
     bpb = corpus.bits_per_byte
     started = time.monotonic()
@@ -240,7 +246,7 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
     try:
         # A diverging run overflows inside NumPy; the loop itself detects and reports
         # non-finite losses, so NumPy's RuntimeWarnings would only garble the bar.
-        with _blas_threads(threads), np.errstate(over="ignore", invalid="ignore",
+        with cpu.use_threads(threads), np.errstate(over="ignore", invalid="ignore",
                                                  divide="ignore"):
             summary = trainer.run(model, resume=resume, on_event=on_event)
     except TrainingInterrupted as e:
@@ -263,7 +269,8 @@ def _train(args, cfg, settings, corpus, resume, paths, threads) -> int:
     finally:
         bar.close()  # any other error: main() prints it, on a line of its own
     history_csv = runfiles.write_history_csv(paths["history_csv"], summary.history)
-    plot = runfiles.write_plot(history_csv, paths["plot"])
+    plot = runfiles.write_plot(history_csv, paths["plot"], on_failure=lambda message: print(
+        f"glassllm train: warning: {message}", file=sys.stderr, flush=True))
     elapsed = time.monotonic() - started
     if summary.best_val_loss is not None:
         print(f"best val loss {summary.best_val_loss:.4f} nats/token = "
@@ -415,23 +422,6 @@ def _resumed_settings(resume, given: dict, args):
         return TrainSettings.from_dict(saved)
     except (TypeError, ValueError) as e:
         raise UsageError(_flag_spelling(str(e))) from None
-
-
-def _blas_threads(n: int):
-    """A context that runs NumPy's BLAS on n threads (threadpoolctl), or changes nothing when
-    threadpoolctl is not installed.
-
-    Why the default is 1: OpenBLAS's worker threads spin while they wait for work, so when
-    other processes hold the cores a thread that is switched out stalls every matrix product.
-    On the 2-core machine of the README, a default training step took 1.24 s with 2 BLAS
-    threads and 0.10 s with 1 while two other jobs ran; with the machine idle, 2 threads
-    are only 10-20% faster (0.09 vs 0.11 s)."""
-    import contextlib
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=n, user_api="blas")
 
 
 def _progress_bar(total: int):
@@ -667,7 +657,8 @@ def run_plot(args) -> int:
 # --------------------------------------------------------------------------------- convert
 CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
                  "--from-llama2c CKPT.bin [--tokenizer TOK.bin] --out FILE [--max-len T], "
-                 "--model FILE --to-hf DIR [--force] or --model FILE --to-llama2c OUT.bin")
+                 "--model FILE --to-hf DIR [--force] [--max-shard-size SIZE] or --model FILE "
+                 "--to-llama2c OUT.bin")
 
 
 def add_convert(sub) -> None:
@@ -699,6 +690,11 @@ def add_convert(sub) -> None:
     p.add_argument("--max-len", type=int, metavar="T",
                    help="with --from-hf / --from-llama2c: a shorter context than the "
                         "checkpoint's")
+    p.add_argument("--max-shard-size", metavar="SIZE",
+                   help="with --to-hf: the largest weights file, e.g. 5GB, 100MB, 500KB "
+                        "(decimal units, as transformers' save_pretrained) or bytes; larger "
+                        "models are written as model-0000i-of-0000n.safetensors shards with "
+                        "model.safetensors.index.json (default 50GB)")
     p.add_argument("--force", action="store_true",
                    help="with --to-hf: replace a checkpoint already in DIR (never the source "
                         "model file itself)")
@@ -709,12 +705,13 @@ def run_convert(args) -> int:
     sources = [flag for flag in ("from_hf", "from_llama2c", "model")
                if getattr(args, flag) is not None]
     targets = [flag for flag in ("out", "to_hf", "to_llama2c") if getattr(args, flag) is not None]
-    extras = {flag for flag in ("tokenizer", "max_len") if getattr(args, flag) is not None}
+    extras = {flag for flag in ("tokenizer", "max_len", "max_shard_size")
+              if getattr(args, flag) is not None}
     if args.force:
         extras.add("force")
     allowed = {("from_hf", "out"): {"tokenizer", "max_len"},
                ("from_llama2c", "out"): {"tokenizer", "max_len"},
-               ("model", "to_hf"): {"force"}, ("model", "to_llama2c"): set()}
+               ("model", "to_hf"): {"force", "max_shard_size"}, ("model", "to_llama2c"): set()}
     mode = (sources[0], targets[0]) if len(sources) == len(targets) == 1 else None
     if mode not in allowed or not extras <= allowed[mode]:
         raise UsageError(CONVERT_USAGE)
@@ -795,9 +792,16 @@ def _convert_from_llama2c(args):
 def _convert_to_hf(args):
     from . import files, hf
 
+    size = hf.DEFAULT_MAX_SHARD_SIZE if args.max_shard_size is None else (
+        int(args.max_shard_size) if args.max_shard_size.strip().isdigit() else args.max_shard_size)
+    try:
+        hf.shard_size_bytes(size)
+    except ValueError as e:
+        raise UsageError(f"--max-shard-size: {e}") from None
     model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
     try:
-        hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model)
+        hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model,
+                 max_shard_size=size)
     except FileExistsError as e:
         raise UsageError(f"--to-hf: {e}") from None
     if tokenizer is not None and not hf.stores_tokenizer(tokenizer, model.cfg.vocab_size):

@@ -417,6 +417,7 @@ class TokenWriter:
         self.text_bytes = 0
         self._out = AtomicFile(self.path, "wb")  # ids stream to its temporary file
         self._file = self._out.file
+        self.published: list[str] = []  # final paths close() has written, in order
 
     def append(self, ids, text_bytes: int = 0) -> None:
         """Write ids (any integer dtype); text_bytes: the UTF-8 bytes of text they encode."""
@@ -435,13 +436,17 @@ class TokenWriter:
         self.text_bytes += int(text_bytes)
 
     def close(self) -> dict:
-        """Publish the file and its sidecar; returns the sidecar dict."""
+        """Publish the file and its sidecar; returns the sidecar dict. Each path is added to
+        `published` once it is in place (a failure in between leaves the file without its
+        sidecar, and `published` says so)."""
         self._out.commit()
+        self.published.append(self.path)
         meta = {"format": TOKEN_FILE_FORMAT, "version": TOKEN_FILE_VERSION,
                 "dtype": self.dtype.name, "vocab_size": self.vocab_size,
                 "token_count": self.token_count, "text_bytes": self.text_bytes,
                 "tokenizer": json.loads(self.tokenizer.to_json()), "sources": self.sources}
         _write_json_atomic(sidecar_path(self.path), meta)
+        self.published.append(sidecar_path(self.path))
         return meta
 
     def abort(self) -> None:
@@ -670,8 +675,14 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
 
     Raises:
         FileNotFoundError: an input is missing. ValueError: val_fraction outside [0, 1),
-            a file that is not UTF-8, a bad tokenizer spec. On any failure, no output file
-            is left, and directories this call created are removed again.
+            a file that is not UTF-8, a bad tokenizer spec. On any failure (Ctrl-C included),
+            no output file of this call is left -- neither temporaries nor the files it had
+            already published (train.bin, val.bin, their sidecars, tokenizer.json) -- and
+            directories this call created are removed again. Files of an earlier `prepare`
+            in out_dir stay as they were when the failure comes before publishing (reading,
+            training the tokenizer, encoding: nearly all of the work); publishing replaces
+            them one file at a time, so a failure there (a full disk while writing a sidecar)
+            leaves only those the new output had not yet replaced.
     """
     from .tokenizer import BPETokenizer
     if not 0.0 <= val_fraction < 1.0:
@@ -707,7 +718,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
     os.makedirs(out_dir, exist_ok=True)
     eot = np.array([tokenizer.eot_id])
     done = 0
-    writers = []
+    writers, published = [], []
     try:  # both splits go to temp files; nothing is published unless both succeed
         for name, ranges in (("train", [(p, 0, c) for p, c, _ in splits]),
                              ("val", [(p, c, s) for p, c, s in splits])):
@@ -722,18 +733,29 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
                     writer.append(tokenizer.encode(text), text_bytes=n)
                     done += n
                     report(Progress("tokenize", done, total))
-    except BaseException:  # Ctrl-C included: leave no temp file, keep old outputs
+        metas = {}
+        for name, writer in zip(("train", "val"), writers):  # publish
+            try:
+                metas[name] = writer.close()
+            finally:
+                published += writer.published
+        if isinstance(tokenizer, BPETokenizer):
+            tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+            published.append(os.path.join(out_dir, "tokenizer.json"))
+    except BaseException:  # Ctrl-C included: leave no temp file and nothing of this call
         for writer in writers:
             writer.abort()
+        for path in published:
+            try:
+                os.remove(path)
+            except OSError:  # already gone: nothing of ours is left there
+                pass
         for directory in created:  # and no empty directory this call made
             try:
                 os.rmdir(directory)
             except OSError:
                 break
         raise
-    metas = {"train": writers[0].close(), "val": writers[1].close()}
-    if isinstance(tokenizer, BPETokenizer):
-        tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
     return {"train": metas["train"], "val": metas["val"], "tokenizer": tokenizer,
             "files": files}
 

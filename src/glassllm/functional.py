@@ -26,6 +26,21 @@ from .tensor import Tensor
 
 _mm = amp.matmul  # every matrix product goes through the autocast hook
 
+# A product with fewer output rows than this per thread runs whole, on the calling thread.
+MIN_ROWS_PER_THREAD = 16
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b for 2-D a and b, through amp.matmul. In split mode (`glassllm.parallel`) the
+    output's rows are cut into one slice per thread of the pool, each a product of a's rows
+    with the whole of b (same bits as one product: no row's sum is split)."""
+    n_rows = a.shape[0]
+    if not parallel.split_matmuls() or n_rows < MIN_ROWS_PER_THREAD * parallel.get_num_threads():
+        return _mm(a, b)
+    out = np.empty((n_rows, b.shape[1]), dtype=np.result_type(a, b))
+    parallel.for_thread_slices(lambda rows: _mm(a[rows], b, out=out[rows]), n_rows)
+    return out
+
 
 # --------------------------------------------------------------------------- linear
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -37,15 +52,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """
     lead, c_in = x.shape[:-1], x.shape[-1]
     x2 = x.data.reshape(-1, c_in)
-    y = _mm(x2, weight.data)
+    y = _matmul(x2, weight.data)
     if bias is not None:
         y += bias.data
     y = y.reshape(*lead, weight.shape[1])
 
     def backward(dy):
         dy2 = dy.reshape(-1, dy.shape[-1])
-        dx = _mm(dy2, weight.data.T).reshape(x.shape) if x.requires_grad else None
-        dw = _mm(x2.T, dy2) if weight.requires_grad else None
+        dx = _matmul(dy2, weight.data.T).reshape(x.shape) if x.requires_grad else None
+        dw = _matmul(x2.T, dy2) if weight.requires_grad else None
         db = dy2.sum(axis=0) if bias is not None and bias.requires_grad else None
         return dx, dw, db
 
@@ -61,12 +76,12 @@ def unembed(x: Tensor, weight: Tensor) -> Tensor:
     """
     lead, c = x.shape[:-1], x.shape[-1]
     x2 = x.data.reshape(-1, c)
-    y = _mm(x2, weight.data.T).reshape(*lead, weight.shape[0])
+    y = _matmul(x2, weight.data.T).reshape(*lead, weight.shape[0])
 
     def backward(dy):
         dy2 = dy.reshape(-1, weight.shape[0])
-        dx = _mm(dy2, weight.data).reshape(x.shape) if x.requires_grad else None
-        dw = _mm(dy2.T, x2) if weight.requires_grad else None
+        dx = _matmul(dy2, weight.data).reshape(x.shape) if x.requires_grad else None
+        dw = _matmul(dy2.T, x2) if weight.requires_grad else None
         return dx, dw
 
     return Tensor.from_op(y, (x, weight), amp.keep_autocast(backward), fresh_grads=True)
@@ -433,6 +448,15 @@ def _query_blocks(Tq: int, q_start: int):
             for i in range(0, Tq, ATTENTION_BLOCK)]
 
 
+def _over_batch(fn, B: int) -> None:
+    """fn(rows) over batch rows: in split mode one slice per thread of the pool (each slice's
+    products then run on one BLAS thread), else all rows at once on the calling thread."""
+    if parallel.split_matmuls():
+        parallel.for_thread_slices(fn, B)
+    else:
+        fn(slice(0, B))
+
+
 def causal_attention_forward(q, k, v, q_start: int = 0):
     """softmax(q k^T / sqrt(D) + causal mask) v, with grouped-query heads.
 
@@ -442,32 +466,43 @@ def causal_attention_forward(q, k, v, q_start: int = 0):
     h // (Hq/Hkv), as Hugging Face's `repeat_kv`; instead of copying K/V per query head, the
     G = Hq/Hkv query heads of a group are stacked into one (Tq*G)-row matrix (row t*G + g),
     so each KV head is one batched GEMM, and a block of query positions is a slab of rows.
+    Each slice of batch rows goes through the whole op (layout, every query block's scores,
+    mask, softmax and values, layout back) before the next: in split mode the slices run in
+    parallel, one per thread, and a block's scores are still in cache for their softmax.
     """
     B, Tq, Hq, D = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
     scale = 1.0 / math.sqrt(D)
-    # One pass does the layout change and the 1/sqrt(D) scaling: (B, Tq, Hkv, G, D) ->
-    # (B, Hkv, Tq, G, D). Scaling q (T*D values) is cheaper than scaling scores (T*T).
-    qg = np.empty((B, Hkv, Tq, G, D), dtype=q.dtype)
-    np.multiply(q.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 1, 3, 4), scale, out=qg)
-    qg = qg.reshape(B, Hkv, Tq * G, D)
+    dtype = np.result_type(q, k, v)
+    # q as (B, Hkv, Tq*G, D), scaled by 1/sqrt(D) in the same pass (T*D values are cheaper
+    # to scale than T*T scores).
+    q5 = q.reshape(B, Tq, Hkv, G, D)
+    qg = np.empty((B, Hkv, Tq * G, D), dtype=q.dtype)
+    qg5 = qg.reshape(B, Hkv, Tq, G, D)
     # K and V are used in place: (B, Hkv, Tk, D) views whose rows are D contiguous values
     # Hkv*D apart, a layout BLAS reads directly (no copy; in decoding, none of the cache).
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    out = np.empty_like(qg)
-    probs = []  # one (B, Hkv, rows, keys) array per query block
-    for first, end, keys in _query_blocks(Tq, q_start):
-        rows = slice(first * G, end * G)
-        scores = _mm(qg[:, :, rows], kh[:, :, :keys].swapaxes(-1, -2))
-        diagonal = q_start + first  # keys from here on are in the future for some rows
-        if diagonal + 1 < keys:
-            scores[..., diagonal:] += _causal_bias(end - first, G, scores.dtype)
-        p = _softmax_inplace(scores)
-        out[:, :, rows] = _mm(p, vh[:, :, :keys])
-        probs.append(p)
-    y = out.reshape(B, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4).reshape(B, Tq, Hq, D)
-    return y, (qg, kh, vh, probs, scale, q_start)
+    blocks = _query_blocks(Tq, q_start)
+    probs = [np.empty((B, Hkv, (end - first) * G, keys), dtype=dtype)
+             for first, end, keys in blocks]  # kept for the backward pass
+    out = np.empty((B, Hkv, Tq * G, D), dtype=dtype)
+    y = np.empty((B, Tq, Hkv, G, D), dtype=dtype)
+
+    def batch_rows(b):
+        np.multiply(q5[b].transpose(0, 2, 1, 3, 4), scale, out=qg5[b])
+        for (first, end, keys), p in zip(blocks, probs):
+            rows = slice(first * G, end * G)
+            _mm(qg[b, :, rows], kh[b, :, :keys].swapaxes(-1, -2), out=p[b])
+            diagonal = q_start + first  # keys from here on are in the future for some rows
+            if diagonal + 1 < keys:
+                p[b, ..., diagonal:] += _causal_bias(end - first, G, dtype)
+            _softmax_inplace(p[b])
+            _mm(p[b], vh[b, :, :keys], out=out[b, :, rows])
+        y[b] = out[b].reshape(-1, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4)
+
+    _over_batch(batch_rows, B)
+    return y.reshape(B, Tq, Hq, D), (qg, kh, vh, probs, scale, q_start)
 
 
 def causal_attention_backward(dy, saved):
@@ -475,25 +510,32 @@ def causal_attention_backward(dy, saved):
     B, Hkv, rows_total, D = qg.shape
     Tq = dy.shape[1]
     G = rows_total // Tq
-    dout = np.ascontiguousarray(dy.reshape(B, Tq, Hkv, G, D).transpose(0, 2, 1, 3, 4))
-    dout = dout.reshape(B, Hkv, rows_total, D)
-    dqg = np.empty_like(qg)
+    dy5 = dy.reshape(B, Tq, Hkv, G, D)
+    dtype = np.result_type(qg, dy)
+    dout = np.empty((B, Hkv, rows_total, D), dtype=dtype)
+    dqg = np.empty((B, Hkv, rows_total, D), dtype=dtype)
     # dk, dv are made in the (B, Tk, Hkv, D) layout they are returned in; the loop adds into
     # their (B, Hkv, Tk, D) views
-    dk = np.zeros((B, kh.shape[2], Hkv, D), dtype=np.result_type(qg, dout))
+    dk = np.zeros((B, kh.shape[2], Hkv, D), dtype=dtype)
     dv = np.zeros_like(dk)
     dkh, dvh = dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
-    for (first, end, keys), p in zip(_query_blocks(Tq, q_start), probs):
-        rows = slice(first * G, end * G)
-        do = dout[:, :, rows]
-        dvh[:, :, :keys] += _mm(p.swapaxes(-1, -2), do)  # sums over the G heads of a KV head
-        dscores = _mm(do, vh[:, :, :keys].swapaxes(-1, -2))
-        _softmax_backward_inplace(dscores, p)
-        dqg[:, :, rows] = _mm(dscores, kh[:, :, :keys])
-        dkh[:, :, :keys] += _mm(dscores.swapaxes(-1, -2), qg[:, :, rows])  # qg holds q*scale
-    # Back to (B, Tq, Hq, D), with the chain rule's 1/sqrt(D) in the same pass.
     dq = np.empty((B, Tq, Hkv, G, D), dtype=qg.dtype)
-    np.multiply(dqg.reshape(B, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4), scale, out=dq)
+
+    def batch_rows(b):
+        dout[b].reshape(-1, Hkv, Tq, G, D)[...] = dy5[b].transpose(0, 2, 1, 3, 4)
+        for (first, end, keys), p in zip(_query_blocks(Tq, q_start), probs):
+            rows = slice(first * G, end * G)
+            do = dout[b, :, rows]
+            dvh[b, :, :keys] += _mm(p[b].swapaxes(-1, -2), do)  # sums over a group's G heads
+            dscores = _mm(do, vh[b, :, :keys].swapaxes(-1, -2))
+            _softmax_backward_inplace(dscores, p[b])
+            _mm(dscores, kh[b, :, :keys], out=dqg[b, :, rows])
+            dkh[b, :, :keys] += _mm(dscores.swapaxes(-1, -2), qg[b, :, rows])  # qg: q*scale
+        # back to (B, Tq, Hq, D), with the chain rule's 1/sqrt(D) in the same pass
+        np.multiply(dqg[b].reshape(-1, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4), scale,
+                    out=dq[b])
+
+    _over_batch(batch_rows, B)
     return dq.reshape(B, Tq, Hkv * G, D), dk, dv
 
 

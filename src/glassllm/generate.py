@@ -17,6 +17,7 @@ import dataclasses
 
 import numpy as np
 
+from . import decode
 from .model import GlassLM, KVCache
 from .tensor import no_grad
 
@@ -253,6 +254,11 @@ class Generator:
                 # Fits: feed only what the cache has not seen (the whole prompt at first,
                 # then one token per step, or several after push()es).
                 fresh = np.asarray(self.tokens[self._fed:], dtype=np.int64)[None, :]
+                if fresh.shape[1] == 1 and self._cache.length and \
+                        decode.supports(self.model, self._cache):
+                    # one token: the same logits, without the per-op overhead of forward
+                    self._fed = len(self.tokens)
+                    return decode.step(self.model, self._cache, int(fresh[0, 0]))
                 logits = self.model(fresh, cache=self._cache)
                 self._fed = len(self.tokens)
             else:

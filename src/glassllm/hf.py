@@ -2,7 +2,9 @@
 
 A checkpoint is a directory as transformers' `save_pretrained` writes it: `config.json` plus
 `model.safetensors`, or shards `model-0000i-of-0000n.safetensors` listed in
-`model.safetensors.index.json`. Tensors are read and written with the `safetensors` package.
+`model.safetensors.index.json`; both are read, and `to_hf` writes shards when the weights pass
+`max_shard_size` (split as huggingface_hub's `split_state_dict_into_shards_factory` does).
+Tensors are read and written with the `safetensors` package.
 
 The conversion is a renaming plus two layout facts (spec 004, "L'épreuve : charger GPT-2"):
 
@@ -24,11 +26,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  -- registers bfloat16 with NumPy, so bf16 checkpoints load
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from .atomic import atomic_replace, atomic_write
@@ -38,6 +41,11 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
+SHARD_FILE = "model-{index:05d}-of-{count:05d}.safetensors"  # transformers' shard names
+_SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+# save_pretrained's default in transformers 5 (4.x: "5GB"); huggingface_hub's decimal units
+DEFAULT_MAX_SHARD_SIZE = "50GB"
+_SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
 
 # Buffers older transformers versions saved next to the weights; they hold no learned values
 # (GPT-2's causal mask, Llama's rotary frequencies), so reading skips them.
@@ -84,8 +92,10 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
 
 
 def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
-          source=None) -> Path:
-    """Write `model` as a Hugging Face checkpoint: `out_dir/config.json` + `model.safetensors`.
+          source=None, max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write `model` as a Hugging Face checkpoint: `out_dir/config.json` + `model.safetensors`,
+    or, when the weights pass `max_shard_size`, shards `model-00001-of-0000N.safetensors` and
+    their index `model.safetensors.index.json`, as transformers' `save_pretrained` writes them.
 
     `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` then builds a
     `GPT2LMHeadModel` (family gpt2) or `LlamaForCausalLM` (family llama) with the same logits.
@@ -107,10 +117,18 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             GPT-2's config has bos = eos = 50256) the bos_token_id, from which
             transformers' `generate()` starts an unconditional sample.
         overwrite: allow replacing an existing checkpoint in out_dir.
-        source: optional path of the file `model` was read from; writing over it is refused
-            even with overwrite=True (it would destroy the model being converted).
+        source: optional path of the file `model` was read from; writing over (or removing)
+            it is refused even with overwrite=True (it would destroy the model being
+            converted).
+        max_shard_size: the largest weights file, in bytes (an int) or as huggingface_hub
+            writes it ("5GB", "100MB", "500KB": decimal units). Tensors are taken in order
+            and a new shard starts when the next one would pass the limit; a tensor larger
+            than the limit gets a shard of its own (huggingface_hub's rule). One shard is
+            written as `model.safetensors`, with no index. Default "50GB", transformers 5's.
 
-    Each file is written to a temporary name and moved into place (atomic per file);
+    Each file is written to a temporary name and moved into place (atomic per file); weights
+    files of an earlier checkpoint in out_dir that the new one does not use (a single file
+    replaced by shards, or shards of another split) are removed, as save_pretrained does;
     config.json comes last, so a directory with it holds a complete checkpoint.
 
     Returns:
@@ -118,34 +136,53 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
 
     Raises:
         ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none); an empty
-            out_dir.
-        FileExistsError: out_dir already holds model.safetensors or config.json (and
-            overwrite is False), or one of the files to write is `source` itself.
+            out_dir; a max_shard_size that is not a positive size.
+        FileExistsError: out_dir already holds model.safetensors, its index or config.json
+            (and overwrite is False), or one of the files to write or remove is `source`.
     """
     if not os.fspath(out_dir):  # Path("") is the current directory: never a silent default
         raise ValueError("to_hf: the output directory path is empty; give a directory such as "
                          "exported/")
+    limit = shard_size_bytes(max_shard_size)
     out = Path(out_dir)
-    targets = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / TOKENIZER_FILE]
+    cfg = model.cfg
+    tensors = _state_to_hf(cfg, model.state_dict())
+    shards = _split_into_shards(tensors, limit)
+    names = ([WEIGHTS_FILE] if len(shards) == 1 else
+             [SHARD_FILE.format(index=i + 1, count=len(shards)) for i in range(len(shards))])
+    stale = [p for p in (sorted(out.iterdir()) if out.is_dir() else [])
+             if p.name not in names and (p.name in (WEIGHTS_FILE, INDEX_FILE)
+                                         or _SHARD_NAME.fullmatch(p.name))]
+    if len(shards) > 1:
+        stale = [p for p in stale if p.name != INDEX_FILE]
+    targets = [out / n for n in names] + [out / INDEX_FILE, out / CONFIG_FILE,
+                                          out / TOKENIZER_FILE]
     if source is not None:
-        for target in targets:
+        for target in targets + stale:
             if target.exists() and os.path.samefile(target, source):
                 raise FileExistsError(f"{target} is the model being converted ({source}); "
                                       f"choose another directory")
-    existing = [t.name for t in targets[:2] if t.exists()]
+    existing = [n for n in (WEIGHTS_FILE, INDEX_FILE, CONFIG_FILE) if (out / n).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds {' and '.join(existing)}; choose a new "
                               f"directory or allow overwriting (overwrite=True, --force)")
-    cfg = model.cfg
     hf_config = config_to_hf(cfg)
     if tokenizer is not None:
         from .tokenizer import start_id
         hf_config["bos_token_id"] = start_id(tokenizer)
         hf_config["eos_token_id"] = int(tokenizer.eot_id)
-    tensors = _state_to_hf(cfg, model.state_dict())
     out.mkdir(parents=True, exist_ok=True)
-    atomic_replace(out / WEIGHTS_FILE,
-                   lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    for name, shard in zip(names, shards):
+        atomic_replace(out / name,
+                       lambda tmp, shard=shard: save_file(shard, tmp, metadata={"format": "pt"}))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+                 "weight_map": {tensor: name for name, shard in zip(names, shards)
+                                for tensor in shard}}
+        with atomic_write(out / INDEX_FILE, "w") as f:
+            f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    for path in stale:  # a reader must not find the earlier checkpoint's weights
+        path.unlink()
     spec = json.loads(tokenizer.to_json()) if tokenizer is not None else {}
     if spec.get("type") == "bpe":  # glassllm wraps the tokenizers-library JSON; unwrap it
         text = json.dumps(spec["tokenizer"], ensure_ascii=False)
@@ -155,6 +192,48 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     with atomic_write(out / CONFIG_FILE, "w") as f:
         f.write(text)
     return out
+
+
+def shard_size_bytes(size) -> int:
+    """A shard size in bytes: a positive int, or a string in huggingface_hub's units
+    ("5GB" = 5 * 10**9, "100MB", "500KB", "1TB"; `parse_size_to_int`).
+
+    Raises:
+        ValueError: anything else (zero, negative, an unknown unit, not a number).
+    """
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        value = int(size)
+    elif isinstance(size, str) and size.strip()[-2:].upper() in _SIZE_UNITS:
+        text = size.strip()
+        try:
+            value = int(float(text[:-2].strip()) * _SIZE_UNITS[text[-2:].upper()])
+        except ValueError:
+            value = 0
+    else:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"max_shard_size={size!r}: give a positive number of bytes or a size "
+                         f"such as '5GB', '100MB', '500KB'")
+    return value
+
+
+def _split_into_shards(tensors: dict[str, np.ndarray], limit: int) -> list[dict]:
+    """Tensors in order into shards of at most `limit` bytes: a new shard starts when the next
+    tensor would pass the limit, and a tensor larger than the limit is a shard of its own
+    (huggingface_hub's `split_state_dict_into_shards_factory`). At least one shard."""
+    shards, current, size = [], {}, 0
+    for name, tensor in tensors.items():
+        if tensor.nbytes > limit:
+            shards.append({name: tensor})
+            continue
+        if current and size + tensor.nbytes > limit:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = tensor
+        size += tensor.nbytes
+    if current or not shards:
+        shards.append(current)
+    return shards
 
 
 def stores_tokenizer(tokenizer, vocab_size: int) -> bool:
@@ -529,8 +608,19 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
 
 
 def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
+    """All tensors of one safetensors file as NumPy arrays.
+
+    Raises:
+        ValueError: a damaged file (safetensors' SafetensorError: header, offsets, UTF-8), or a
+            tensor dtype NumPy has no type for (safetensors' NumPy backend raises
+            AttributeError for float8 and float4, e.g. `numpy.float8_e4m3fn`). Anything else
+            (an OSError, MemoryError, Ctrl-C) propagates as it is.
+    """
     try:
         with safe_open(str(file), framework="numpy") as f:
             return {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as e:  # noqa: BLE001 -- safetensors' SafetensorError, TypeError on dtypes
+    except SafetensorError as e:
         raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+    except (AttributeError, TypeError) as e:
+        raise ValueError(f"{file}: not a readable safetensors file (a tensor dtype NumPy "
+                         f"cannot hold: {e})") from None

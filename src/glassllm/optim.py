@@ -27,7 +27,10 @@ class AdamW:
 
     State: `m`, `v` (one float array per parameter, zeros until first used), `t` (global step
     count) and `steps` (per-parameter update counts used for bias correction). No save/load.
-    Betas, shapes, dtypes and lr are not validated.
+    Betas, eps, dtypes and lr are not validated (spec 001: supply floating parameters and
+    mathematically valid controls). Gradient shapes are: `step` raises ValueError, before
+    changing anything, when a gradient's shape differs from its parameter's (NumPy would
+    broadcast a (1, n) gradient into an (n,) parameter silently).
     """
 
     def __init__(self, params: list[Tensor], lr: float = 0.003, betas=(0.9, 0.95),
@@ -156,7 +159,10 @@ def lr_schedule(step: int, total_steps: int, base_lr: float, warmup: int,
 
     step < warmup: base_lr * (step + 1) / warmup. Afterwards progress = (step - warmup) /
     (total_steps - warmup), capped at 1, and lr = min + (base - min) * (1 + cos(pi*progress))/2.
-    warmup=0 starts at base_lr; step >= total_steps gives the minimum.
+    warmup=0 starts at base_lr. As spec 001 says, step >= total_steps yields the minimum once
+    warmup has finished: a step still inside the warmup stays on the warmup line even past
+    total_steps (step 6, total_steps 5, warmup 10 gives 0.7 * base_lr). Updates run from 0 to
+    total_steps - 1, so the last rate may remain slightly above the minimum.
     """
     if step < warmup:
         return base_lr * (step + 1) / warmup

@@ -7,6 +7,16 @@ do their elementwise passes on slices of rows, and `for_slices` runs those slice
 pool of threads: NumPy releases the GIL inside a ufunc loop, so the threads truly run at the
 same time. Slices of about 256K elements also keep the passes over a slice in cache.
 
+Matrix products, by default, run on BLAS's own threads. In *split mode*
+(`set_split_matmuls(True)`, which `glassllm.cpu.use_threads` turns on) BLAS runs on one
+thread and the fused ops cut their products into row slices that this pool runs instead
+(`for_thread_slices`), attention per slice of batch rows. Then one set of threads does all
+the work: OpenBLAS's own workers spin for a while after each product, and when they share
+the cores with this pool, every elementwise pass that follows waits for a thread that the
+scheduler has parked behind a spinning one (on a busy machine a step became 13x slower).
+Each output row of a product is computed the same way whichever slice it is in, so the
+results are the same bits on any thread count.
+
 The work function must only write to its own slice of preallocated outputs. Calls from
 inside a worker run serially (no nested pools, no deadlock). The caller's autocast state
 (per thread, `glassllm.amp`) is carried into the workers, so a matrix product in a work
@@ -32,6 +42,7 @@ MIN_PARALLEL_ELEMENTS = 1 << 16
 
 _num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
     else (os.cpu_count() or 1)
+_split_matmuls = False
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = None
 _in_worker = threading.local()
@@ -55,6 +66,18 @@ def set_num_threads(n: int) -> None:
     if _pool is not None:
         _pool.shutdown(wait=True)
         _pool = None
+
+
+def split_matmuls() -> bool:
+    """True in split mode: the fused ops split their matrix products over this pool."""
+    return _split_matmuls
+
+
+def set_split_matmuls(on: bool) -> None:
+    """Turn split mode on or off (see the module doc). BLAS should then run on one thread,
+    which `glassllm.cpu.use_threads` arranges; on its own this only changes who splits."""
+    global _split_matmuls
+    _split_matmuls = bool(on)
 
 
 def _get_pool() -> ThreadPoolExecutor:
@@ -120,5 +143,24 @@ def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
                for i, part in enumerate(parts) if i % n]
     for part in parts[::n]:
         _run_as_worker(fn, part, low)
+    for future in futures:
+        future.result()
+
+
+def for_thread_slices(fn: Callable[[slice], None], n_rows: int) -> None:
+    """Call fn(rows) for one contiguous slice of range(n_rows) per thread, in parallel (for
+    matrix products, whose BLAS calls want big pieces). Serial on one thread or in a worker.
+    """
+    n = _num_threads
+    if n == 1 or n_rows < 2 or getattr(_in_worker, "active", False):
+        if n_rows:
+            fn(slice(0, n_rows))
+        return
+    rows = -(-n_rows // min(n, n_rows))
+    parts = [slice(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
+    pool = _get_pool()
+    low = amp.matmul_dtype()
+    futures = [pool.submit(_run_as_worker, fn, part, low) for part in parts[1:]]
+    _run_as_worker(fn, parts[0], low)
     for future in futures:
         future.result()

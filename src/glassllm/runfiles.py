@@ -127,12 +127,25 @@ def write_history_csv(path, history: list[dict]) -> str:
     return os.fspath(path)
 
 
-def write_plot(history_csv, png) -> str | None:
-    """loss.png from a history CSV (`glassllm.plots.plot_history`); None if plotting is
-    unavailable or fails: the run's results are already saved, and a missing picture must not
-    turn success into an error."""
+def write_plot(history_csv, png, on_failure=None) -> str | None:
+    """loss.png from a history CSV (`glassllm.plots.plot_history`). Returns its path, or None
+    if plotting is unavailable or fails: the run's results are already saved, and a missing
+    picture must not turn success into an error -- but it is said, never swallowed.
+
+    Args:
+        on_failure: called with a one-line message ("<png> not written: <error type>:
+            <error>") when the plot fails; default: `warnings.warn(message, RuntimeWarning)`.
+            The CLI prints it as one stderr line. Ctrl-C (KeyboardInterrupt) propagates.
+    """
     try:
         from .plots import plot_history
         return plot_history(history_csv, png)
-    except Exception:  # noqa: BLE001 -- matplotlib backends fail in many ways
+    except Exception as e:  # noqa: BLE001 -- matplotlib backends fail in many ways; reported
+        detail = " ".join(str(e).split()) or "no message"
+        message = f"{os.fspath(png)} not written: {type(e).__name__}: {detail}"
+        if on_failure is None:
+            import warnings
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        else:
+            on_failure(message)
         return None

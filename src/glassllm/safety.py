@@ -111,8 +111,10 @@ class TrainStep:
     def __call__(self, x, y, lr: float, step: int) -> StepRecord:
         """Forward on batch (x, y) (B, T) ids, backward, checks, clip, AdamW step at `lr`.
 
-        Returns the StepRecord. Exceptions of the model (bad ids, shapes) propagate before
-        any state changes.
+        Returns the StepRecord. Exceptions of the model's forward (bad ids, shapes)
+        propagate before the weights, AdamW moments and step counts or the loss scale change;
+        the gradients are already cleared by then (`optimizer.zero_grad()` comes first, as in
+        spec 001's loop, so every `.grad` is None afterwards).
         """
         self.optimizer.zero_grad()
         scaler = self.scaler

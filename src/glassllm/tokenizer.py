@@ -306,7 +306,9 @@ class BPETokenizer:
                 raise FileNotFoundError(f"GPT-2 tokenizer file not found: {path}")
         try:
             model = models.BPE.from_file(os.fspath(vocab_json), os.fspath(merges_txt))
-        except Exception as e:  # tokenizers raises its own Exception type
+        except Exception as e:  # tokenizers raises plain Exception for a bad file
+            if type(e) is not Exception:  # MemoryError, OSError...: not about the content
+                raise
             raise ValueError(f"cannot read GPT-2 tokenizer files {vocab_json}, {merges_txt}: "
                              f"{e}") from None
         tok = cls._byte_level(Tokenizer(model))
@@ -392,7 +394,9 @@ class BPETokenizer:
             raise ValueError("BPE tokenizer JSON has no tokenizer model")
         try:
             tok = Tokenizer.from_str(json.dumps(inner))
-        except Exception as e:  # tokenizers raises its own Exception type
+        except Exception as e:  # tokenizers raises plain Exception for a bad description
+            if type(e) is not Exception:  # MemoryError...: not about the content
+                raise
             raise ValueError(f"BPE tokenizer JSON cannot be loaded: {e}") from None
         return cls(tok, eot_token)
 

@@ -1,0 +1,93 @@
+"""One decoding step of a llama-family GlassLM over plain arrays, llama2.c's `forward` style.
+
+Decoding feeds one token at a time, and for a small model each of the ~15 fused ops per
+layer costs more in Python and NumPy call overhead than in arithmetic (stories260K: about
+85% of a token's time). `step` is the same computation as `GlassLM.forward` for a single
+position against a `KVCache` -- the same formulas in the same order, so the same bits -- with
+none of its bookkeeping: no Tensor objects or graph closures, no id validation per layer, no
+slicing into thread-pool work, one vector per matrix product. The whole sequence of a layer
+reads top to bottom as in llama2.c's run.c.
+
+`GlassLM.forward` stays the definition (and does the prompt, batches, and the gpt2 family);
+`tests/test_decode.py` checks that `step` gives its logits exactly.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import amp
+from .model import GlassLM, KVCache
+
+_mm = amp.matmul  # every matrix product goes through the autocast hook (here: float32)
+
+
+def supports(model: GlassLM, cache: KVCache) -> bool:
+    """True when `step` applies: a llama-family model, a batch of one, float32 weights and
+    no autocast (which rounds every product: `GlassLM.forward` does that)."""
+    return (model.cfg.family == "llama" and cache.k.shape[1] == 1
+            and amp.matmul_dtype() is None
+            and model.token_embedding.weight.data.dtype == np.float32)
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    # as functional.rms_norm_forward: rstd = 1 / sqrt(mean(x^2) + eps); (x * rstd) * weight
+    rstd = np.divide(1.0, np.sqrt(np.einsum("...i,...i->...", x, x)[..., None] / x.shape[-1]
+                                  + eps))
+    return (x * rstd) * weight
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    # as functional.rope: x * cos + rotate_half(x) * sin, rotate_half(a, b) = (-b, a)
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    rotated *= sin
+    return x * cos + rotated
+
+
+def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
+    """Logits (V,) float32 for `token` at position cache.length; advances the cache by one.
+
+    Requires `supports(model, cache)`; the token id must be valid (the caller checks it).
+
+    Raises:
+        ValueError: the cache is full (cache.length == max_len).
+    """
+    cfg = model.cfg
+    pos = cache.length
+    if pos >= cfg.max_len:
+        raise ValueError(f"decode.step: the KV cache is full ({cfg.max_len} positions)")
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    G = H // Hkv
+    scale = 1.0 / math.sqrt(D)
+    cos, sin = model.rope_cos[pos:pos + 1], model.rope_sin[pos:pos + 1]  # (1, D)
+    x = model.token_embedding.weight.data[token][None, :]  # (1, C)
+    for layer, block in enumerate(model.blocks):
+        attention, mlp = block.attention, block.mlp
+        # attention: q, k, v of this position; k, v appended to the cache
+        h = _rms_norm(x, block.attention_norm.weight.data, cfg.norm_eps)
+        q = _rope(_mm(h, attention.query.weight.data).reshape(1, H, D), cos, sin)
+        k = _rope(_mm(h, attention.key.weight.data).reshape(1, Hkv, D), cos, sin)
+        cache.k[layer, 0, pos] = k[0]
+        cache.v[layer, 0, pos] = _mm(h, attention.value.weight.data).reshape(Hkv, D)
+        keys = cache.k[layer, 0, :pos + 1].transpose(1, 2, 0)   # (Hkv, D, T)
+        values = cache.v[layer, 0, :pos + 1].transpose(1, 0, 2)  # (Hkv, T, D)
+        # the G query heads of a KV head as G rows (functional.causal_attention's layout)
+        scores = _mm(q.reshape(Hkv, G, D) * scale, keys)  # (Hkv, G, T)
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        y = _mm(scores, values).reshape(1, H * D)
+        x = x + _mm(y, attention.output.weight.data)
+        # SwiGLU MLP: down(silu(gate) * up)
+        h = _rms_norm(x, block.mlp_norm.weight.data, cfg.norm_eps)
+        gate, up = _mm(h, mlp.gate.weight.data), _mm(h, mlp.up.weight.data)
+        with np.errstate(over="ignore"):  # exp(-gate) = inf for gate < -88: sigmoid 0
+            sigmoid = 1.0 / (np.exp(-gate) + 1.0)
+        x = x + _mm((gate * sigmoid) * up, mlp.down.weight.data)
+    cache.length = pos + 1
+    x = _rms_norm(x, model.final_norm.weight.data, cfg.norm_eps)
+    if cfg.tie_embeddings:
+        return _mm(x, model.token_embedding.weight.data.T)[0]
+    return _mm(x, model.lm_head.weight.data)[0]

@@ -1,0 +1,67 @@
+"""Rules of the library's source that a reviewer would otherwise check by grep.
+
+No failure is swallowed: every `except:`, `except Exception` and `except BaseException` in
+src/glassllm either re-raises (`raise`, or raise of another, clearer exception) or reports
+what happened (a warning, a message through a callback, a print), as the project's guide asks
+("real bad input gets a clear error, nothing is lost").
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "glassllm"
+BROAD = {"Exception", "BaseException"}
+REPORTS = {"warn", "print", "on_failure"}  # warnings.warn(...), print(...), a callback
+
+
+def broad(handler: ast.ExceptHandler) -> bool:
+    kinds = handler.type
+    if kinds is None:
+        return True
+    names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+    return any(isinstance(n, ast.Name) and n.id in BROAD for n in names)
+
+
+def reraises_or_reports(handler: ast.ExceptHandler) -> bool:
+    for node in ast.walk(ast.Module(body=handler.body, type_ignores=[])):
+        if isinstance(node, ast.Raise):
+            return True
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in REPORTS:
+                return True
+    return False
+
+
+def swallowing_handlers(source: str, filename: str) -> list[str]:
+    return [f"{filename}:{node.lineno}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ExceptHandler) and broad(node)
+            and not reraises_or_reports(node)]
+
+
+def test_no_broad_except_swallows_an_error():
+    files = sorted(SRC.glob("*.py"))
+    assert len(files) > 10
+    found = [where for path in files
+             for where in swallowing_handlers(path.read_text(encoding="utf-8"), path.name)]
+    assert found == [], f"broad except clauses that neither re-raise nor report: {found}"
+
+
+def test_the_rule_sees_a_swallowed_error():
+    swallowed = "try:\n    f()\nexcept Exception:\n    return None\n"
+    bare = "try:\n    f()\nexcept:\n    pass\n"
+    in_tuple = "try:\n    f()\nexcept (ValueError, BaseException) as e:\n    x = e\n"
+    for source in (swallowed, bare, in_tuple):
+        assert swallowing_handlers(f"def g():\n{_indent(source)}", "x.py") == ["x.py:4"]
+    fine = ["try:\n    f()\nexcept Exception:\n    cleanup()\n    raise\n",
+            "try:\n    f()\nexcept Exception as e:\n    raise ValueError(str(e)) from None\n",
+            "try:\n    f()\nexcept Exception as e:\n    warnings.warn(str(e))\n",
+            "try:\n    f()\nexcept ValueError:\n    pass\n"]  # a narrow clause may handle it
+    for source in fine:
+        assert swallowing_handlers(f"def g():\n{_indent(source)}", "x.py") == []
+
+
+def _indent(text: str) -> str:
+    return "".join("    " + line + "\n" for line in text.splitlines())
