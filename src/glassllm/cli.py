@@ -1,4 +1,4 @@
-"""The `glassllm` command line: train, generate, prepare, convert, plot.
+"""The `glassllm` command line: train, generate, prepare, convert, plot, inspect.
 
 Each subcommand is a pair of functions: `add_<name>(subparsers)` declares its options and
 `run_<name>(args)` does the work. This is the only module that prints (through tqdm and
@@ -35,7 +35,8 @@ _TRAIN_INT_BOUNDS = {
     "n_kv_heads": (1, 1 << 12), "seq_len": (1, 1 << 20), "batch_size": (1, 1 << 20),
     "steps": (0, 10**9), "warmup": (0, 10**9), "eval_every": (1, 10**9),
     "eval_batches": (1, 10**6), "seed": (0, 2**63 - 1), "checkpoint_every": (1, 10**9),
-    "max_consecutive_skips": (1, 10**9), "threads": (1, 1024), "grad_accum": (1, 1 << 20),
+    "max_consecutive_skips": (1, 10**9), "threads": (1, 1024), "health_every": (1, 10**9),
+    "grad_accum": (1, 1 << 20),
 }
 # lr > 0 (hi None: a lower bound only); rate in [0, 1)
 _TRAIN_FLOAT_BOUNDS = {"lr": (0.0, None), "max_skip_rate": (0.0, 1.0),
@@ -108,6 +109,11 @@ def add_train(sub) -> None:
                         "step's included)")
     g.add_argument("--checkpoint-every", type=int, metavar="N",
                    help="write a checkpoint every N updates (always on Ctrl-C)")
+    g.add_argument("--health-every", type=int, metavar="N",
+                   help="every N updates, measure training health (update:data ratio, "
+                        "gradient and weight norms per tensor, activation statistics, "
+                        "attention entropy, clip events) into health.jsonl next to --out; a "
+                        "one-line warning when a ratio stays out of its band")
     g.add_argument("--checkpoint", metavar="PATH",
                    help="checkpoint file (default: checkpoint.safetensors next to --out; "
                         "with --resume, the resumed file)")
@@ -160,6 +166,8 @@ def run_train(args) -> int:
 def _prepare_train(args, comm, held):
     """Settings, model config, corpus, checkpoint and output paths of a run; on rank 0 the
     outputs checked, their directories made and locked (until `held` closes)."""
+    import dataclasses
+
     from . import checkpoint, runfiles
     from .data import check_same_data, load_corpus
     from .lock import lock_outputs
@@ -199,9 +207,14 @@ def _prepare_train(args, comm, held):
         sources = args.data
     paths = runfiles.run_paths(out, _first_given(args.checkpoint, args.resume),
                                settings.log_csv)
+    health_every = _first_given(args.health_every, settings.health_every)
+    settings = dataclasses.replace(  # health.jsonl lives beside history.csv
+        settings, health_every=health_every,
+        health_log=paths["health_jsonl"] if health_every is not None else None)
     outputs = {"--out": paths["model"], "--checkpoint": paths["checkpoint"],
                "--log-csv": paths["log_csv"],
                "history.csv (next to --out)": paths["history_csv"],
+               "health.jsonl (next to --out)": settings.health_log,
                "loss.png (next to --out)": paths["plot"]}
     writer = comm.rank == 0  # the one rank that writes
     if writer:
@@ -235,8 +248,8 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     from .distributed import RanksDisagree
     from .model import GlassLM
     from .safety import SkipRateExceeded
-    from .train import (Checkpointed, Evaluated, NonFiniteLossError, Resumed, Saved, Started,
-                        Stepped, Trainer, TrainingInterrupted)
+    from .train import (Checkpointed, Evaluated, HealthWarning, NonFiniteLossError, Resumed,
+                        Saved, Started, Stepped, Trainer, TrainingInterrupted)
 
     out = paths["model"]
     model = GlassLM(cfg, seed=settings.seed)
@@ -294,6 +307,8 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
             bar.write(f"{'':14}saved (best so far) -> {event.path}")
         elif isinstance(event, Checkpointed):
             bar.write(f"{'':14}checkpoint after {event.step} steps -> {event.path}")
+        elif isinstance(event, HealthWarning):
+            bar.write(f"warning: {event.message}")
 
     try:
         # A diverging run overflows inside NumPy; the loop itself detects and reports
@@ -698,7 +713,8 @@ def run_prepare(args) -> int:
 
 
 def add_plot(sub) -> None:
-    p = sub.add_parser("plot", help="draw a run's loss and learning-rate curves to an image")
+    p = sub.add_parser("plot", help="draw a run's loss and learning-rate curves (and its "
+                                    "health.jsonl panels, when present) to images")
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="directory holding history.csv (or history.jsonl)")
     p.add_argument("--out", default=None,
@@ -708,13 +724,19 @@ def add_plot(sub) -> None:
 
 
 def run_plot(args) -> int:
-    from .plots import find_history, plot_history
+    from .plots import find_history, plot_health, plot_history
 
     if not os.path.isdir(args.run_dir):
         raise FileNotFoundError(f"run directory not found: {args.run_dir}")
     out = os.path.join(args.run_dir, "loss.png") if args.out is None else args.out
     plot_history(find_history(args.run_dir), out)
     print(out, flush=True)
+    health = os.path.join(args.run_dir, "health.jsonl")
+    if os.path.isfile(health):  # health.png (or OUT-health.SUFFIX) beside the loss plot
+        stem, suffix = os.path.splitext(out)
+        image = os.path.join(args.run_dir, "health.png") if args.out is None else \
+            f"{stem}-health{suffix}"
+        print(plot_health(health, image), flush=True)
     return 0
 
 
@@ -898,7 +920,69 @@ def _convert_to_llama2c(args):
     return model, None
 
 
-SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert]
+# --------------------------------------------------------------------------------- inspect
+def add_inspect(sub) -> None:
+    p = sub.add_parser(
+        "inspect", help="look inside a model on one prompt: terminal summary + HTML report",
+        description="Run a model on a prompt and show what it computes: tokens coloured by "
+                    "surprise, the logit lens per layer, the largest direct logit attributions "
+                    "and head types in the terminal, and one self-contained HTML page "
+                    "(attention per layer and head, logit lens grid, surprise, attribution "
+                    "bars; training curves and health panels with --run).")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="glassllm model file or Hugging Face directory (as generate)")
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="text to inspect")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer instead of the model's (as generate: a tokenizer JSON, a "
+                        "GPT-2 vocab.json + merges.txt directory, llama2.c's tokenizer.bin, or "
+                        "`byte`)")
+    p.add_argument("--out", default="report.html", metavar="FILE",
+                   help="HTML report to write (default report.html)")
+    p.add_argument("--run", default=None, metavar="DIR",
+                   help="training run directory (history.csv, health.jsonl) to add its curves")
+    p.add_argument("--top-k", type=int, default=5, metavar="K",
+                   help="alternatives shown per position (default 5)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the terminal summary (default: when stdout is a terminal)")
+    p.set_defaults(func=run_inspect)
+
+
+def run_inspect(args) -> int:
+    from .report import inspect_model, summary, write_html
+
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(f"--prompt is not valid UTF-8 text (undecodable byte(s) at character "
+                         f"{e.start})") from None
+    if args.top_k < 1:
+        raise UsageError(f"--top-k must be >= 1, got {args.top_k}")
+    if not args.out.lower().endswith((".html", ".htm")):
+        raise UsageError(f"--out {args.out}: the report is HTML; give a .html path")
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    if args.tokenizer is not None:
+        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
+    elif tokenizer is None:
+        raise UsageError(f"{args.model} has no tokenizer (a weights-only model); give one with "
+                         f"--tokenizer PATH")
+    ids = [int(i) for i in tokenizer.encode(args.prompt)]
+    if getattr(tokenizer, "bos_id", None) is not None:  # as generate: BOS starts a context
+        ids = [int(tokenizer.bos_id)] + ids
+    if len(ids) < 2:
+        raise UsageError(f"--prompt is {len(ids)} token(s); inspect needs at least 2 (one to "
+                         f"predict)")
+    if len(ids) > model.cfg.max_len:
+        raise UsageError(f"--prompt is {len(ids)} tokens, over this model's max_len "
+                         f"{model.cfg.max_len}")
+    ins = inspect_model(model, ids, tokenizer, run_dir=args.run, k=args.top_k,
+                        title=f"glassllm inspect: {os.path.basename(args.model.rstrip(os.sep))}")
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    print(summary(ins, color=color), flush=True)
+    print(f"report: {write_html(ins, args.out)}", flush=True)
+    return 0
+
+
+SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert, add_inspect]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,12 @@ from .tensor import Tensor
 
 FAMILIES = ("llama", "gpt2")
 
+# The glass box's one hook. `glassllm.trace.Trace` puts itself here while it runs; every site
+# below that exposes a named value is `if _trace is not None:`, a global lookup and a compare
+# when nothing is traced, so the plain forward pays nothing measurable
+# (bench/trace_overhead.py). The names are frozen and documented in `glassllm.trace.NAMES`.
+_trace = None
+
 
 @dataclasses.dataclass
 class Config:
@@ -243,12 +249,17 @@ class Attention(Module):
     def __call__(self, x: Tensor, rope_cos, rope_sin, cache: KVCache | None, layer: int):
         cfg = self.cfg
         B, T, _ = x.shape
+        if _trace is not None:
+            x = _trace.tap(f"blocks.{layer}.attention.input", x)
         q = self.query(x).reshape(B, T, cfg.n_heads, cfg.head_dim)
         k = self.key(x).reshape(B, T, cfg.n_kv_heads, cfg.head_dim)
         v = self.value(x).reshape(B, T, cfg.n_kv_heads, cfg.head_dim)
         if rope_cos is not None:
             q = F.rope(q, rope_cos, rope_sin)
             k = F.rope(k, rope_cos, rope_sin)
+        if _trace is not None:
+            q, k, v = (_trace.tap(f"blocks.{layer}.attention.{name}", t)
+                       for name, t in (("q", q), ("k", k), ("v", v)))
         start = 0
         if cache is not None:  # decoding: append this step's keys/values, attend to all
             start = cache.length
@@ -256,8 +267,15 @@ class Attention(Module):
             cache.v[layer, :, start:start + T] = v.data
             k = Tensor(cache.k[layer, :, :start + T])
             v = Tensor(cache.v[layer, :, :start + T])
-        y = F.causal_attention(q, k, v, q_start=start)
-        return self.output(y.reshape(B, T, cfg.d_model))
+        if _trace is None:
+            y = F.causal_attention(q, k, v, q_start=start)
+        else:  # the fused op never forms the T x T pattern: the trace makes it when asked
+            y = _trace.tap(f"blocks.{layer}.attention.head_output",
+                           _trace.attention(layer, q, k, v, start))
+        y = self.output(y.reshape(B, T, cfg.d_model))
+        if _trace is not None:
+            y = _trace.tap(f"blocks.{layer}.attention.output", y)
+        return y
 
 
 class MLP(Module):
@@ -272,10 +290,25 @@ class MLP(Module):
         self.down = Linear(cfg.d_ff, cfg.d_model, rng, bias,
                            std=0.02 / math.sqrt(2 * cfg.n_layers))
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, layer: int = 0) -> Tensor:
+        if _trace is not None:
+            x = _trace.tap(f"blocks.{layer}.mlp.input", x)
+        pre = self.gate(x) if self.swiglu else self.up(x)  # the activation's input
+        if _trace is not None:
+            pre = _trace.tap(f"blocks.{layer}.mlp.hidden_pre", pre)
         if self.swiglu:
-            return self.down(F.swiglu(self.gate(x), self.up(x)))
-        return self.down(F.gelu(self.up(x)))
+            up = self.up(x)
+            if _trace is not None:
+                up = _trace.tap(f"blocks.{layer}.mlp.up", up)
+            hidden = F.swiglu(pre, up)
+        else:
+            hidden = F.gelu(pre)
+        if _trace is not None:
+            hidden = _trace.tap(f"blocks.{layer}.mlp.hidden_post", hidden)
+        y = self.down(hidden)
+        if _trace is not None:
+            y = _trace.tap(f"blocks.{layer}.mlp.output", y)
+        return y
 
 
 class Block(Module):
@@ -289,8 +322,15 @@ class Block(Module):
         self.mlp = MLP(cfg, rng)
 
     def __call__(self, x, rope_cos, rope_sin, cache, layer):
+        if _trace is not None:
+            x = _trace.tap(f"blocks.{layer}.residual_in", x)
         x = x + self.attention(self.attention_norm(x), rope_cos, rope_sin, cache, layer)
-        return x + self.mlp(self.mlp_norm(x))
+        if _trace is not None:
+            x = _trace.tap(f"blocks.{layer}.residual_mid", x)
+        x = x + self.mlp(self.mlp_norm(x), layer)
+        if _trace is not None:
+            x = _trace.tap(f"blocks.{layer}.residual_out", x)
+        return x
 
 
 def _check_fits_in_memory(cfg: Config) -> None:
@@ -385,9 +425,14 @@ class GlassLM(Module):
         idx = self.check_ids(idx, start=start)
         T = idx.shape[1]
         x = self.token_embedding(idx)
+        if _trace is not None:
+            x = _trace.tap("token_embedding", x)
         cos = sin = None
         if cfg.family == "gpt2":
-            x = x + self.position_embedding(np.arange(start, start + T))
+            positions = self.position_embedding(np.arange(start, start + T))
+            if _trace is not None:
+                positions = _trace.tap("position_embedding", positions)
+            x = x + positions
         else:
             cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
         for layer, block in enumerate(self.blocks):
@@ -395,9 +440,15 @@ class GlassLM(Module):
         if cache is not None:
             cache.length = start + T
         x = self.final_norm(x)
+        if _trace is not None:
+            x = _trace.tap("final_norm", x)
         if cfg.tie_embeddings:
-            return F.unembed(x, self.token_embedding.weight)
-        return self.lm_head(x)
+            logits = F.unembed(x, self.token_embedding.weight)
+        else:
+            logits = self.lm_head(x)
+        if _trace is not None:
+            logits = _trace.tap("logits", logits)
+        return logits
 
     def loss(self, idx, targets) -> Tensor:
         """Mean next-token cross-entropy in nats (scalar Tensor).
@@ -409,5 +460,6 @@ class GlassLM(Module):
         targets = self.check_ids(targets, what="targets")
         if targets.shape != idx.shape:
             raise ValueError(f"targets shape {targets.shape} differs from idx shape {idx.shape}")
-        # the logits never leave this method, so the loss may reuse their buffer
-        return F.cross_entropy(self.forward(idx), targets, overwrite_logits=True)
+        # the logits never leave this method, so the loss may reuse their buffer (unless a
+        # trace keeps them)
+        return F.cross_entropy(self.forward(idx), targets, overwrite_logits=_trace is None)

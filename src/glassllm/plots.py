@@ -177,3 +177,72 @@ def _image_format(path: str, supported: dict) -> str:
         raise ValueError(f"{path}: cannot write .{suffix} images; use one of "
                          f"{', '.join('.' + k for k in sorted(supported))}")
     return suffix
+
+
+# (group, key, title, log scale) of the health panels: one per kind of number
+HEALTH_PANELS = (
+    ("params", "update_to_data_log10", "update:data ratio (log10) per tensor", False),
+    ("params", "grad_norm", "gradient norm per tensor", True),
+    ("params", "grad_to_data", "grad:data ratio per tensor", True),
+    ("params", "weight_norm", "weight norm per tensor", False),
+    ("activations", "std", "activation std per layer", False),
+    ("activations", "saturated", "saturated fraction per layer", False),
+    ("activations", "dead", "dead-unit fraction per layer", False),
+    ("attention", "entropy", "attention entropy per head (nats)", False),
+)
+
+
+def plot_health(rows, path, bands: dict | None = None) -> str:
+    """Draw a run's health rows (`glassllm.health`, health.jsonl) against step, one panel
+    per kind (HEALTH_PANELS, plus the global gradient norm with clip and skip events), each
+    watched ratio's healthy band shaded; write an image (format from path's suffix).
+
+    rows: a list of dicts or the path of a health.jsonl. Returns path.
+    Raises ValueError: no rows, or an image suffix matplotlib cannot write.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from .health import BANDS, read_health
+
+    path = os.fspath(path)
+    image_format = _image_format(path, FigureCanvasAgg.get_supported_filetypes())
+    if isinstance(rows, (str, os.PathLike)):
+        rows = read_health(rows)
+    rows = [r for r in rows if isinstance(r, dict) and isinstance(r.get("step"), (int, float))]
+    if not rows:
+        raise ValueError("no health rows to plot (train with --health-every N)")
+    bands = BANDS if bands is None else bands
+    steps = [r["step"] for r in rows]
+    fig = Figure(figsize=(14, 10), dpi=90)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(3, 3).reshape(-1)
+    for ax, (group, key, title, log) in zip(axes, HEALTH_PANELS):
+        names = list(dict.fromkeys(n for r in rows for n in (r.get(group) or {})))
+        for name in names:
+            ys = [_number(((r.get(group) or {}).get(name) or {}).get(key)) for r in rows]
+            if not all(math.isnan(y) for y in ys):
+                ax.plot(steps, ys, linewidth=1, label=name if len(names) <= 8 else None)
+        if key in bands:
+            ax.axhspan(*bands[key], color="tab:green", alpha=0.08)
+        if log and ax.lines:
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        if 0 < len(names) <= 8 and ax.lines:
+            ax.legend(fontsize=6)
+    ax = axes[-1]
+    ax.plot(steps, [_number(r.get("global_grad_norm")) for r in rows], label="grad norm")
+    for key, marker in (("clip_events", "x"), ("skipped_steps", "v")):
+        counts = [_number(r.get(key)) for r in rows]
+        hits = [(s, c) for s, c in zip(steps, counts) if c and not math.isnan(c)]
+        if hits:
+            ax.plot(*zip(*hits), marker, linestyle="none", label=key.replace("_", " "))
+    ax.set_title("global gradient norm, clip / skip events since last row", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    for ax in axes[-3:]:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    atomic_replace(path, lambda tmp: fig.savefig(tmp, format=image_format))
+    return path

@@ -28,7 +28,7 @@ HISTORY_COLUMNS = ("step", "train_loss", "val_loss", "lr")
 def run_paths(model_path, checkpoint=None, log_csv=None) -> dict[str, str | None]:
     """The paths of one run, from its model file: {"model", "checkpoint" (given, or
     checkpoint.safetensors beside the model), "log_csv" (given or None), "history_csv",
-    "plot"} (the last two beside the model file)."""
+    "health_jsonl", "plot"} (the last three beside the model file)."""
     model_path = os.fspath(model_path)
     run_dir = os.path.dirname(os.path.abspath(model_path)) if model_path else ""
     return {"model": model_path,
@@ -36,6 +36,7 @@ def run_paths(model_path, checkpoint=None, log_csv=None) -> dict[str, str | None
             else os.path.join(run_dir, "checkpoint.safetensors"),
             "log_csv": None if log_csv is None else os.fspath(log_csv),
             "history_csv": os.path.join(run_dir, "history.csv"),
+            "health_jsonl": os.path.join(run_dir, "health.jsonl"),
             "plot": os.path.join(run_dir, "loss.png")}
 
 

@@ -32,6 +32,7 @@ from . import distributed
 from .atomic import atomic_write
 from .data import check_same_data, data_identity
 from .data import get_batch  # the one batch sampler; re-exported here for spec 001
+from .health import HealthChecked, HealthMonitor, HealthWarning  # noqa: F401 (run's events)
 from .lock import lock_outputs
 from .model import GlassLM, dataclass_from_dict
 from .optim import AdamW, clip_grad_norm, lr_schedule
@@ -197,6 +198,12 @@ class TrainSettings:
         checkpoint_every: write a checkpoint after every N completed updates (None: only on
             Ctrl-C). Needs the trainer's checkpoint_path.
         weight_decay: AdamW's decoupled decay. min_lr_ratio: the schedule's floor.
+        health_every: measure training health every N updates (`glassllm.health`: per-tensor
+            update:data ratio, gradient and weight norms, activation statistics, attention
+            entropy, clip and skip counts) and report `HealthChecked` / `HealthWarning`
+            events; None: never. It does not change the updates (bit-identical).
+        health_log: health.jsonl to append those rows to (None: events only); needs
+            health_every.
 
     Raises:
         ValueError: a field out of range (named in the message).
@@ -219,25 +226,35 @@ class TrainSettings:
     weight_decay: float = 0.1
     min_lr_ratio: float = 0.1
     eval_seed: int = EVAL_SEED
+    health_every: int | None = None
+    health_log: str | None = None
     grad_accum: int = 1
 
     # Field types, checked strictly: int(2.7) == 2 and int(True) == 1 would let a float or a
     # bool through, and a NumPy integer would not survive the checkpoint's JSON.
     INT_FIELDS = ("steps", "batch_size", "seq_len", "warmup", "eval_every", "eval_batches",
-                  "seed", "checkpoint_every", "eval_seed", "max_consecutive_skips", "grad_accum")
+                  "seed", "checkpoint_every", "eval_seed", "max_consecutive_skips",
+                  "health_every", "grad_accum")
     FLOAT_FIELDS = ("lr", "clip", "max_skip_rate", "weight_decay", "min_lr_ratio")
 
     def __post_init__(self):
         for name in self.INT_FIELDS + self.FLOAT_FIELDS:
             value = getattr(self, name)
-            if value is None and name in ("checkpoint_every", "max_skip_rate"):
+            if value is None and name in ("checkpoint_every", "max_skip_rate", "health_every"):
                 continue
             setattr(self, name, _checked_number(name, value, integer=name in self.INT_FIELDS))
-        if self.log_csv is not None:
-            if not isinstance(self.log_csv, (str, os.PathLike)):
-                raise ValueError(f"TrainSettings.log_csv must be a path or None, "
-                                 f"got {self.log_csv!r}")
-            self.log_csv = os.fspath(self.log_csv)
+        for name in ("log_csv", "health_log"):
+            value = getattr(self, name)
+            if value is not None:
+                if not isinstance(value, (str, os.PathLike)):
+                    raise ValueError(f"TrainSettings.{name} must be a path or None, "
+                                     f"got {value!r}")
+                setattr(self, name, os.fspath(value))
+        if self.health_every is not None and self.health_every <= 0:
+            raise ValueError(f"TrainSettings.health_every must be positive, "
+                             f"got {self.health_every}")
+        if self.health_log is not None and self.health_every is None:
+            raise ValueError("TrainSettings.health_log needs health_every")
         positive = ("batch_size", "seq_len", "eval_every", "eval_batches",
                     "max_consecutive_skips", "grad_accum")
         for name in positive:
@@ -267,7 +284,7 @@ class TrainSettings:
             raise ValueError(f"TrainSettings.weight_decay must be >= 0, got {self.weight_decay}")
 
     # Fields that only say where output goes: a resumed run may change them.
-    OUTPUT_FIELDS = ("log_csv", "checkpoint_every")
+    OUTPUT_FIELDS = ("log_csv", "checkpoint_every", "health_every", "health_log")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -548,8 +565,8 @@ class Trainer:
         emit = on_event if on_event is not None else (lambda event: None)
         if comm.rank != 0:
             emit = (lambda event: None)  # rank 0 alone reports
-        outputs = [self.model_path, self.checkpoint_path, self.settings.log_csv] \
-            if comm.rank == 0 else []
+        outputs = [self.model_path, self.checkpoint_path, self.settings.log_csv,
+                   self.settings.health_log] if comm.rank == 0 else []
         with contextlib.ExitStack() as held:
             with distributed.agreement(comm):  # a no-op on one process
                 self._check_data(model)
@@ -606,6 +623,12 @@ class Trainer:
                 monitor.update(bool(entry.get("skipped")), entry["step"])
         skipped_in_a_row = _trailing_skips(history)
         csv_log = self._open_csv(start, resumed=resume is not None)
+        health = None
+        # Rank 0 alone measures health and writes its rows; on resume the rows of updates
+        # after the checkpoint are redone.
+        if s.health_every is not None and comm.rank == 0:
+            health = HealthMonitor(model, optimizer, s.health_every, s.clip, s.health_log,
+                                   keep_from=start if resume is not None else None)
         started_at = time.monotonic()
         train_time, tokens = 0.0, 0
         interval_time, interval_tokens = 0.0, 0
@@ -629,10 +652,15 @@ class Trainer:
                     x, y = self.train_data.batch(rng, rows * comm.size, s.seq_len)
                     n = x.size  # tokens of all ranks
                     lr = lr_schedule(step, s.steps, s.lr, s.warmup, s.min_lr_ratio)
-                    record = train_step(x[mine], y[mine], lr, step)
+                    observed = health.observe(step) if health is not None \
+                        else contextlib.nullcontext()
+                    with observed:
+                        record = train_step(x[mine], y[mine], lr, step)
                     dt = time.perf_counter() - t0
                     if csv_log is not None:  # every attempted step, the failing one included
                         csv_log.write(record)
+                    if health is not None:  # its row is written before any divergence stop
+                        events += health.after_step(step, record)
                     entry = {"step": step, "loss": _json_float(record.loss), "lr": lr}
                     if record.skipped:
                         entry["skipped"] = record.skip_reason
@@ -709,6 +737,8 @@ class Trainer:
         finally:
             if csv_log is not None:
                 csv_log.close()
+            if health is not None:
+                health.close()
         evaluated = [h["val_loss"] for h in history if "val_loss" in h]
         summary = TrainSummary(
             steps=len(history), best_step=best_step, best_val_loss=best_val,
@@ -789,7 +819,9 @@ class Trainer:
 
     def _check_ranks_agree(self, model: GlassLM, resume_state) -> None:
         """Every rank runs the same settings, model and data, and resumes the same step."""
-        settings = {k: v for k, v in self.settings.to_dict().items() if k != "log_csv"}
+        # what only rank 0 uses may differ: where its CSVs go, how often it measures health
+        settings = {k: v for k, v in self.settings.to_dict().items()
+                    if k not in ("log_csv", "health_every", "health_log")}
         data = self._data_identity or {
             "train": {"tokens": int(self.train_data.token_count())},
             "val": {"tokens": int(self.val_data.token_count())}}

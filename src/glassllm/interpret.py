@@ -1,0 +1,458 @@
+"""Interpretation: plain functions over a model and its traced values, each checked against
+itself (parts that must sum to the whole, a last layer that must equal the model).
+
+- `logit_lens`: each layer's residual stream read through the final norm and the unembedding
+  (nostalgebraist 2020, "interpreting GPT: the logit lens").
+- `logit_attribution`: direct logit attribution, the final residual split into embeddings,
+  every head, every MLP (and biases), projected on a token's unembedding with the final norm's
+  scale frozen (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits";
+  TransformerLens' `ActivationCache.decompose_resid` / `logit_attrs`). The parts must sum to
+  the model's logit: `AttributionError` when they miss by more than 1e-4 relative.
+- `token_surprise`: per-token loss (nats and bits), rank of the true token, top-k alternatives;
+  its mean must equal the model's cross-entropy.
+- `ablate`, `patch`, `patching_sweep`: interventions (zero / mean ablation of heads and MLPs,
+  activation patching; Meng et al. 2022, Wang et al. 2022; TransformerLens' `patching.py`).
+- `detect_heads`: previous-token, duplicate-token and induction scores per head, as
+  TransformerLens' `head_detector` ("mul" and "abs" measures).
+
+Sequences are one row of token ids, (T,) or (1, T), unless a docstring says a batch works.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from . import functional as F
+from .model import GlassLM
+from .tensor import Tensor, no_grad
+from .trace import Edit, run_with_cache
+
+LN2 = math.log(2.0)
+
+
+class AttributionError(AssertionError):
+    """A decomposition whose parts do not add up to what the model computed."""
+
+
+def _one_row(model: GlassLM, ids) -> np.ndarray:
+    ids = model.check_ids(ids)
+    if ids.shape[0] != 1:
+        raise ValueError(f"expected one sequence, (T,) or (1, T), got shape {ids.shape}")
+    return ids
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def unembed(model: GlassLM, residual: np.ndarray) -> np.ndarray:
+    """The model's own final norm and output head applied to any residual (..., C) ->
+    logits (..., V), float32 (what `GlassLM.forward` does after its last block)."""
+    with no_grad():
+        x = model.final_norm(Tensor(np.asarray(residual, dtype=np.float32)))
+        if model.cfg.tie_embeddings:
+            return F.unembed(x, model.token_embedding.weight).data
+        return model.lm_head(x).data
+
+
+def unembedding_matrix(model: GlassLM) -> np.ndarray:
+    """W_U (C, V): the tied embedding transposed, or lm_head.weight."""
+    if model.cfg.tie_embeddings:
+        return model.token_embedding.weight.data.T
+    return model.lm_head.weight.data
+
+
+# --------------------------------------------------------------------------- logit lens
+@dataclasses.dataclass
+class LogitLens:
+    """Per layer (row 0 = embeddings, row i = after block i-1) and position.
+
+    top_ids, top_probs: (L+1, T, k) the k likeliest next tokens and their probabilities.
+    target_prob, target_rank: (L+1, T-1) probability and rank (0 = top) of the token that
+    actually comes next. layers: the row labels. max_last_layer_diff: |row L - the model's
+    softmax|, the self-check (asserted below 1e-4).
+    """
+    layers: list[str]
+    tokens: np.ndarray
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    target_prob: np.ndarray
+    target_rank: np.ndarray
+    max_last_layer_diff: float
+
+
+def logit_lens(model: GlassLM, ids, k: int = 5) -> LogitLens:
+    """The logit lens on one sequence: residual_in of block 0, then each residual_out,
+    through the final norm and unembedding. Raises AttributionError if the last row differs
+    from the model's own probabilities by more than 1e-4."""
+    ids = _one_row(model, ids)
+    L = model.cfg.n_layers
+    names = ["blocks.0.residual_in"] + [f"blocks.{i}.residual_out" for i in range(L)]
+    logits, cache = run_with_cache(model, ids, names=names)
+    resid = np.stack([cache[n][0] for n in names])  # (L+1, T, C)
+    logp = _log_softmax(unembed(model, resid))  # (L+1, T, V)
+    probs = np.exp(logp)
+    diff = float(np.abs(probs[-1] - np.exp(_log_softmax(logits[0]))).max())
+    if diff > 1e-4:
+        raise AttributionError(f"logit lens: last layer differs from the model by {diff:.2e}")
+    k = min(k, probs.shape[-1])
+    top = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    nxt = ids[0, 1:]
+    target_logp = logp[:, np.arange(len(nxt)), nxt]  # (L+1, T-1)
+    rank = (logp[:, :-1] > target_logp[..., None]).sum(-1)
+    return LogitLens(["embeddings"] + [f"block {i}" for i in range(L)], ids[0], top,
+                     np.take_along_axis(probs, top, -1), np.exp(target_logp), rank, diff)
+
+
+# --------------------------------------------------------------------------- attribution
+@dataclasses.dataclass
+class Attribution:
+    """Direct logit attribution at one position.
+
+    labels: one per part ("embeddings", "L0H3", "L0 attention bias", "L0 MLP", "final_norm
+    bias"); values: float64 (n_parts,) contributions in logit units (nats of unnormalised log
+    probability). total: the model's logit (or logit difference). residual_error: max |sum of
+    the parts' residual vectors - the final residual|, the second self-check.
+    """
+    labels: list[str]
+    values: np.ndarray
+    total: float
+    position: int
+    token: int
+    against: int | None
+    residual_error: float
+
+    def top(self, n: int = 10) -> list[tuple[str, float]]:
+        """The n parts of largest |value|, largest first."""
+        order = np.argsort(-np.abs(self.values), kind="stable")[:n]
+        return [(self.labels[i], float(self.values[i])) for i in order]
+
+    def heads(self) -> np.ndarray:
+        """The per-head values as (n_layers, n_heads)."""
+        rows = {}
+        for label, value in zip(self.labels, self.values):
+            if label.startswith("L") and "H" in label and " " not in label:
+                layer, head = label[1:].split("H")
+                rows[int(layer), int(head)] = value
+        n_layers = 1 + max(layer for layer, _ in rows)
+        n_heads = 1 + max(head for _, head in rows)
+        out = np.zeros((n_layers, n_heads))
+        for (layer, head), value in rows.items():
+            out[layer, head] = value
+        return out
+
+
+def residual_parts(model: GlassLM, cache, position: int) -> tuple[list[str], np.ndarray]:
+    """The final residual at `position` (row 0 of the cache's batch) as a sum of parts:
+    labels and (n_parts, C) float64 vectors. Each head's part is its head_output slice through
+    its rows of the output projection (W_O[h*D:(h+1)*D])."""
+    cfg = model.cfg
+    D = cfg.head_dim
+    labels, parts = ["embeddings"], []
+    emb = cache["token_embedding"][0, position].astype(np.float64)
+    if cfg.family == "gpt2":
+        emb = emb + cache["position_embedding"][position]
+    parts.append(emb)
+    for i, block in enumerate(model.blocks):
+        heads = cache[f"blocks.{i}.attention.head_output"][0, position].astype(np.float64)
+        w_o = block.attention.output.weight.data.astype(np.float64)
+        for h in range(cfg.n_heads):
+            labels.append(f"L{i}H{h}")
+            parts.append(heads[h] @ w_o[h * D:(h + 1) * D])
+        if block.attention.output.bias is not None:
+            labels.append(f"L{i} attention bias")
+            parts.append(block.attention.output.bias.data.astype(np.float64))
+        labels.append(f"L{i} MLP")
+        parts.append(cache[f"blocks.{i}.mlp.output"][0, position].astype(np.float64))
+    return labels, np.stack(parts)
+
+
+def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None = None,
+                      against: int | None = None, cache=None) -> Attribution:
+    """Direct logit attribution of `token`'s logit (minus `against`'s, if given) at
+    `position` of one sequence. token defaults to the model's top prediction there.
+    cache: a `run_with_cache` Cache of these ids holding token_embedding (and
+    position_embedding), head_output, mlp.output, the last residual_out and logits; None runs
+    the model.
+
+    With the final norm's per-position scale (1/rms, or 1/std after centring) frozen, the
+    norm is linear, so logit = sum over parts of norm_part(part) . W_U[:, token], plus the
+    norm's bias term (gpt2). LayerNorm's centring applies to each part.
+
+    Raises:
+        AttributionError: the parts miss the model's logit by more than 1e-4 relative (plus
+            1e-6 absolute, for a logit difference near 0), or their vectors miss the final
+            residual by more than 1e-4 relative.
+        ValueError: bad ids, position or token.
+    """
+    ids = _one_row(model, ids)
+    cfg = model.cfg
+    T = ids.shape[1]
+    if not -T <= position < T:
+        raise ValueError(f"position {position} outside a sequence of {T} tokens")
+    position %= T
+    L = cfg.n_layers
+    names = ["token_embedding", "position_embedding"] if cfg.family == "gpt2" else \
+        ["token_embedding"]
+    names += ["blocks.*.attention.head_output", "blocks.*.mlp.output",
+              f"blocks.{L - 1}.residual_out", "logits"]
+    if cache is None:  # one run can serve many positions: pass a cache holding these names
+        _, cache = run_with_cache(model, ids, names=names)
+    z = cache["logits"][0, position].astype(np.float64)
+    if token is None:
+        token = int(np.argmax(z))
+    for t in (token, against):
+        if t is not None and not 0 <= t < cfg.vocab_size:
+            raise ValueError(f"token {t} outside [0, {cfg.vocab_size})")
+    w_u = unembedding_matrix(model).astype(np.float64)
+    direction = w_u[:, token] - (w_u[:, against] if against is not None else 0.0)
+    total = z[token] - (z[against] if against is not None else 0.0)
+
+    labels, parts = residual_parts(model, cache, position)
+    final = cache[f"blocks.{L - 1}.residual_out"][0, position].astype(np.float64)
+    scale = np.abs(final).max()
+    residual_error = float(np.abs(parts.sum(0) - final).max())
+    if residual_error > 1e-4 * scale:
+        raise AttributionError(f"residual parts miss the final residual by {residual_error:.2e}")
+    norm = model.final_norm
+    w = norm.weight.data.astype(np.float64)
+    eps = norm.eps
+    if cfg.family == "gpt2":  # LayerNorm: centre each part, divide by the frozen std
+        centred = final - final.mean()
+        rstd = 1.0 / math.sqrt((centred ** 2).mean() + eps)
+        parts = parts - parts.mean(axis=1, keepdims=True)
+    else:  # RMSNorm: divide by the frozen rms
+        rstd = 1.0 / math.sqrt((final ** 2).mean() + eps)
+    values = (parts * rstd * w) @ direction
+    if cfg.family == "gpt2":
+        labels.append("final_norm bias")
+        values = np.append(values, norm.bias.data.astype(np.float64) @ direction)
+    error = abs(values.sum() - total)
+    if error > 1e-4 * abs(total) + 1e-6:
+        raise AttributionError(f"attribution parts sum to {values.sum():.6f}, the model's "
+                               f"logit is {total:.6f} (|diff| {error:.2e})")
+    return Attribution(labels, values, float(total), position, token, against,
+                       residual_error)
+
+
+# --------------------------------------------------------------------------- surprise
+@dataclasses.dataclass
+class Surprise:
+    """Per predicted token of one sequence (positions 1..T-1, each predicted from the ones
+    before): nats (-ln p), bits (nats / ln 2), rank of the true token (0 = the model's top
+    guess), top-k alternatives (ids, probs: (T-1, k)). mean_nats equals the model's loss."""
+    tokens: np.ndarray
+    nats: np.ndarray
+    bits: np.ndarray
+    rank: np.ndarray
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    mean_nats: float
+
+
+def token_surprise(model: GlassLM, ids, k: int = 5) -> Surprise:
+    """Token surprise of one sequence of at least 2 tokens. Raises AttributionError if the
+    mean differs from `GlassLM.loss` by more than 1e-5 nats."""
+    ids = _one_row(model, ids)
+    if ids.shape[1] < 2:
+        raise ValueError("token_surprise needs at least 2 tokens (one to predict)")
+    logits, cache = run_with_cache(model, ids[:, :-1], targets=ids[:, 1:], names=["logits"])
+    logp = _log_softmax(logits[0])
+    nxt = ids[0, 1:]
+    nats = -logp[np.arange(len(nxt)), nxt]
+    if abs(nats.mean() - cache.loss) > 1e-5:
+        raise AttributionError(f"token surprise mean {nats.mean()} != model loss {cache.loss}")
+    rank = (logp > -nats[:, None]).sum(-1)
+    k = min(k, logp.shape[-1])
+    top = np.argsort(-logp, axis=-1, kind="stable")[:, :k]
+    return Surprise(ids[0], nats, nats / LN2, rank, top, np.exp(np.take_along_axis(logp, top, -1)),
+                    float(nats.mean()))
+
+
+# --------------------------------------------------------------------------- interventions
+def ablation_edits(model: GlassLM, heads: Iterable[tuple[int, int]] = (),
+                   mlps: Iterable[int] = (), how: str = "zero", reference=None) -> list[Edit]:
+    """Edits that ablate attention heads (layer, head) -- their head_output slice -- and whole
+    MLPs (their mlp.output). how="zero" replaces by 0; how="mean" by the value's mean over the
+    batch and positions of a clean run on `reference` ids (B, T) (Wang et al. 2022's mean
+    ablation)."""
+    if how not in ("zero", "mean"):
+        raise ValueError(f"how must be 'zero' or 'mean', got {how!r}")
+    heads, mlps = list(heads), list(mlps)
+    cfg = model.cfg
+    for layer, head in heads:
+        if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
+            raise ValueError(f"no head ({layer}, {head}) in a model of {cfg.n_layers} layers "
+                             f"x {cfg.n_heads} heads")
+    for layer in mlps:
+        if not 0 <= layer < cfg.n_layers:
+            raise ValueError(f"no MLP {layer} in a model of {cfg.n_layers} layers")
+    means = None
+    if how == "mean":
+        if reference is None:
+            raise ValueError("mean ablation needs reference ids")
+        wanted = [f"blocks.{i}.attention.head_output" for i, _ in heads] + \
+                 [f"blocks.{i}.mlp.output" for i in mlps]
+        _, means = run_with_cache(model, reference, names=sorted(set(wanted)))
+    edits = []
+    for layer, head in heads:
+        name = f"blocks.{layer}.attention.head_output"
+        value = 0.0 if means is None else means[name][:, :, head].mean(axis=(0, 1))
+        edits.append(Edit(name, (slice(None), slice(None), head), value))
+    for layer in mlps:
+        name = f"blocks.{layer}.mlp.output"
+        value = 0.0 if means is None else means[name].mean(axis=(0, 1))
+        edits.append(Edit(name, ..., value))
+    return edits
+
+
+def ablate(model: GlassLM, ids, targets=None, heads=(), mlps=(), how: str = "zero",
+           reference=None):
+    """Run ids (B, T) with heads/MLPs ablated (see `ablation_edits`; mean ablation uses `ids`
+    as reference unless given). Returns (logits (B, T, V), mean loss in nats or None)."""
+    if how == "mean" and reference is None:
+        reference = ids
+    edits = ablation_edits(model, heads, mlps, how, reference)
+    logits, cache = run_with_cache(model, ids, targets, names=["logits"], edits=edits)
+    return logits, cache.loss
+
+
+def patch(model: GlassLM, ids, source, name: str, index=...) -> np.ndarray:
+    """Activation patching: run `ids` with `name[index]` taken from `source` (a Cache of
+    another run, same shape, holding `name`). Returns logits (B, T, V)."""
+    edit = Edit(name, index, np.asarray(source[name])[index])
+    logits, _ = run_with_cache(model, ids, names=["logits"], edits=[edit])
+    return logits
+
+
+def logit_difference(correct: int, wrong: int, position: int = -1) -> Callable:
+    """A patching metric: logits[0, position, correct] - logits[0, position, wrong]."""
+    def metric(logits: np.ndarray) -> float:
+        return float(logits[0, position, correct]) - float(logits[0, position, wrong])
+    return metric
+
+
+@dataclasses.dataclass
+class Sweep:
+    """values: metric after patching each cell; axes: the names of values' axes; clean and
+    corrupted: the metric of the unpatched runs; target: the traced name pattern."""
+    values: np.ndarray
+    axes: tuple[str, ...]
+    clean: float
+    corrupted: float
+    target: str
+
+    def normalised(self) -> np.ndarray:
+        """(values - corrupted) / (clean - corrupted): 1 = patching restores the clean run."""
+        return (self.values - self.corrupted) / (self.clean - self.corrupted)
+
+
+SWEEP_TARGETS = ("residual_in", "residual_mid", "residual_out", "attention.output",
+                 "mlp.output", "attention.head_output")
+
+
+def patching_sweep(model: GlassLM, clean_ids, corrupted_ids, metric: Callable,
+                   target: str = "residual_in", per_position: bool = True) -> Sweep:
+    """Patch the clean run's `blocks.{layer}.<target>` into the corrupted run, one cell at a
+    time, and record metric(logits) per cell.
+
+    target: one of SWEEP_TARGETS. Cells: layer x position (n_layers, T); for
+    "attention.head_output" layer x position x head (n_layers, T, n_heads), or layer x head
+    (n_layers, n_heads) with per_position=False; other targets with per_position=False give
+    (n_layers,). clean_ids, corrupted_ids: (B, T) of the same shape. Costs one forward per cell.
+    """
+    if target not in SWEEP_TARGETS:
+        raise ValueError(f"target must be one of {SWEEP_TARGETS}, got {target!r}")
+    clean_ids, corrupted_ids = model.check_ids(clean_ids), model.check_ids(corrupted_ids)
+    if clean_ids.shape != corrupted_ids.shape:
+        raise ValueError(f"clean {clean_ids.shape} and corrupted {corrupted_ids.shape} differ")
+    cfg = model.cfg
+    pattern = f"blocks.*.{target}"
+    clean_logits, clean = run_with_cache(model, clean_ids, names=[pattern])
+    corrupted_logits, _ = run_with_cache(model, corrupted_ids, names=["logits"])
+    T = clean_ids.shape[1]
+    heads = target == "attention.head_output"
+    shape = (cfg.n_layers,) + ((T,) if per_position else ()) + ((cfg.n_heads,) if heads else ())
+    values = np.zeros(shape)
+    for cell in np.ndindex(*shape):
+        layer = cell[0]
+        rest = list(cell[1:])
+        index = [slice(None), rest.pop(0) if per_position else slice(None)]
+        if heads:
+            index.append(rest.pop(0))
+        logits = patch(model, corrupted_ids, clean, f"blocks.{layer}.{target}", tuple(index))
+        values[cell] = metric(logits)
+    axes = ("layer",) + (("position",) if per_position else ()) + (("head",) if heads else ())
+    return Sweep(values, axes, metric(clean_logits), metric(corrupted_logits), pattern)
+
+
+# --------------------------------------------------------------------------- head detector
+HEAD_KINDS = ("previous_token", "duplicate_token", "induction")
+
+
+def detection_pattern(ids, kind: str) -> np.ndarray:
+    """The (T, T) 0/1 pattern an ideal head of `kind` would attend with, for tokens ids (T,),
+    as TransformerLens' get_*_detection_pattern (lower triangular):
+    previous_token: row i has a 1 at i-1;
+    duplicate_token: at every earlier j holding the same token as i;
+    induction: at j+1 for every earlier j holding the same token as i (the token that
+    followed it last time: what an induction head copies)."""
+    ids = np.asarray(ids).reshape(-1)
+    T = len(ids)
+    if kind == "previous_token":
+        return np.eye(T, k=-1)
+    same = (ids[:, None] == ids[None, :]) & (np.arange(T)[None, :] < np.arange(T)[:, None])
+    if kind == "duplicate_token":
+        return same.astype(np.float64)
+    if kind == "induction":  # attend to j+1 for each earlier j holding the same token as i
+        out = np.zeros((T, T))
+        out[:, 1:] = same[:, :-1]
+        return np.tril(out)
+    raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}")
+
+
+def head_scores(patterns: np.ndarray, detection: np.ndarray, exclude_bos: bool = False,
+                exclude_current_token: bool = False, error_measure: str = "mul") -> np.ndarray:
+    """Similarity of attention patterns (..., T, T) to a detection pattern (T, T), as
+    TransformerLens' compute_head_attention_similarity_score:
+    "mul": sum(pattern * detection) / sum(pattern), the share of attention on the predicted
+    keys (1 = all of it); "abs": 1 - T * mean|pattern - detection|, rounded to 3 decimals
+    (1 = a perfect match). exclude_bos / exclude_current_token zero column 0 / the diagonal
+    first."""
+    p = np.array(patterns, dtype=np.float64)
+    T = p.shape[-1]
+    if error_measure == "mul":
+        if exclude_bos:
+            p[..., :, 0] = 0
+        if exclude_current_token:
+            p[..., np.arange(T), np.arange(T)] = 0
+        return (p * detection).sum((-1, -2)) / p.sum((-1, -2))
+    if error_measure == "abs":
+        diff = np.abs(p - detection)
+        if exclude_bos:
+            diff[..., :, 0] = 0
+        if exclude_current_token:
+            diff[..., np.arange(T), np.arange(T)] = 0
+        return 1 - np.round(diff.mean((-1, -2)) * T, 3)
+    raise ValueError(f"error_measure must be 'mul' or 'abs', got {error_measure!r}")
+
+
+def detect_heads(model: GlassLM, ids, kind: str, exclude_bos: bool = False,
+                 exclude_current_token: bool = False, error_measure: str = "mul") -> np.ndarray:
+    """Score every head for `kind` (one of HEAD_KINDS) on a sequence or a batch (B, T) of
+    them: (n_layers, n_heads), averaged over the batch. An induction head on a repeated
+    random sequence scores near 1 ("mul"); uniform attention scores about 1/i per row."""
+    ids = model.check_ids(ids)
+    if ids.shape[1] < 2:
+        raise ValueError("detect_heads needs at least 2 tokens")
+    _, cache = run_with_cache(model, ids, names=["blocks.*.attention.pattern"])
+    patterns = cache.stack("blocks.{layer}.attention.pattern")  # (L, B, H, T, T)
+    scores = np.stack([head_scores(patterns[:, b], detection_pattern(ids[b], kind),
+                                   exclude_bos, exclude_current_token, error_measure)
+                       for b in range(ids.shape[0])])
+    return scores.mean(axis=0)

@@ -1,0 +1,472 @@
+"""Named values, forward and backward: look at (and edit) what a GlassLM computes.
+
+    logits, cache = run_with_cache(model, ids)                       # every named value
+    cache["blocks.0.attention.pattern"]                               # (B, n_heads, T, T)
+    _, cache = run_with_cache(model, ids, targets, grads=True)        # + d loss / d value
+    cache.grads["blocks.1.residual_out"]
+    _, cache = run_with_cache(model, ids, names=["blocks.*.residual_out"],
+                              stop_at="blocks.1.residual_out")    # skip the rest
+
+    with Trace(model, names=["logits"]) as tr:                        # the same, by hand
+        model(ids)
+    tr.cache["logits"]
+
+The names are frozen in `NAMES` (one table, below; `tests/test_trace.py` fails if one changes)
+and are the same for both families where the concept exists. The model calls `Trace.tap(name,
+value)` at each named site only while a trace is active (`glassllm.model._trace`; otherwise a
+single `if` per site), so nothing here costs anything when unused. The design follows
+TransformerLens' `run_with_cache` / `ActivationCache` (one name per intermediate), with the
+lessons of its users: the names are one tested table, a cache can be filtered (exact names or
+`fnmatch` patterns, baukit-style `stop_at` to skip the rest of the forward), and its size is
+estimated before anything is kept (`estimate_bytes`, `max_bytes`).
+
+Values are the model's own float arrays, not copies (cheap; never write into them). Scores and
+pattern are not formed by the fused attention op (`functional.causal_attention` works in query
+blocks and never holds the T x T square): when one of them is asked for, the trace computes
+them from the traced q and k (`attention_scores`), and `tests/test_trace.py` checks they equal
+the probabilities inside the op. When a gradient of scores/pattern, or an edit of them, is
+asked for, the attention of that layer is computed explicitly as pattern @ v so both are on the
+autograd graph (equal to the fused op's output to float32 rounding, tested).
+
+Edits (`Edit`) replace part of a named value as the forward passes it (ablation, activation
+patching; see `glassllm.interpret`): the replaced elements are constants (zero gradient), the
+others flow on unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from . import functional as F
+from . import model as model_module
+from .model import Config, GlassLM
+from .tensor import Tensor, no_grad
+
+
+@dataclasses.dataclass(frozen=True)
+class Name:
+    """One row of the names table: `template` ("{layer}" stands for 0..n_layers-1), the
+    `shape` in letters (B batch, T positions, C d_model, H n_heads, K n_kv_heads, D head_dim,
+    F d_ff, V vocab_size), the families that have it, and what it is."""
+    template: str
+    shape: str
+    families: tuple[str, ...]
+    doc: str
+
+
+_BOTH = ("llama", "gpt2")
+# THE table of names, in the order the forward meets them. Frozen: renaming one breaks every
+# user's analysis code (TransformerLens' v3 did exactly that); tests/test_trace.py pins it.
+NAMES: tuple[Name, ...] = (
+    Name("token_embedding", "B T C", _BOTH, "token embedding rows (first term of the residual)"),
+    Name("position_embedding", "T C", ("gpt2",), "learned position rows, added to the tokens"),
+    Name("blocks.{layer}.residual_in", "B T C", _BOTH, "residual stream entering the block"),
+    Name("blocks.{layer}.attention.input", "B T C", _BOTH,
+         "attention_norm(residual_in): what attention reads"),
+    Name("blocks.{layer}.attention.q", "B T H D", _BOTH, "queries (after RoPE for llama)"),
+    Name("blocks.{layer}.attention.k", "B T K D", _BOTH, "keys (after RoPE for llama)"),
+    Name("blocks.{layer}.attention.v", "B T K D", _BOTH, "values"),
+    Name("blocks.{layer}.attention.scores", "B H T T", _BOTH,
+         "q.k / sqrt(head_dim); -inf where a key is in the query's future"),
+    Name("blocks.{layer}.attention.pattern", "B H T T", _BOTH,
+         "softmax(scores): row i is where position i attends (rows sum to 1)"),
+    Name("blocks.{layer}.attention.head_output", "B T H D", _BOTH,
+         "each head's pattern @ v, before the output projection"),
+    Name("blocks.{layer}.attention.output", "B T C", _BOTH,
+         "attention's contribution to the residual (output projection, + bias for gpt2)"),
+    Name("blocks.{layer}.residual_mid", "B T C", _BOTH, "residual_in + attention.output"),
+    Name("blocks.{layer}.mlp.input", "B T C", _BOTH,
+         "mlp_norm(residual_mid): what the MLP reads"),
+    Name("blocks.{layer}.mlp.hidden_pre", "B T F", _BOTH,
+         "the activation's input: gate(x) (SiLU, llama) or up(x) (GELU, gpt2)"),
+    Name("blocks.{layer}.mlp.up", "B T F", ("llama",), "up(x), SwiGLU's linear branch"),
+    Name("blocks.{layer}.mlp.hidden_post", "B T F", _BOTH,
+         "silu(gate) * up (llama) or gelu(up) (gpt2): what mlp.down reads"),
+    Name("blocks.{layer}.mlp.output", "B T C", _BOTH, "the MLP's contribution to the residual"),
+    Name("blocks.{layer}.residual_out", "B T C", _BOTH, "residual_mid + mlp.output"),
+    Name("final_norm", "B T C", _BOTH, "final_norm(last residual_out): what the unembedding reads"),
+    Name("logits", "B T V", _BOTH, "next-token logits"),
+)
+
+DEFAULT_MAX_BYTES = 2 ** 30  # refuse to keep more than 1 GiB unless told otherwise
+
+
+def names_for(cfg: Config) -> list[str]:
+    """Every name a model with `cfg` exposes, in forward order (layers expanded)."""
+    rows = [n for n in NAMES if cfg.family in n.families]
+    per_layer = [n.template for n in rows if "{layer}" in n.template]
+    first = next(i for i, n in enumerate(rows) if "{layer}" in n.template)
+    head = [n.template for n in rows[:first]]
+    tail = [n.template for n in rows[first + len(per_layer):]]
+    return head + [t.format(layer=i) for i in range(cfg.n_layers) for t in per_layer] + tail
+
+
+def _template_of(name: str) -> Name:
+    parts = name.split(".")
+    if parts[0] == "blocks" and len(parts) > 2:
+        name = ".".join(["blocks", "{layer}", *parts[2:]])
+    for row in NAMES:
+        if row.template == name:
+            return row
+    raise KeyError(name)
+
+
+def value_shape(cfg: Config, name: str, B: int, T: int) -> tuple[int, ...]:
+    """Shape of the value `name` for a (B, T) batch, without running anything."""
+    sizes = dict(B=B, T=T, C=cfg.d_model, H=cfg.n_heads, K=cfg.n_kv_heads, D=cfg.head_dim,
+                 F=cfg.d_ff, V=cfg.vocab_size)
+    return tuple(sizes[letter] for letter in _template_of(name).shape.split())
+
+
+def estimate_bytes(cfg: Config, names: Iterable[str], B: int, T: int,
+                   grads: Iterable[str] = (), itemsize: int = 4) -> int:
+    """Bytes a cache of `names` (and gradients of `grads`) holds for a (B, T) batch of float32
+    (itemsize 4) values; the scores/pattern of a layer count once each at B*H*T*T."""
+    total = sum(math.prod(value_shape(cfg, n, B, T)) for n in names)
+    total += sum(math.prod(value_shape(cfg, n, B, T)) for n in grads)
+    return total * itemsize
+
+
+def select_names(cfg: Config, names=None) -> list[str]:
+    """The names of `names_for(cfg)` picked by `names`: None (all), or an iterable of exact
+    names and `fnmatch` patterns ("blocks.*.attention.pattern", "*.residual_out").
+
+    Raises:
+        ValueError: an exact name the model does not have, or a pattern matching nothing (the
+            message names the nearest known names: a misspelt name never silently traces
+            nothing).
+    """
+    every = names_for(cfg)
+    if names is None:
+        return every
+    if isinstance(names, str):
+        names = [names]
+    chosen = set()
+    for wanted in names:
+        if not isinstance(wanted, str):
+            raise ValueError(f"trace names must be strings, got {wanted!r}")
+        hits = fnmatch.filter(every, wanted) if any(c in wanted for c in "*?[") else \
+            [wanted] if wanted in every else []
+        if not hits:
+            near = difflib.get_close_matches(wanted, every, n=3, cutoff=0.5)
+            raise ValueError(f"trace: {wanted!r} matches no value of this {cfg.family} model "
+                             f"({cfg.n_layers} layers)" +
+                             (f"; did you mean {', '.join(near)}?" if near else
+                              "; see glassllm.trace.NAMES"))
+        chosen.update(hits)
+    return [n for n in every if n in chosen]
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    """Replace `value[index]` of the named value by `replacement` as the forward passes it.
+
+    index: a NumPy index into the value (e.g. `(slice(None), slice(None), head)` for one head
+    of `head_output` (B, T, H, D), `(slice(None), position)` for one position); `...` for all.
+    replacement: an array broadcastable to `value[index]` (a scalar 0.0 is zero-ablation, a mean
+    is mean-ablation, another run's `cache[name][index]` is activation patching).
+    Gradients: the replaced elements are constants (zero gradient), the rest flows through.
+    """
+    name: str
+    index: object
+    replacement: object
+
+    def apply(self, x: Tensor) -> Tensor:
+        new = np.array(x.data, copy=True)
+        new[self.index] = self.replacement
+        index = self.index
+
+        def backward(g):
+            g = np.array(g, copy=True)
+            g[index] = 0
+            return (g,)
+
+        return Tensor.from_op(new, (x,), backward)
+
+
+class TraceTooLarge(MemoryError):
+    """The requested cache would exceed `max_bytes` (raised before anything is kept)."""
+
+
+class _StopForward(Exception):
+    """Raised by `tap` at `stop_at`; `Trace.__exit__` swallows it."""
+
+
+class Cache(Mapping):
+    """Named values of one forward: `cache[name]` -> np.ndarray, in `names_for` order.
+
+    Attributes:
+        grads: dict name -> d loss / d value (same shape), filled by the backward pass.
+        loss: mean cross-entropy in nats, when `run_with_cache` had targets (else None).
+        cfg: the model's Config. tokens: the (B, T) ids, when known.
+    """
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.values: dict[str, np.ndarray] = {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.loss: float | None = None
+        self.tokens: np.ndarray | None = None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not in this cache (traced: "
+                           f"{len(self.values)} names; see Cache.keys())") from None
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def stack(self, template: str) -> np.ndarray:
+        """`template` with "{layer}" for every layer, stacked on a new first axis:
+        stack("blocks.{layer}.attention.pattern") -> (n_layers, B, H, T, T)."""
+        return np.stack([self[template.format(layer=i)] for i in range(self.cfg.n_layers)])
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.values.values()) + \
+            sum(a.nbytes for a in self.grads.values())
+
+
+class Trace:
+    """Context manager: while active, the model's forward records its named values.
+
+    Args:
+        model: the GlassLM to trace.
+        names: None (all), or exact names / fnmatch patterns (`select_names`).
+        grads: False, True (gradients of every traced value), or names/patterns: gradients of
+            those (they are traced too). Filled when the caller runs `backward()` inside the
+            block (`run_with_cache` does it with targets).
+        stop_at: a name: record it, then skip the rest of the forward (the `with` block ends
+            there; the model call raises an internal exception that `__exit__` swallows).
+        edits: `Edit`s applied as the forward passes their names.
+        max_bytes: refuse (TraceTooLarge, before keeping anything) a cache estimated larger;
+            None for no limit.
+
+    Raises:
+        ValueError: unknown names (see `select_names`), stop_at unknown, or stop_at together
+            with grads. RuntimeError: a trace is already active (they do not nest).
+        TraceTooLarge: at the first forward, if `estimate_bytes` exceeds max_bytes.
+    """
+
+    def __init__(self, model: GlassLM, names=None, grads=False, stop_at: str | None = None,
+                 edits: Iterable[Edit] = (), max_bytes: int | None = DEFAULT_MAX_BYTES):
+        cfg = model.cfg
+        self.model = model
+        if grads is False:
+            grad_names = []
+        elif grads is True:  # the gradient of every traced value
+            grad_names = select_names(cfg, names)
+        else:
+            grad_names = select_names(cfg, grads)
+        self.names = select_names(cfg, names)
+        self.names += [n for n in grad_names if n not in self.names]
+        self._wanted = set(self.names)
+        self._grad_names = set(grad_names)
+        if stop_at is not None:
+            select_names(cfg, [stop_at])  # raises for an unknown name
+            if grad_names:
+                raise ValueError("trace: stop_at skips the loss, so it cannot have grads")
+        self.stop_at = stop_at
+        if stop_at is not None and stop_at not in self._wanted:
+            self.names.append(stop_at)
+            self._wanted.add(stop_at)
+        self.edits = {}
+        for edit in edits:
+            select_names(cfg, [edit.name])
+            self.edits.setdefault(edit.name, []).append(edit)
+        self.max_bytes = max_bytes
+        self.cache = Cache(cfg)
+        self._checked = False
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> "Trace":
+        if model_module._trace is not None:
+            raise RuntimeError("a glassllm trace is already active (traces do not nest)")
+        model_module._trace = self
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        model_module._trace = None
+        return kind is _StopForward
+
+    def estimate(self, B: int, T: int) -> int:
+        """Bytes this trace keeps for a (B, T) batch (values + gradients)."""
+        return estimate_bytes(self.model.cfg, self.names, B, T, self._grad_names)
+
+    # ------------------------------------------------------------------ called by the model
+    def tap(self, name: str, x: Tensor) -> Tensor:
+        """The model passes each named value here (only while this trace is active); the
+        returned tensor (edited, or wrapped to catch its gradient) replaces it."""
+        if not self._checked:
+            self._check_size(x.shape[0], x.shape[1])
+        for edit in self.edits.get(name, ()):
+            x = edit.apply(x)
+        if name in self._wanted:
+            self.cache.values[name] = x.data
+            if name in self._grad_names and x.requires_grad:
+                x = self._catch_grad(name, x)
+        if name == self.stop_at:
+            raise _StopForward
+        return x
+
+    def attention(self, layer: int, q: Tensor, k: Tensor, v: Tensor, q_start: int) -> Tensor:
+        """The attention of block `layer` (B, T, H, D), with its scores/pattern traced when
+        asked for: computed apart from the fused op, or, for their gradients or edits, made
+        the path the output takes."""
+        s_name = f"blocks.{layer}.attention.scores"
+        p_name = f"blocks.{layer}.attention.pattern"
+        involved = {s_name, p_name}
+        if not involved & (self._wanted | set(self.edits) | {self.stop_at}):
+            return F.causal_attention(q, k, v, q_start=q_start)
+        on_graph = bool(involved & (self._grad_names | set(self.edits)))
+        if not on_graph:
+            with no_grad():
+                scores = Tensor(attention_scores(q.data, k.data, q_start))
+                self.tap(s_name, scores)
+                self.tap(p_name, Tensor(softmax_rows(scores.data)))
+            return F.causal_attention(q, k, v, q_start=q_start)
+        scores = self.tap(s_name, scores_op(q, k, q_start))
+        pattern = self.tap(p_name, softmax_op(scores))
+        return mix_op(pattern, v)
+
+    # ------------------------------------------------------------------ internals
+    def _check_size(self, B: int, T: int) -> None:
+        self._checked = True
+        need = self.estimate(B, T)
+        if self.max_bytes is not None and need > self.max_bytes:
+            raise TraceTooLarge(
+                f"trace: this cache would hold {need / 2**20:,.1f} MiB for a ({B}, {T}) batch, "
+                f"over max_bytes={self.max_bytes / 2**20:,.1f} MiB; trace fewer names "
+                f"(names=[...]), a shorter input, or raise max_bytes")
+
+    def _catch_grad(self, name: str, x: Tensor) -> Tensor:
+        grads = self.cache.grads
+
+        def backward(g):
+            grads[name] = grads[name] + g if name in grads else np.array(g, copy=True)
+            return (g,)
+
+        return Tensor.from_op(x.data, (x,), backward)
+
+
+def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
+                   stop_at: str | None = None, edits: Iterable[Edit] = (),
+                   max_bytes: int | None = DEFAULT_MAX_BYTES):
+    """Run the model once and return (logits, Cache).
+
+    ids: (B, T) or (T,) token ids. targets: same shape; when given, `cache.loss` is the mean
+    next-token cross-entropy (nats) and, with `grads`, `cache.grads[name]` holds d loss / d
+    value. logits: (B, T, V) float32 array, or None when `stop_at` ended the forward early.
+    The other arguments are `Trace`'s. Without grads the forward runs under `no_grad`.
+
+    Raises:
+        ValueError: grads without targets, plus `Trace`'s and `GlassLM.check_ids`' errors.
+        TraceTooLarge: before the forward, if the cache would exceed max_bytes.
+    """
+    if grads is not False and targets is None:
+        raise ValueError("run_with_cache: gradients need targets (the loss they belong to)")
+    tr = Trace(model, names=names, grads=grads, stop_at=stop_at, edits=edits,
+               max_bytes=max_bytes)
+    ids = model.check_ids(ids)
+    tr._check_size(*ids.shape)  # raises TraceTooLarge before anything runs
+    tr.cache.tokens = ids
+    logits = None
+    with tr:
+        if grads is False:
+            with no_grad():
+                out = model.forward(ids)
+                if targets is not None:
+                    tr.cache.loss = float(F.cross_entropy(out, model.check_ids(
+                        targets, what="targets")).item())
+        else:
+            out = model.forward(ids)
+            targets = model.check_ids(targets, what="targets")
+            loss = F.cross_entropy(out, targets)
+            tr.cache.loss = float(loss.item())
+            loss.backward()
+        logits = out.data
+    return logits, tr.cache
+
+
+# --------------------------------------------------------------------------- explicit attention
+# What the fused causal_attention computes, written out with the T x T square materialised:
+# used only when a trace asks for scores/pattern. Query head h reads KV head h // G (G =
+# H / K), as in functional.causal_attention_forward; head index h = kv * G + g.
+def attention_scores(q: np.ndarray, k: np.ndarray, q_start: int = 0) -> np.ndarray:
+    """q (B, Tq, H, D), k (B, Tk, K, D) -> scores (B, H, Tq, Tk) = q.k / sqrt(D), -inf where
+    key j is after query i's position q_start + i."""
+    B, Tq, H, D = q.shape
+    K, Tk = k.shape[2], k.shape[1]
+    G = H // K
+    # one batched GEMM per (b, kv head): (G, Tq, D) @ (D, Tk) -- what einsum
+    # "bikgd,bjkd->bkgij" says, through BLAS (health steps compute this every N steps)
+    qg = q.reshape(B, Tq, K, G, D).transpose(0, 2, 3, 1, 4)        # (B, K, G, Tq, D)
+    kt = k.transpose(0, 2, 3, 1)[:, :, None]                        # (B, K, 1, D, Tk)
+    s = np.matmul(qg, kt).reshape(B, H, Tq, Tk)
+    s *= 1.0 / math.sqrt(D)
+    s[..., _future(Tq, Tk, q_start)] = -np.inf
+    return s
+
+
+def _future(Tq: int, Tk: int, q_start: int) -> np.ndarray:
+    """(Tq, Tk) bool: True where key j is in query i's future."""
+    return np.arange(Tk)[None, :] > (q_start + np.arange(Tq))[:, None]
+
+
+def softmax_rows(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis with the max shift (-inf entries get 0)."""
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def scores_op(q: Tensor, k: Tensor, q_start: int = 0) -> Tensor:
+    """`attention_scores` as an autograd op: q (B, Tq, H, D), k (B, Tk, K, D) -> (B, H, Tq, Tk)."""
+    B, Tq, H, D = q.shape
+    K, Tk = k.shape[2], k.shape[1]
+    G = H // K
+    future = _future(Tq, Tk, q_start)
+
+    def backward(ds):
+        ds = np.where(future, 0, ds).reshape(B, K, G, Tq, Tk) / math.sqrt(D)
+        dq = np.einsum("bkgij,bjkd->bikgd", ds, k.data).reshape(B, Tq, H, D)
+        dk = np.einsum("bkgij,bikgd->bjkd", ds, q.data.reshape(B, Tq, K, G, D))
+        return dq, dk
+
+    return Tensor.from_op(attention_scores(q.data, k.data, q_start), (q, k), backward)
+
+
+def softmax_op(s: Tensor) -> Tensor:
+    """Row softmax as an autograd op (any shape, over the last axis)."""
+    p = softmax_rows(s.data)
+
+    def backward(dp):
+        return (p * (dp - np.sum(dp * p, axis=-1, keepdims=True)),)
+
+    return Tensor.from_op(p, (s,), backward)
+
+
+def mix_op(pattern: Tensor, v: Tensor) -> Tensor:
+    """pattern (B, H, Tq, Tk) @ v (B, Tk, K, D) per head -> (B, Tq, H, D)."""
+    B, H, Tq, Tk = pattern.shape
+    K, D = v.shape[2], v.shape[3]
+    G = H // K
+    p5 = pattern.data.reshape(B, K, G, Tq, Tk)
+    y = np.einsum("bkgij,bjkd->bikgd", p5, v.data).reshape(B, Tq, H, D)
+
+    def backward(dy):
+        dy5 = dy.reshape(B, Tq, K, G, D)
+        dp = np.einsum("bikgd,bjkd->bkgij", dy5, v.data).reshape(B, H, Tq, Tk)
+        dv = np.einsum("bkgij,bikgd->bjkd", p5, dy5)
+        return dp, dv
+
+    return Tensor.from_op(y.astype(np.result_type(pattern.data, v.data), copy=False),
+                          (pattern, v), backward)

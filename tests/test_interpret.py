@@ -1,0 +1,200 @@
+"""glassllm.interpret: each analysis against a recomputation by hand and against itself."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from glassllm import interpret
+from glassllm.interpret import (AttributionError, ablate, detect_heads, detection_pattern,
+                                head_scores, logit_attribution, logit_difference, logit_lens,
+                                patch, patching_sweep, token_surprise)
+from glassllm.model import Config
+from glassllm.trace import Edit, run_with_cache
+from test_trace import CONFIGS, model_for
+
+
+def seq(cfg, T=9, seed=1):
+    return np.random.default_rng(seed).integers(0, cfg.vocab_size, (1, T))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logit_lens_rows_by_hand(name):
+    model = model_for(name)
+    ids = seq(model.cfg)
+    lens = logit_lens(model, ids, k=3)
+    L = model.cfg.n_layers
+    assert lens.top_ids.shape == (L + 1, 9, 3) and lens.target_prob.shape == (L + 1, 8)
+    assert lens.max_last_layer_diff < 1e-6
+    _, cache = run_with_cache(model, ids)
+    # row 1 (after block 0) by hand: final norm + unembedding of blocks.0.residual_out
+    w = {n: p.data.astype(np.float64) for n, p in model.named_parameters()}
+    r = cache["blocks.0.residual_out"][0].astype(np.float64)
+    if model.cfg.family == "gpt2":
+        rc = r - r.mean(-1, keepdims=True)
+        x = rc / np.sqrt((rc ** 2).mean(-1, keepdims=True) + 1e-5) * w["final_norm.weight"] + \
+            w["final_norm.bias"]
+    else:
+        x = r / np.sqrt((r ** 2).mean(-1, keepdims=True) + 1e-5) * w["final_norm.weight"]
+    z = x @ (w["lm_head.weight"] if "lm_head.weight" in w else w["token_embedding.weight"].T)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(lens.top_probs[1], np.sort(p, -1)[:, ::-1][:, :3], atol=1e-5)
+    nxt = ids[0, 1:]
+    np.testing.assert_allclose(lens.target_prob[1], p[np.arange(8), nxt], atol=1e-5)
+    ranks = (p[:-1] > p[np.arange(8), nxt][:, None]).sum(-1)
+    np.testing.assert_array_equal(lens.target_rank[1], ranks)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("position", [0, 4, -1])
+def test_attribution_parts_sum_to_the_logit(name, position):
+    model = model_for(name)
+    ids = seq(model.cfg)
+    logits, cache = run_with_cache(model, ids)
+    attr = logit_attribution(model, ids, position=position, token=3)
+    want = float(logits[0, position, 3])
+    assert abs(attr.values.sum() - want) <= 1e-4 * abs(want)
+    assert attr.total == pytest.approx(want, rel=1e-6)
+    H, L = model.cfg.n_heads, model.cfg.n_layers
+    n_parts = 1 + L * (H + 1) + (L + 1 if name == "gpt2" else 0)
+    assert len(attr.labels) == len(attr.values) == n_parts
+    assert attr.heads().shape == (L, H)
+    diff = logit_attribution(model, ids, position=position, token=3, against=5)
+    want = float(logits[0, position, 3] - logits[0, position, 5])
+    assert abs(diff.values.sum() - want) <= 1e-4 * abs(want) + 1e-6
+    # one head by hand: its slice of head_output through its rows of W_O, normed, unembedded
+    D = model.cfg.head_dim
+    h, layer = 1, L - 1
+    w_o = model.blocks[layer].attention.output.weight.data.astype(np.float64)
+    part = cache[f"blocks.{layer}.attention.head_output"][0, position, h] @ \
+        w_o[h * D:(h + 1) * D]
+    final = cache[f"blocks.{L - 1}.residual_out"][0, position].astype(np.float64)
+    if name == "gpt2":
+        part = part - part.mean()
+        final = final - final.mean()
+    rstd = 1 / math.sqrt((final ** 2).mean() + model.cfg.norm_eps)
+    u = interpret.unembedding_matrix(model)[:, 3].astype(np.float64)
+    by_hand = (part * rstd * model.final_norm.weight.data) @ u
+    assert attr.values[attr.labels.index(f"L{layer}H{h}")] == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_attribution_self_check_fires_when_a_part_is_missing(monkeypatch):
+    model = model_for("gpt2")
+    ids = seq(model.cfg)
+    real = interpret.residual_parts
+
+    def drop_one(model, cache, position):
+        labels, parts = real(model, cache, position)
+        return labels[:-1], parts[:-1]
+
+    monkeypatch.setattr(interpret, "residual_parts", drop_one)
+    with pytest.raises(AttributionError, match="residual"):
+        logit_attribution(model, ids)
+
+
+def test_token_surprise_matches_the_loss():
+    model = model_for("llama")
+    ids = seq(model.cfg, T=10)
+    s = token_surprise(model, ids, k=4)
+    assert s.nats.shape == (9,) and s.top_ids.shape == (9, 4)
+    assert s.mean_nats == pytest.approx(model.loss(ids[:, :-1], ids[:, 1:]).item(), abs=1e-5)
+    np.testing.assert_allclose(s.bits, s.nats / math.log(2))
+    top1 = s.rank == 0
+    np.testing.assert_array_equal(s.top_ids[top1, 0], ids[0, 1:][top1])
+    np.testing.assert_allclose(s.top_probs[top1, 0], np.exp(-s.nats[top1]), rtol=1e-6)
+    assert np.all(np.diff(s.top_probs, axis=1) <= 0)
+    with pytest.raises(ValueError, match="at least 2"):
+        token_surprise(model, ids[:, :1])
+
+
+def test_ablating_every_head_of_a_layer_is_ablating_its_attention():
+    model = model_for("llama")  # no output bias, so all heads off == attention output 0
+    ids = seq(model.cfg)
+    heads = [(1, h) for h in range(model.cfg.n_heads)]
+    by_heads, _ = ablate(model, ids, heads=heads)
+    by_output, _ = run_with_cache(model, ids, names=["logits"],
+                                  edits=[Edit("blocks.1.attention.output", ..., 0.0)])
+    np.testing.assert_allclose(by_heads, by_output, atol=1e-6)
+    clean, _ = run_with_cache(model, ids, names=["logits"])
+    assert np.abs(by_heads - clean).max() > 1e-3
+    mlp_off, _ = ablate(model, ids, mlps=[0])
+    assert np.abs(mlp_off - clean).max() > 1e-3
+
+
+def test_mean_ablation_uses_the_reference_mean():
+    model = model_for("gpt2")
+    ids = np.random.default_rng(0).integers(0, 13, (3, 8))
+    _, ref = run_with_cache(model, ids, names=["blocks.0.attention.head_output"])
+    mean = ref["blocks.0.attention.head_output"][:, :, 2].mean(axis=(0, 1))
+    edits = interpret.ablation_edits(model, heads=[(0, 2)], how="mean", reference=ids)
+    _, cache = run_with_cache(model, ids[:1], names=["blocks.0.attention.head_output"],
+                              edits=edits)
+    np.testing.assert_allclose(cache["blocks.0.attention.head_output"][0, :, 2],
+                               np.broadcast_to(mean, (8, model.cfg.head_dim)), atol=1e-7)
+    with pytest.raises(ValueError, match="no head"):
+        interpret.ablation_edits(model, heads=[(0, 9)])
+
+
+def test_patching_sweep_restores_exactly_where_the_runs_differ():
+    """Clean and corrupted differ in one token: patching the clean residual_in of block 0 at
+    that position gives exactly the clean run (normalised 1); elsewhere it changes nothing
+    (the embeddings are equal there: normalised 0)."""
+    for name in ("llama", "gpt2"):
+        model = model_for(name)
+        clean = seq(model.cfg, T=6)
+        corrupted = clean.copy()
+        corrupted[0, 2] = (clean[0, 2] + 1) % model.cfg.vocab_size
+        metric = logit_difference(correct=4, wrong=7)
+        sweep = patching_sweep(model, clean, corrupted, metric, target="residual_in")
+        assert sweep.values.shape == (model.cfg.n_layers, 6)
+        assert sweep.clean != pytest.approx(sweep.corrupted)
+        norm = sweep.normalised()
+        assert norm[0, 2] == pytest.approx(1.0, abs=1e-5)
+        np.testing.assert_allclose(np.delete(norm[0], 2), 0.0, atol=1e-5)
+        # after the differing token, a later layer's residual carries it at every later
+        # position; before it, nothing differs: positions 0, 1 stay at the corrupted metric
+        np.testing.assert_allclose(norm[1, :2], 0.0, atol=1e-5)
+        heads = patching_sweep(model, clean, corrupted, metric,
+                               target="attention.head_output", per_position=False)
+        assert heads.values.shape == (model.cfg.n_layers, model.cfg.n_heads)
+        assert heads.axes == ("layer", "head")
+    # patching everything of one layer is the clean run
+    _, source = run_with_cache(model, clean, names=["blocks.1.residual_in"])
+    np.testing.assert_allclose(patch(model, corrupted, source, "blocks.1.residual_in"),
+                               run_with_cache(model, clean)[0], atol=1e-5)
+
+
+def test_detection_patterns_by_hand():
+    ids = np.array([5, 6, 7, 5, 6, 7])
+    np.testing.assert_array_equal(detection_pattern(ids, "previous_token"), np.eye(6, k=-1))
+    dup = np.zeros((6, 6))
+    dup[3, 0] = dup[4, 1] = dup[5, 2] = 1
+    np.testing.assert_array_equal(detection_pattern(ids, "duplicate_token"), dup)
+    ind = np.zeros((6, 6))
+    ind[3, 1] = ind[4, 2] = ind[5, 3] = 1  # the token after the earlier occurrence
+    np.testing.assert_array_equal(detection_pattern(ids, "induction"), ind)
+    perfect = ind.copy()
+    perfect[:3, 0] = 1  # rows with nothing to induce put their weight on the first token
+    assert head_scores(perfect, ind) == pytest.approx(0.5)
+    assert head_scores(perfect, ind, exclude_bos=True) == pytest.approx(1.0)
+    uniform = np.tril(np.ones((6, 6))) / np.arange(1, 7)[:, None]
+    assert head_scores(uniform, ind) == pytest.approx((1 / 4 + 1 / 5 + 1 / 6) / 6)
+    assert head_scores(ind + np.diag([1, 1, 1, 0, 0, 0]), ind, error_measure="abs") == \
+        pytest.approx(1 - round(3 / 36 * 6, 3))
+    with pytest.raises(ValueError, match="kind"):
+        detection_pattern(ids, "successor")
+
+
+def test_detect_heads_shape_and_range():
+    model = model_for("llama")
+    ids = np.random.default_rng(0).integers(0, 13, (2, 10))
+    for kind in interpret.HEAD_KINDS:
+        scores = detect_heads(model, ids, kind)
+        assert scores.shape == (2, 4) and np.all((scores >= 0) & (scores <= 1))
+    # previous-token score by hand from the traced pattern
+    _, cache = run_with_cache(model, ids, names=["blocks.1.attention.pattern"])
+    p = cache["blocks.1.attention.pattern"][:, 3]
+    by_hand = np.mean([np.trace(p[b], offset=-1) / p[b].sum() for b in range(2)])
+    assert detect_heads(model, ids, "previous_token")[1, 3] == pytest.approx(by_hand)

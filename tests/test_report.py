@@ -1,0 +1,128 @@
+"""glassllm.report and `glassllm inspect`: the summary and the page's data say what the
+analyses computed; one-line errors for bad input. (The page in a browser:
+tests/test_report_browser.py.)"""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from glassllm import Config, GlassLM, files
+from glassllm.cli import main
+from glassllm.interpret import logit_attribution, token_surprise
+from glassllm.report import inspect_model, page_data, render_html, summary
+from glassllm.tokenizer import ByteTokenizer
+
+PROMPT = "abcabcab"
+
+
+@pytest.fixture
+def model():
+    model = GlassLM(Config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_len=32), seed=3)
+    model.token_embedding.weight.data *= 6
+    return model
+
+
+def page_json(html: str) -> dict:
+    text = re.search(r"const DATA = (.*);\n", html).group(1)
+    return json.loads(text.replace("<\\/", "</"))
+
+
+def test_page_data_is_the_analyses(model):
+    tok = ByteTokenizer()
+    ids = tok.encode(PROMPT)
+    ins = inspect_model(model, ids, tok)
+    data = page_json(render_html(ins))
+    assert data == json.loads(json.dumps(page_data(ins)))
+    assert data["tokens"] == list(PROMPT)
+    s = token_surprise(model, ids)
+    np.testing.assert_allclose(data["surprise"]["nats"], s.nats, atol=1e-4)
+    L, H, T = 2, 4, len(PROMPT)
+    assert len(data["attention"]) == L and len(data["attention"][0]) == H
+    rows = data["attention"][1][2]
+    assert [len(r) for r in rows] == list(range(1, T + 1))
+    np.testing.assert_allclose([sum(r) for r in rows], 1.0, atol=1e-3)
+    a = logit_attribution(model, ids, position=3, token=int(ids[4]))
+    page = data["attributions"][3]
+    assert page["token"] == PROMPT[4] and page["total"] == pytest.approx(a.total, abs=1e-4)
+    assert page["labels"][0] == a.top(1)[0][0]
+    assert len(data["lens"]["top"]) == L + 1 and len(data["lens"]["top"][0]) == T
+    assert data["run"] is None
+
+
+def test_summary_lines(model):
+    tok = ByteTokenizer()
+    ins = inspect_model(model, tok.encode(PROMPT), tok)
+    plain = summary(ins, color=False)
+    assert "\x1b[" not in plain
+    assert f"{ins.surprise.mean_nats:.3f} nats" in plain
+    assert "a[" in plain and "embeddings:" in plain and "block 1:" in plain
+    assert "strongest induction head: L" in plain
+    heads = ins.attributions[-1].heads()
+    layer, head = np.unravel_index(np.argmax(np.abs(heads)), heads.shape)
+    assert f"  heads: L{layer}H{head} {heads[layer, head]:+.3f}" in plain
+    coloured = summary(ins, color=True)
+    assert coloured.count("\x1b[0m") == len(PROMPT) - 1
+
+
+def test_title_and_data_cannot_break_out_of_the_page(model):
+    tok = ByteTokenizer()
+    ins = inspect_model(model, tok.encode("</script><b>"), tok, title="<script>x</script>")
+    html = render_html(ins)
+    assert html.count("</script>") == 1  # only the page's own
+    assert page_json(html)["tokens"][:2] == ["<", "/"]
+
+
+def test_cli_inspect(model, tmp_path, capsys):
+    path = tmp_path / "m.safetensors"
+    files.save(model, path, tokenizer=ByteTokenizer())
+    out = tmp_path / "r.html"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "history.csv").write_text("step,train_loss,val_loss,lr\n0,5.5,5.4,0.001\n10,4,,0.001\n")
+    assert main(["inspect", "--model", str(path), "--prompt", PROMPT, "--out", str(out),
+                 "--run", str(run), "--color", "never"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[-1] == f"report: {out}"
+    assert "logit lens at the last position" in text
+    data = page_json(out.read_text())
+    assert data["run"]["history"]["train_loss"] == [5.5, 4.0]
+    assert data["run"]["history"]["val_loss"][1] is None  # missing value, not NaN in JSON
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", "a"], "at least 2"),
+    (["--prompt", "ab", "--out", "r.png"], ".html"),
+    (["--prompt", "x" * 40], "max_len"),
+    (["--prompt", "ab", "--top-k", "0"], "--top-k"),
+    (["--prompt", "ab", "--run", "/nonexistent/run"], "/nonexistent/run"),
+    (["--prompt", "ab", "--tokenizer", "nope.json"], "nope.json"),
+])
+def test_cli_inspect_errors(model, tmp_path, capsys, args, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
+    files.save(model, tmp_path / "weights.safetensors")
+    assert main(["inspect", "--model", "m.safetensors", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("glassllm inspect: error:") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_inspect_weights_only_needs_a_tokenizer(model, tmp_path, capsys):
+    files.save(model, tmp_path / "w.safetensors")
+    args = ["inspect", "--model", str(tmp_path / "w.safetensors"), "--prompt", "ab",
+            "--out", str(tmp_path / "r.html")]
+    assert main(args) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    assert main(args + ["--tokenizer", "byte"]) == 0
+
+
+def test_inspect_a_gpt2_model():
+    model = GlassLM(Config(family="gpt2", d_model=32, n_layers=2, n_heads=4, max_len=16))
+    tok = ByteTokenizer()
+    ins = inspect_model(model, tok.encode(PROMPT), tok)
+    assert "final_norm bias" in ins.attributions[0].labels
+    assert ins.patterns.shape == (2, 4, len(PROMPT), len(PROMPT))
+    assert page_json(render_html(ins))["model"]["family"] == "gpt2"
