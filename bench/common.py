@@ -177,7 +177,8 @@ def blas_report() -> str:
             lines.append(f"  {info['internal_api']} {info.get('version')} "
                          f"({info.get('architecture')}), {info['num_threads']} threads, "
                          f"{os.path.basename(info['filepath'])}")
-    from glassllm import parallel
+    from glassllm import blas, parallel
+    lines.append(f"glassllm {blas.describe()}")
     lines.append(f"glassllm: {parallel.get_num_threads()} threads in its own pool, matrix "
                  f"products {'split over it' if parallel.split_matmuls() else 'on BLAS threads'}")
     lines.append(f"torch {torch.__version__}: {torch.get_num_threads()} threads")

@@ -204,3 +204,11 @@ def test_thread_slices_cover_every_row_once_one_slice_per_thread(n_rows, n_threa
     parallel.for_thread_slices(fn, n_rows)
     assert (hits == 1).all()
     assert len(parts) == (min(n_threads, n_rows) if n_rows > 1 else min(n_rows, 1))
+
+
+@pytest.mark.parametrize("n_rows,n_parts", [(49, 3), (33, 2), (7, 7), (1000, 3), (10, 1)])
+def test_thread_slices_are_even(n_rows, n_parts):
+    parts = parallel.even_slices(n_rows, n_parts)
+    sizes = [p.stop - p.start for p in parts]
+    assert len(parts) == n_parts and sum(sizes) == n_rows and max(sizes) - min(sizes) <= 1
+    assert parts[0].start == 0 and all(a.stop == b.start for a, b in zip(parts, parts[1:]))

@@ -58,6 +58,8 @@ import threading
 import ml_dtypes
 import numpy as np
 
+from . import blas
+
 
 class _AutocastState(threading.local):
     """The autocast dtype of the current thread (np.dtype of float16/bfloat16 inside
@@ -150,6 +152,7 @@ def _round_float16(x: np.ndarray) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """a @ b (np.matmul shapes and broadcasting), float32 in and out.
 
+    The product itself is `glassllm.blas.matmul` (NumPy's BLAS, or MKL where installed).
     Outside autocast: the plain float32 product, no overhead. Inside `autocast(low)`: the
     tensor-core emulation of the module doc -- round(a) @ round(b) accumulated in float32,
     then the result rounded to `low` (so float16 outputs above 65504 are inf).
@@ -157,9 +160,9 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     """
     low = _state.dtype
     if low is None:
-        return np.matmul(a, b, out=out)
+        return blas.matmul(a, b, out=out)
     with np.errstate(invalid="ignore"):  # inf * 0 after an overflow: NaN is the honest result
-        product = round_to(round_to(a, low) @ round_to(b, low), low)
+        product = round_to(blas.matmul(round_to(a, low), round_to(b, low)), low)
     if out is None:
         return product
     out[...] = product

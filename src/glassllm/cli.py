@@ -244,7 +244,7 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
 
     import numpy as np
 
-    from . import cpu, runfiles
+    from . import blas, cpu, runfiles
     from .distributed import RanksDisagree
     from .model import GlassLM
     from .safety import SkipRateExceeded
@@ -260,6 +260,7 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
                       checkpoint_path=paths["checkpoint"], tokenizer=corpus.tokenizer,
                       extra=extra, comm=comm)
     threads, why = _choose_threads(comm, threads)  # measures the load when not given
+    blas.backend()  # GLASSLLM_BLAS=mkl without a usable MKL: a clear error before any work
     if comm.rank != 0:  # the other ranks train in silence and write nothing
         try:
             with cpu.use_threads(threads), np.errstate(over="ignore", invalid="ignore",
@@ -280,6 +281,7 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
           f"{settings.lr:g}, warmup {settings.warmup}, {settings.precision}; best model -> {out}",
           flush=True)
     print(f"threads: {threads} ({why})", flush=True)
+    print(blas.describe(), flush=True)  # which BLAS computes the matrix products
 
     bpb = corpus.bits_per_byte
     started = time.monotonic()
@@ -1005,10 +1007,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\nglassllm: interrupted", file=sys.stderr, flush=True)
         return 130
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
+    from .blas import BlasError
     try:
         return int(args.func(args) or 0)
     except (KeyboardInterrupt, BrokenPipeError, MemoryError, UsageError, OSError,
-            ValueError) as e:
+            ValueError, BlasError) as e:
         code, line = _error_report(args.command, e)
         # Under mpiexec every rank meets the same errors (glassllm.distributed.agreement):
         # rank 0 alone says so.

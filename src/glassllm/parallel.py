@@ -147,6 +147,17 @@ def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
         future.result()
 
 
+def even_slices(n_rows: int, n_parts: int) -> list[slice]:
+    """n_parts consecutive slices covering range(n_rows), their sizes differing by at most one
+    (so none is much smaller than n_rows / n_parts: a product's backend choice in
+    `glassllm.blas` depends on its row count)."""
+    base, extra = divmod(n_rows, n_parts)
+    bounds = [0]
+    for i in range(n_parts):
+        bounds.append(bounds[-1] + base + (i < extra))
+    return [slice(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
 def for_thread_slices(fn: Callable[[slice], None], n_rows: int) -> None:
     """Call fn(rows) for one contiguous slice of range(n_rows) per thread, in parallel (for
     matrix products, whose BLAS calls want big pieces). Serial on one thread or in a worker.
@@ -156,8 +167,7 @@ def for_thread_slices(fn: Callable[[slice], None], n_rows: int) -> None:
         if n_rows:
             fn(slice(0, n_rows))
         return
-    rows = -(-n_rows // min(n, n_rows))
-    parts = [slice(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
+    parts = even_slices(n_rows, min(n, n_rows))
     pool = _get_pool()
     low = amp.matmul_dtype()
     futures = [pool.submit(_run_as_worker, fn, part, low) for part in parts[1:]]
