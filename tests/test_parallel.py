@@ -212,3 +212,49 @@ def test_thread_slices_are_even(n_rows, n_parts):
     sizes = [p.stop - p.start for p in parts]
     assert len(parts) == n_parts and sum(sizes) == n_rows and max(sizes) - min(sizes) <= 1
     assert parts[0].start == 0 and all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+
+
+def test_two_callers_at_once_both_get_every_slice_run(threads):
+    """A user's own threads may call into glassllm together: the one that finds the pool
+    busy runs its slices itself."""
+    parallel.set_num_threads(2)
+    parallel.SLICE_ELEMENTS = 100
+    results, errors = [], []
+
+    def caller(seed):
+        try:
+            for _ in range(50):
+                hits = np.zeros(10**4, dtype=int)
+
+                def fn(rows, hits=hits):
+                    hits[rows] += 1
+
+                parallel.for_slices(fn, 10**4, 1)
+                results.append(bool((hits == 1).all()))
+        except BaseException as error:  # noqa: BLE001  (reported below)
+            errors.append(error)
+
+    callers = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert not errors and len(results) == 100 and all(results)
+
+
+def test_an_error_in_a_worker_is_raised_after_every_thread_is_done(threads):
+    parallel.set_num_threads(3)
+    parallel.SLICE_ELEMENTS = 10
+    finished = []
+
+    def fn(rows):
+        if rows.start == 1:  # one-row slices: worker 1 runs slices 1 and 4
+            raise ValueError("bad slice")
+        import time
+        time.sleep(0.01)
+        finished.append(rows.start)
+
+    with pytest.raises(ValueError, match="bad slice"):
+        parallel.for_slices(fn, 6, 10**4)
+    # the calling thread's slices (0, 3) and worker 2's (2, 5) had all run
+    assert sorted(finished) == [0, 2, 3, 5]
