@@ -255,6 +255,6 @@ def test_an_error_in_a_worker_is_raised_after_every_thread_is_done(threads):
         finished.append(rows.start)
 
     with pytest.raises(ValueError, match="bad slice"):
-        parallel.for_slices(fn, 6, 10**4)
+        parallel.for_slices(fn, 6, 10**5)
     # the calling thread's slices (0, 3) and worker 2's (2, 5) had all run
     assert sorted(finished) == [0, 2, 3, 5]
