@@ -298,7 +298,8 @@ def test_parallel_workers_carry_the_callers_autocast_state(monkeypatch):
     seen.clear()
     parallel.for_slices(work, n_rows, 1024)
     assert len({name for name, _ in seen}) == 2 and {dtype for _, dtype in seen} == {None}
-    parallel._pool.shutdown(wait=True)
+    for worker in parallel._pool:
+        worker.stop()
 
 
 # --------------------------------------------------------------------------- GradScaler

@@ -109,10 +109,15 @@ class _Worker:
             try:
                 for part in parts:
                     _run_as_worker(fn, part, low)
-            except BaseException as error:  # handed to the caller by wait()
-                self._error = error
+            except BaseException as error:
+                self.keep_for_caller(error)
             self._task = None
             self._done.release()
+
+    def keep_for_caller(self, error: BaseException) -> None:
+        """A worker cannot raise into its caller: wait() hands the error over, and
+        _run_in_pool re-raises it once every thread is done."""
+        self._error = error
 
     def start(self, fn, parts, low) -> None:
         self._task = (fn, parts, low)
@@ -132,7 +137,12 @@ class _Worker:
 
 def _get_pool() -> list:
     global _pool, _pool_pid
-    if _pool is None or _pool_pid != os.getpid():  # threads do not survive fork()
+    # Threads do not survive fork(); and a pool must have a worker for every share handed out
+    # (zip() in _run_in_pool would drop the extra shares silently).
+    if _pool is None or _pool_pid != os.getpid() or len(_pool) != _num_threads - 1:
+        if _pool is not None and _pool_pid == os.getpid():
+            for worker in _pool:
+                worker.stop()
         _pool = [_Worker(f"glassllm-{i}") for i in range(1, _num_threads)]
         _pool_pid = os.getpid()
     return _pool
@@ -162,7 +172,15 @@ def _run_in_pool(fn, shares: list) -> None:
         except BaseException as own:
             error = own
         for worker in started:
-            raised = worker.wait()
+            # Wait for every worker even if Ctrl-C lands meanwhile: a worker still writing
+            # into the outputs, or a `done` left unclaimed for the next task, would corrupt
+            # whatever runs next (the checkpoint written on Ctrl-C, for one).
+            while True:
+                try:
+                    raised = worker.wait()
+                    break
+                except KeyboardInterrupt as interrupt:
+                    error = error or interrupt
             error = error or raised
     finally:
         _dispatch.release()
