@@ -258,3 +258,25 @@ def test_an_error_in_a_worker_is_raised_after_every_thread_is_done(threads):
         parallel.for_slices(fn, 6, 10**5)
     # the calling thread's slices (0, 3) and worker 2's (2, 5) had all run
     assert sorted(finished) == [0, 2, 3, 5]
+
+
+def test_workers_run_under_the_callers_numpy_error_state(threads):
+    """np.errstate is per thread. A caller's errstate(invalid="ignore") (the CLI's, around a
+    training that may diverge) must hold in the pool's workers too, and "raise" must raise
+    there as well; otherwise a diverged lr-1e10 run printed RuntimeWarnings from workers."""
+    import warnings
+    parallel.set_num_threads(2)
+    parallel.SLICE_ELEMENTS = 1000
+    names = set()
+
+    def fn(rows):
+        names.add(threading.current_thread().name)
+        np.log(-np.ones(rows.stop - rows.start))  # invalid: a NaN per element
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(invalid="ignore"):
+            parallel.for_slices(fn, 10**5, 1)
+        assert len(names) == 2  # a worker ran some slices
+        with np.errstate(invalid="raise"), pytest.raises(FloatingPointError):
+            parallel.for_slices(fn, 10**5, 1)

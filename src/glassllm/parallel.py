@@ -28,6 +28,8 @@ import os
 import threading
 from typing import Callable
 
+import numpy as np
+
 from . import amp
 
 # Elements per slice: big enough that handing it to a thread and taking the GIL back between
@@ -152,7 +154,7 @@ def _run_in_pool(fn, shares: list) -> None:
     """shares[0] on the calling thread, shares[i] (a list of slices) on worker i - 1, at the
     same time; returns when all have run. The first exception raised, once every thread is
     done (so nothing still writes into the outputs), is re-raised."""
-    low = amp.matmul_dtype()
+    low = amp.matmul_dtype(), np.geterr()
     if not _dispatch.acquire(blocking=False):  # another thread of the user's has the pool
         for share in shares:
             for part in share:
@@ -188,10 +190,15 @@ def _run_in_pool(fn, shares: list) -> None:
         raise error
 
 
-def _run_as_worker(fn, part, low=None):
+def _run_as_worker(fn, part, low=(None, None)):
+    """fn(part) under the caller's autocast dtype and NumPy error state (both are per
+    thread: a caller's np.errstate(invalid="ignore") must hold in the workers too)."""
     _in_worker.active = True
+    dtype, errors = low
+    if errors is not None and errors != np.geterr():
+        np.seterr(**errors)
     previous = amp.matmul_dtype()
-    amp.set_matmul_dtype(low)  # the caller's autocast dtype: the state is per thread
+    amp.set_matmul_dtype(dtype)
     try:
         fn(part)
     finally:
