@@ -261,6 +261,8 @@ def test_ctrl_c_then_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(
     assert proc.returncode == 130, err[-3000:]
     assert err.count("glassllm train: interrupted; checkpoint after") == 1, err
     ckpt_path = tmp_path / "a" / "checkpoint.safetensors"
+    # the hint names the command that resumes it: a plain `glassllm train` would be refused
+    assert f"; continue with `mpiexec -n 2 glassllm train --resume {ckpt_path}`" in err, err
     ckpt = load_checkpoint(ckpt_path)
     assert 8 <= ckpt.step < 40 and ckpt.world_size == 2
     assert len(steps_csv(log)) == ckpt.step

@@ -185,8 +185,8 @@ def _prepare_train(args, comm, held):
     threads = _first_given(args.threads, saved.get("threads"))  # None: measure at start
 
     if resume is not None and resume.world_size != comm.size:
-        how = f"mpiexec -n {resume.world_size} glassllm train" if resume.world_size > 1 \
-            else "glassllm train (one process, no mpiexec)"
+        how = _train_command(resume.world_size) + (" (one process, no mpiexec)"
+                                                   if resume.world_size == 1 else "")
         raise UsageError(f"--resume {args.resume} was written by a run of {resume.world_size} "
                          f"rank(s) and this run has {comm.size}: continue it with `{how} "
                          f"--resume ...` (the global batch and the order of the gradient sums "
@@ -325,8 +325,10 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
         # No checkpoint for this moment (Ctrl-C inside an update): the last periodic one.
         step, path = (e.step, e.checkpoint_path) if e.checkpoint_path else \
             (last_checkpoint[0].step, last_checkpoint[0].path) if last_checkpoint else (0, None)
+        # A checkpoint resumes under its own number of ranks only: say the whole command.
         where = (f"checkpoint after {step} steps: {path}; continue with "
-                 f"`glassllm train --resume {path}`" if path else "no checkpoint written")
+                 f"`{_train_command(comm.size)} --resume {path}`" if path
+                 else "no checkpoint written")
         print(f"glassllm train: interrupted; {where}", file=sys.stderr, flush=True)
         return 130
     except (NonFiniteLossError, SkipRateExceeded, RanksDisagree) as e:
@@ -357,6 +359,12 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
           + (f", {summary.skipped_steps} skipped" if summary.skipped_steps else ""), flush=True)
     return 0
+
+
+def _train_command(ranks: int) -> str:
+    """The command that runs `glassllm train` on `ranks` ranks (a checkpoint resumes only
+    under the number of ranks that wrote it)."""
+    return f"mpiexec -n {ranks} glassllm train" if ranks > 1 else "glassllm train"
 
 
 def _choose_threads(comm, requested: int | None) -> tuple[int, str]:
