@@ -262,6 +262,34 @@ def test_the_launcher_size_and_rank_come_from_the_environment():
     assert isinstance(distributed.from_environment(), distributed.SerialCommunicator)
 
 
+@pytest.mark.parametrize("signum, cause", [
+    ("SIGKILL", "`kill -9`, the out-of-memory killer or a crash"),
+    ("SIGINT", "Ctrl-C (SIGINT) outside the training loop (while starting or ending)")])
+def test_the_supervisor_names_the_rank_and_why_its_child_died(monkeypatch, capfd, signum,
+                                                              cause):
+    """A Ctrl-C that ends a rank while it imports or exits is no crash: the supervisor says
+    so (seen: a Ctrl-C during start-up reported as "the out-of-memory killer or a crash")."""
+    import signal
+    import sys
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setenv("PMI_RANK", "1")
+    number = int(getattr(signal, signum))
+    die = (f"import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+           f"os.kill(os.getpid(), {number})")
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        code = launch.supervise([sys.executable, "-c", die])
+    finally:  # supervise() sets this process's handlers, as a supervisor's own
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    assert code == 128 + number
+    err = capfd.readouterr().err
+    assert f"glassllm: rank 1 of 2 (pid " in err and \
+        f"was killed by {signum} (signal {number}): {cause}; the launcher ends the other " \
+        f"ranks" in err, err
+    assert err.count("\n") == 1
+
+
 def test_a_checkpoint_from_before_grad_accum_and_world_size_resumes(tmp_path):
     path = tmp_path / "c.safetensors"
 

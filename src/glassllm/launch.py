@@ -86,9 +86,15 @@ def supervise(command: list[str]) -> int:
     except ValueError:
         name = f"signal {number}"
     who = f"rank {rank} of {size}" if rank is not None else "an MPI rank"
+    if number == signal.SIGINT:
+        # Ctrl-C, which the launcher sends to every rank, landed where the rank cannot stop at
+        # a step boundary (importing, starting MPI, or ending after its last step): no crash.
+        cause = "Ctrl-C (SIGINT) outside the training loop (while starting or ending)"
+    else:
+        cause = f"`kill -{number}`, the out-of-memory killer or a crash"
     print(f"glassllm: {who} (pid {child.pid} on {socket.gethostname()}) was killed by {name} "
-          f"(signal {number}): `kill -{number}`, the out-of-memory killer or a crash; the "
-          f"launcher ends the other ranks", file=sys.stderr, flush=True)
+          f"(signal {number}): {cause}; the launcher ends the other ranks", file=sys.stderr,
+          flush=True)
     time.sleep(0.5)  # let the launcher forward that line before it learns of the exit
     return 128 + number
 
