@@ -103,3 +103,22 @@ def test_generate_bench_exits_when_the_tokens_differ(bench, monkeypatch):
     monkeypatch.setattr(bench.generate_speed, "generate", lambda model, prompt, n, s: [0] * n)
     with pytest.raises(SystemExit, match="greedy tokens differ"):
         bench.generate_speed.bench_config("S", 4, 5, repeats=1)
+
+
+def test_the_ring_allreduce_model_gives_the_readmes_prediction_table(monkeypatch):
+    """README "Scaling: measured and modelled": t_allreduce = 2(N-1)/N x 4P / bandwidth and
+    efficiency = t_compute / (t_compute + t_allreduce), with the rows the README prints for
+    config L (t_compute 6.045 s, 124.5 M parameters) and its "7.8 s at N = 64, 1 Gbit/s"."""
+    for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.syspath_prepend(BENCH)
+    import distributed_speed as ds
+    params = 124_500_000
+    assert ds.ring_allreduce_s(params, 64, 1) == pytest.approx(2 * 63 / 64 * 4 * params / 125e6)
+    assert round(ds.ring_allreduce_s(params, 64, 1), 1) == 7.8
+    assert ds.ring_allreduce_s(params, 1, 1) == 0.0  # one machine sends nothing
+    table = {1: "60% 50% 46% 45% 44% 44%", 10: "94% 91% 90% 89% 89% 89%",
+             100: "99% 99% 99% 99% 99% 99%"}
+    for gbit, row in table.items():
+        assert " ".join(f"{ds.efficiency(6.045, params, n, gbit):.0%}"
+                        for n in ds.MACHINES) == row
