@@ -250,6 +250,18 @@ def test_ranks_started_with_different_settings_or_missing_data_stop_at_the_start
         done.stderr
 
 
+def test_a_flag_out_of_range_is_one_line_from_rank_0_alone(mpiexec):
+    """Every rank finds the same bad value; it is said once (seen: once per rank)."""
+    done = mpi(mpiexec, "train", "--grad-accum", "0", "--mpi-timeout", "30", n=3)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr == "glassllm train: error: --grad-accum must be an integer in " \
+                          "[1, 1048576], got 0\n", done.stderr
+    done = mpi(mpiexec, "train", "--mpi-timeout", "-1")
+    assert done.returncode == 2
+    assert done.stderr.count("--mpi-timeout must be a finite number > 0, got -1.0") == 1, \
+        done.stderr
+
+
 def test_ctrl_c_then_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(
         mpiexec, shakespeare, tmp_path, capfd):
     common = ["train", "--data", shakespeare, *MODEL, "--steps", "40", "--batch-size", "2"]

@@ -143,20 +143,21 @@ def run_train(args) -> int:
 
     from . import distributed
 
-    _check_bounds(args, _TRAIN_INT_BOUNDS, _TRAIN_FLOAT_BOUNDS)
-    timeout = args.mpi_timeout if args.mpi_timeout is not None else \
-        distributed.DEFAULT_TIMEOUT_S
     try:
-        comm = distributed.from_environment(timeout_s=timeout)
+        comm = distributed.from_environment()
     except RuntimeError as e:
         raise UsageError(str(e)) from None
     args.comm = comm  # main() prints errors on rank 0 only
     try:
         with contextlib.ExitStack() as held:
             # A mistake found on some ranks only (a data file missing on one node) stops
-            # every rank here, before the first collective of the training loop.
+            # every rank here, before the first collective of the training loop; one that
+            # every rank finds (a flag out of range) is printed once, by rank 0.
             with distributed.agreement(comm, errors=(UsageError, OSError, ValueError,
                                                      MemoryError)):
+                _check_bounds(args, _TRAIN_INT_BOUNDS, _TRAIN_FLOAT_BOUNDS)
+                if args.mpi_timeout is not None:
+                    comm.timeout_s = args.mpi_timeout  # the watchdog reads it at each check
                 prepared = _prepare_train(args, comm, held)
             return _train(args, comm, *prepared)
     finally:

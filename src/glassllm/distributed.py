@@ -115,7 +115,8 @@ class MPICommunicator:
         timeout_s: a collective that has not completed after this many seconds ends the job
             (checked twice a second; None: wait forever).
 
-    Attributes: rank, size, allreduce_seconds (wall time spent in allreduce_sum, waiting for
+    Attributes: rank, size, timeout_s (the watchdog reads it at each check, so it may be
+    changed after start), allreduce_seconds (wall time spent in allreduce_sum, waiting for
     slower ranks included), peers (each rank's {"host", "pid"}).
     """
 
