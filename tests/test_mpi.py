@@ -197,6 +197,38 @@ def test_a_rank_that_raises_ends_every_rank_naming_it(mpiexec, tmp_path):
     assert time.monotonic() - started < 60
 
 
+def test_ctrl_c_on_a_rank_before_mpi_starts_ends_the_job(mpiexec, shakespeare, tmp_path):
+    """Ctrl-C reaches every rank at once, one of them while it builds its parser, before
+    MPI_Init: it must end the job, not leave the other waiting in MPI_Init forever (seen:
+    `mpiexec -n 2 glassllm train` interrupted 0.5 s after its start hung)."""
+    train = ["train", "--data", shakespeare, *MODEL, "--steps", "100000", "--batch-size", "2",
+             "--out", str(tmp_path / "m.safetensors")]
+    script = tmp_path / "interrupted.py"
+    script.write_text("import argparse, sys\n"
+                      "def ctrl_c(*args, **kwargs):\n"
+                      "    raise KeyboardInterrupt\n"
+                      "argparse.ArgumentParser.__init__ = ctrl_c  # Ctrl-C in build_parser\n"
+                      "from glassllm.cli import main\n"
+                      f"sys.exit(main({train!r}))\n")
+    # rank 1 under the supervisor, as `glassllm train` would run it (glassllm.launch)
+    proc = subprocess.Popen([mpiexec, "-n", "1", sys.executable, "-m", "glassllm.cli", *train,
+                             ":", "-n", "1", sys.executable, "-m", "glassllm.launch",
+                             str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(), start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError("rank 0 was left waiting for the interrupted rank 1")
+    assert proc.returncode != 0
+    assert "glassllm: interrupted" in err, err[-3000:]
+    assert "glassllm: rank 1 of 2 (pid " in err and "was killed by SIGINT (signal 2): Ctrl-C " \
+        "(SIGINT) outside the training loop" in err, err[-3000:]
+    assert _rank_pid(proc.pid, 0) is None
+
+
 def test_a_stopped_rank_ends_the_job_at_the_collective_timeout(mpiexec, tmp_path):
     started = time.monotonic()
     proc = subprocess.Popen([mpiexec, "-n", "2", sys.executable, str(HERE / "mpi_job.py"),

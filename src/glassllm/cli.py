@@ -1014,7 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
     except KeyboardInterrupt:
         print("\nglassllm: interrupted", file=sys.stderr, flush=True)
-        return 130
+        return launch.interrupted_exit(130)  # under mpiexec: never leave the others waiting
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
     from .blas import BlasError
     try:
@@ -1026,6 +1026,8 @@ def main(argv: list[str] | None = None) -> int:
         # rank 0 alone says so.
         if line is not None and getattr(getattr(args, "comm", None), "rank", 0) == 0:
             print(line, file=sys.stderr, flush=True)
+        if isinstance(e, KeyboardInterrupt):  # e.g. before MPI_Init: see interrupted_exit
+            return launch.interrupted_exit(code)
         return code
 
 

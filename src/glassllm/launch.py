@@ -12,8 +12,9 @@ it. When the child is killed by a signal, the supervisor prints
 
     glassllm: rank 1 of 2 (pid 4242 on node7) was killed by SIGKILL (signal 9) ...
 
-and exits with 128 + the signal number, and only then does the launcher learn that a rank
-failed and end the others. The child dies with its supervisor (PR_SET_PDEATHSIG on Linux).
+and ends itself by the same signal, and only then does the launcher learn that a rank
+failed and end the others (an exit code would not do: before MPI_Init, hydra waits forever
+for the other ranks of a process that exited with one). The child dies with its supervisor (PR_SET_PDEATHSIG on Linux).
 Signals: mpiexec (hydra) and srun signal the whole process group, so the child receives Ctrl-C
 itself and the supervisor ignores it; a SIGTERM sent to the supervisor alone is passed on.
 
@@ -22,6 +23,7 @@ supervisor (as `python -m mpi4py SCRIPT` gives it its error handling).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -64,8 +66,9 @@ def needs_supervisor(environ=None) -> bool:
 
 
 def supervise(command: list[str]) -> int:
-    """Run `command` as this rank's child and return its exit status (128 + N if signal N
-    ended it, after printing which rank it was; see the module doc)."""
+    """Run `command` as this rank's child and return its exit status; if signal N ended
+    the child, print which rank it was and end this process by signal N too (see the module
+    doc and `interrupted_exit`)."""
     rank, size = launcher_rank(), launcher_size()
     # The launcher signals the whole process group: the child gets Ctrl-C itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -96,7 +99,31 @@ def supervise(command: list[str]) -> int:
           f"(signal {number}): {cause}; the launcher ends the other ranks", file=sys.stderr,
           flush=True)
     time.sleep(0.5)  # let the launcher forward that line before it learns of the exit
-    return 128 + number
+    # End by the same signal, not with an exit code: hydra ends the job when a process it
+    # started dies by a signal, even before MPI_Init, but waits forever for the others when
+    # one exits with a code before MPI_Init (seen: Ctrl-C during start-up hung the job).
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL's action cannot be set
+        signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    return 128 + number  # a signal whose default action does not end a process
+
+
+def interrupted_exit(code: int = 130) -> int:
+    """How a process that Ctrl-C ended outside the code that handles it exits: `code`, or,
+    as one of N > 1 ranks of an MPI launcher, by killing itself with SIGINT.
+
+    MPICH's hydra ends the job when one of its processes dies by a signal, even one that
+    never reached MPI_Init; but a process that exits with a code before MPI_Init leaves the
+    others waiting in MPI_Init forever (seen: Ctrl-C half a second after `mpiexec -n 2
+    glassllm train` reached one rank while it built the parser and another in MPI_Init: the
+    job hung). Every rank gets the Ctrl-C, so ending the job is what the user asked for."""
+    if launcher_size() == 1:
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    return code  # not reached: the default action of SIGINT ends the process
 
 
 def _child_setup():
