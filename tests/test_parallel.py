@@ -9,6 +9,8 @@ import weakref
 import numpy as np
 import pytest
 
+from conftest import skip_or_fail
+
 from glassllm import Config, GlassLM, Tensor, cpu, parallel
 from glassllm import functional as F
 from glassllm.optim import AdamW, clip_grad_norm
@@ -78,12 +80,12 @@ def test_set_num_threads_rejects_zero():
         parallel.set_num_threads(0)
 
 
-def _train_step(cfg, n_threads):
+def _train_step(cfg, n_threads, shape=(4, 80)):  # T 80 > ATTENTION_BLOCK: two query blocks
     with cpu.use_threads(n_threads):  # BLAS and the elementwise pool
         model = GlassLM(cfg, seed=3)
         rng = np.random.default_rng(0)
-        x = rng.integers(0, cfg.vocab_size, (4, 80))  # 80 > ATTENTION_BLOCK: two query blocks
-        y = rng.integers(0, cfg.vocab_size, (4, 80))
+        x = rng.integers(0, cfg.vocab_size, shape)
+        y = rng.integers(0, cfg.vocab_size, shape)
         opt = AdamW(model.parameters(), lr=1e-2)
         loss = model.loss(x, y)
         loss.backward()
@@ -126,6 +128,32 @@ def test_a_training_step_gives_identical_bits_on_one_and_two_threads(family, thr
                "swiglu" if family == "llama" else "gelu", "sum_of_squares",
                "_in_slices") + (("rope",) if family == "llama" else ()):
         assert op in ran, f"{op} never ran in the pool: {ran}"
+    assert one[0] == two[0] and one[1] == two[1]
+    for name in one[2]:
+        np.testing.assert_array_equal(one[2][name], two[2][name], err_msg=name)
+        np.testing.assert_array_equal(one[3][name], two[3][name], err_msg=name)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_odd_shapes_give_identical_bits_on_one_and_two_threads_with_mkl(family, threads):
+    """The README's "same bits on any thread count" on a model whose widths are not the
+    BLAS kernels' multiples (d_model 40, vocab 91, T 67: products cut after row 20 or 167).
+    Holds on MKL in strict CNR mode; NumPy's OpenBLAS rounds some rows of this model 1 ulp
+    differently when a product is cut (its weights differ after one step), which is why the
+    README claims the bits for MKL only."""
+    from glassllm import blas
+    from test_blas import mkl_installed
+    if not mkl_installed():
+        skip_or_fail("the optional 'mkl' package is not installed")
+    saved = blas._requested, blas._use
+    blas.set_backend("mkl")
+    try:
+        cfg = Config(vocab_size=91, d_model=40, n_layers=1, n_heads=5,
+                     n_kv_heads=5 if family == "llama" else None, max_len=70, family=family)
+        parallel.SLICE_ELEMENTS, parallel.MIN_PARALLEL_ELEMENTS = 512, 1024
+        one, two = _train_step(cfg, 1, (5, 67)), _train_step(cfg, 2, (5, 67))
+    finally:
+        blas._requested, blas._use = saved
     assert one[0] == two[0] and one[1] == two[1]
     for name in one[2]:
         np.testing.assert_array_equal(one[2][name], two[2][name], err_msg=name)

@@ -14,8 +14,10 @@ thread and the fused ops cut their products into row slices that this pool runs 
 the work: OpenBLAS's own workers spin for a while after each product, and when they share
 the cores with this pool, every elementwise pass that follows waits for a thread that the
 scheduler has parked behind a spinning one (on a busy machine a step became 13x slower).
-Each output row of a product is computed the same way whichever slice it is in, so the
-results are the same bits on any thread count.
+Each output row of a product is computed whole, in one slice; on MKL's strict reproducible
+mode (`glassllm.blas`) it comes out the same bits whichever slice it is in, so the results are
+the same bits on any thread count. NumPy's OpenBLAS does not promise that: on some shapes it
+rounds a row 1 ulp differently when the product is cut elsewhere.
 
 The work function must only write to its own slice of preallocated outputs. Calls from
 inside a worker run serially (no nested pools, no deadlock). The caller's autocast state
