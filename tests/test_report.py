@@ -126,3 +126,44 @@ def test_inspect_a_gpt2_model():
     assert "final_norm bias" in ins.attributions[0].labels
     assert ins.patterns.shape == (2, 4, len(PROMPT), len(PROMPT))
     assert page_json(render_html(ins))["model"]["family"] == "gpt2"
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([b'{"step": 0}', b"null", b'{"step": 2}'], "health.jsonl:2: not a health row"),
+    ([b'{"step": 0}', b'[1, 2]', b'{"step": 2}'], "health.jsonl:2: not a health row"),
+    ([b'{"step": 0}', b'{"step": "x"}', b'{"step": 2}'], "health.jsonl:2: not a health row"),
+    ([b'{"step": 0}', b'{"st', b'{"step": 2}'], "health.jsonl:2: not a JSON line"),
+    ([b'\xfb\xfe\x00garbage', b'{"step": 2}'], "health.jsonl:1: not a UTF-8 text"),
+])
+def test_cli_inspect_and_plot_name_a_damaged_health_file(model, tmp_path, capsys, lines,
+                                                          message):
+    # breakit11: a `null` row reached the page (a TypeError in the browser, no view drawn),
+    # bad middle lines were dropped without a word, and binary garbage gave "'utf-8' codec
+    # can't decode byte 0xfb" naming no file
+    files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "history.csv").write_text("step,train_loss,val_loss,lr\n0,5.5,5.4,0.001\n")
+    (run / "health.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "r.html"
+    assert main(["inspect", "--model", str(tmp_path / "m.safetensors"), "--prompt", PROMPT,
+                 "--run", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("glassllm inspect: error:") and message in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main(["plot", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("glassllm plot: error:") and message in err, err
+
+
+def test_health_rows_torn_last_line_and_non_finite_values(model, tmp_path):
+    # a run killed mid-write leaves a torn last line (cut inside a UTF-8 character, even);
+    # NaN/Infinity from another writer read as None: the page's JSON cannot hold them
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "health.jsonl").write_bytes(b'{"step": 0, "loss": NaN}\n{"step": 5, '
+                                       b'"global_grad_norm": Infinity}\n{"step": 10, "x": "\xc3')
+    tok = ByteTokenizer()
+    ins = inspect_model(model, tok.encode(PROMPT), tok, run_dir=str(run))
+    rows = page_json(render_html(ins))["run"]["health"]
+    assert rows == [{"step": 0, "loss": None}, {"step": 5, "global_grad_norm": None}]

@@ -295,19 +295,38 @@ def _truncate_rows(path: str, start: int) -> None:
 
 
 def read_health(path) -> list[dict]:
-    """Rows of a health.jsonl; a torn last line (a run killed mid-write) is skipped.
+    """Rows of a health.jsonl, each a dict with a numeric "step"; a torn last line (a run
+    killed mid-write) is skipped, and NaN/Infinity (which the writer never emits) read as None,
+    the writer's stand-in for a non-finite value.
 
-    Raises FileNotFoundError; ValueError for a line in the middle that is not JSON."""
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: naming the file (and line): not UTF-8 text, a line before the last that is
+            not JSON, or a row that is not a JSON object with a numeric step.
+    """
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines and not lines[-1].strip():
+        lines.pop()  # the newline that ends the last row
     rows = []
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
+        last = n == len(lines)
         try:
-            rows.append(json.loads(line))
+            row = json.loads(raw.decode("utf-8"), parse_constant=lambda _: None)
+        except UnicodeDecodeError:
+            if last:
+                break
+            raise ValueError(f"{path}:{n}: not a UTF-8 text health file") from None
         except json.JSONDecodeError as e:
-            if n == len(lines):
+            if last:
                 break
             raise ValueError(f"{path}:{n}: not a JSON line: {e}") from None
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or \
+                not math.isfinite(step):
+            raise ValueError(f"{path}:{n}: not a health row (a JSON object with a numeric "
+                             f"step): {raw[:60].decode('utf-8', 'replace')!r}")
+        rows.append(row)
     return rows

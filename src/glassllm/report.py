@@ -116,10 +116,11 @@ class TokenTexts:
 
 def read_run(run_dir) -> tuple[dict | None, list[dict] | None]:
     """(history, health rows) of a run directory: history via `plots.read_history` (None if
-    absent), health.jsonl rows (None if absent; a torn last line, from a run killed
-    mid-write, is skipped).
+    absent), health.jsonl rows via `health.read_health` (None if absent; a torn last line,
+    from a run killed mid-write, is skipped).
 
-    Raises FileNotFoundError if run_dir is not a directory; ValueError for a corrupt history.
+    Raises FileNotFoundError if run_dir is not a directory; ValueError for a corrupt history
+    or health.jsonl (naming the file and line).
     """
     from .plots import find_history, read_history
     if not os.path.isdir(run_dir):
@@ -128,16 +129,9 @@ def read_run(run_dir) -> tuple[dict | None, list[dict] | None]:
         history = read_history(find_history(run_dir))
     except FileNotFoundError:
         history = None
-    health = None
+    from .health import read_health
     path = os.path.join(run_dir, "health.jsonl")
-    if os.path.isfile(path):
-        health = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    health.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+    health = read_health(path) if os.path.isfile(path) else None
     return history, health
 
 
