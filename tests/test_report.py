@@ -167,3 +167,16 @@ def test_health_rows_torn_last_line_and_non_finite_values(model, tmp_path):
     ins = inspect_model(model, tok.encode(PROMPT), tok, run_dir=str(run))
     rows = page_json(render_html(ins))["run"]["health"]
     assert rows == [{"step": 0, "loss": None}, {"step": 5, "global_grad_norm": None}]
+
+
+def test_summary_escapes_control_characters(model):
+    # breakit11: a prompt (or a predicted token) holding ESC, CR or DEL reached the terminal
+    # raw: "\x1b[2J" cleared the screen, "\r" overwrote the line
+    tok = ByteTokenizer()
+    ins = inspect_model(model, tok.encode("a\x1b[2Jb\rc\x7fd\u0085"), tok)
+    for color in (False, True):
+        text = summary(ins, color=color)
+        shown = text.replace("\x1b[0m", "")
+        shown = re.sub(r"\x1b\[[34]8;2;\d+;\d+;\d+m", "", shown)  # the summary's own colours
+        assert not any(ord(c) < 32 and c != "\n" or 127 <= ord(c) < 160 for c in shown), shown
+        assert "a\\x1b" in shown and "\\x0d" in shown and "\\x7f" in shown

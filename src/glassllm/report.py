@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import unicodedata
 
 import numpy as np
 
@@ -145,7 +146,11 @@ def _ansi_bg(level: float) -> str:
 
 
 def _visible(text: str) -> str:
-    return text.replace("\n", "\u21b5").replace("\t", "\u21e5")
+    """Text safe to print on a terminal: newline and tab as arrows, every other control
+    character (ESC, CR, DEL, C1; Unicode category Cc) as \\xNN, so a token cannot move the
+    cursor, recolour or clear the screen."""
+    text = text.replace("\n", "\u21b5").replace("\t", "\u21e5")
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text)
 
 
 def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
@@ -169,13 +174,13 @@ def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
     lines.append("".join(parts))
     lines.append(f"logit lens at the last position (after '{_visible(ins.text(ins.ids[-1]))}'):")
     for row, label in enumerate(ins.lens.layers):
-        guesses = ", ".join(f"{_visible(ins.text(i))!r} {p:.2f}"
+        guesses = ", ".join(f"'{_visible(ins.text(i))}' {p:.2f}"
                             for i, p in zip(ins.lens.top_ids[row, -1][:top],
                                             ins.lens.top_probs[row, -1][:top]))
         lines.append(f"  {label:>10}: {guesses}")
     attr = ins.attributions[-1]
     lines.append(f"largest direct attributions to the top guess "
-                 f"{_visible(ins.text(attr.token))!r} (logit {attr.total:.3f}):")
+                 f"'{_visible(ins.text(attr.token))}' (logit {attr.total:.3f}):")
     for label, value in attr.top(top):
         lines.append(f"  {label:>18} {value:+.3f}")
     heads = attr.heads()
