@@ -180,3 +180,22 @@ def test_summary_escapes_control_characters(model):
         shown = re.sub(r"\x1b\[[34]8;2;\d+;\d+;\d+m", "", shown)  # the summary's own colours
         assert not any(ord(c) < 32 and c != "\n" or 127 <= ord(c) < 160 for c in shown), shown
         assert "a\\x1b" in shown and "\\x0d" in shown and "\\x7f" in shown
+
+
+def test_cli_inspect_refuses_an_unwritable_out_before_running(model, tmp_path, capsys,
+                                                              monkeypatch):
+    # breakit11: --out in a missing directory ran every analysis and printed the whole
+    # summary before failing on the write
+    files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
+    import glassllm.report as report
+
+    def analyses_ran(*args, **kwargs):
+        raise AssertionError("the analyses ran before --out was checked")
+
+    monkeypatch.setattr(report, "inspect_model", analyses_ran)
+    for out, message in ((tmp_path / "missing" / "r.html", "does not exist"),
+                         (tmp_path / "m.safetensors" / "r.html", "is a file")):
+        assert main(["inspect", "--model", str(tmp_path / "m.safetensors"), "--prompt", PROMPT,
+                     "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and message in captured.err and str(out) in captured.err

@@ -950,7 +950,7 @@ def add_inspect(sub) -> None:
 
 
 def run_inspect(args) -> int:
-    from .report import inspect_model, summary, write_html
+    from .report import check_report_path, inspect_model, summary, write_html
 
     try:
         args.prompt.encode("utf-8")
@@ -961,6 +961,7 @@ def run_inspect(args) -> int:
         raise UsageError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.out.lower().endswith((".html", ".htm")):
         raise UsageError(f"--out {args.out}: the report is HTML; give a .html path")
+    check_report_path(args.out)  # before the model runs, not after
     model, tokenizer = load_model_and_tokenizer(args.model)
     if args.tokenizer is not None:
         tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)

@@ -255,6 +255,17 @@ def render_html(ins: Inspection) -> str:
     return _PAGE.replace("__TITLE__", title).replace("__DATA__", payload)
 
 
+def check_report_path(path, label: str = "--out") -> None:
+    """Refuse, before any analysis runs, a report path that cannot be written: empty, a
+    directory, in a directory that does not exist, or without write permission there
+    (`runfiles.check_output_paths`). Raises ValueError, one line naming `label` and path."""
+    from .runfiles import check_output_paths
+    check_output_paths({label: path})
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(directory):
+        raise ValueError(f"{label} {os.fspath(path)}: directory {directory} does not exist")
+
+
 def write_html(ins: Inspection, path) -> str:
     """Write `render_html(ins)` to path atomically; returns path."""
     with atomic_write(path, "w", encoding="utf-8") as f:
