@@ -199,3 +199,22 @@ def test_cli_inspect_refuses_an_unwritable_out_before_running(model, tmp_path, c
                      "--out", str(out)]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and message in captured.err and str(out) in captured.err
+
+
+def test_a_model_whose_float32_forward_breaks_gets_a_page_or_one_line(tmp_path, capsys):
+    # breakit11: a NaN inside the forward made render_html fail with "Out of range float
+    # values are not JSON compliant"; finite weights of 1e30 (float32 overflow in the norm)
+    # made the attribution self-check raise through `glassllm inspect` as a traceback
+    tok = ByteTokenizer()
+    broken = GlassLM(Config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_len=32))
+    broken.blocks[1].mlp.down.weight.data[0, 0] = np.nan
+    data = page_json(render_html(inspect_model(broken, tok.encode("hello hello"), tok)))
+    assert data["surprise"]["mean_nats"] is None and data["attributions"][-1]["total"] is None
+    huge = GlassLM(Config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_len=32))
+    huge.token_embedding.weight.data *= 1e30
+    files.save(huge, tmp_path / "huge.safetensors", tokenizer=tok)
+    assert main(["inspect", "--model", str(tmp_path / "huge.safetensors"), "--prompt", "hello",
+                 "--out", str(tmp_path / "r.html")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("glassllm inspect: error: self-check failed: attribution parts")
+    assert len(err.strip().splitlines()) == 1

@@ -212,6 +212,13 @@ def _r(a, digits=4):
     return out
 
 
+def _f(x, digits=4):
+    """One rounded float for JSON (NaN/inf -> None: a model whose float32 forward overflows
+    still gets its page)."""
+    x = float(x)
+    return round(x, digits) if math.isfinite(x) else None
+
+
 def page_data(ins: Inspection) -> dict:
     """The JSON the page draws from."""
     text = ins.text
@@ -223,17 +230,17 @@ def page_data(ins: Inspection) -> dict:
     for a in ins.attributions:
         order = np.argsort(-np.abs(a.values), kind="stable")[:16]
         attributions.append(dict(position=a.position, token=text(a.token),
-                                 total=round(a.total, 4),
+                                 total=_f(a.total),
                                  labels=[a.labels[i] for i in order],
                                  values=_r(a.values[order]), heads=_r(a.heads())))
     data = dict(
         title=ins.title, model=ins.cfg, tokens=[text(i) for i in ins.ids],
         ids=[int(i) for i in ins.ids],
         surprise=dict(nats=_r(s.nats), bits=_r(s.bits), rank=s.rank.tolist(),
-                      top=[[[text(i), round(float(p), 4)] for i, p in zip(ti, tp)]
-                           for ti, tp in zip(s.top_ids, s.top_probs)], mean_nats=s.mean_nats),
+                      top=[[[text(i), _f(p)] for i, p in zip(ti, tp)]
+                           for ti, tp in zip(s.top_ids, s.top_probs)], mean_nats=_f(s.mean_nats, 6)),
         lens=dict(layers=lens.layers,
-                  top=[[[[text(i), round(float(p), 4)] for i, p in zip(ti, tp)]
+                  top=[[[[text(i), _f(p)] for i, p in zip(ti, tp)]
                         for ti, tp in zip(row_ids, row_p)]
                        for row_ids, row_p in zip(lens.top_ids, lens.top_probs)],
                   target_prob=_r(lens.target_prob), target_rank=lens.target_rank.tolist()),
@@ -429,7 +436,7 @@ function buildLens() {
 function buildSurprise() {
   const s = DATA.surprise, cap = Math.max(8, ...s.bits);
   $("surprise-note").textContent = "Each token coloured by the surprise of predicting it (white 0 bits, red " + cap.toFixed(0) +
-    " bits). Mean " + fmt(s.mean_nats) + " nats = " + fmt(s.mean_nats / Math.LN2) + " bits per token. Hover for rank and alternatives.";
+    " bits). Mean " + fmt(s.mean_nats) + " nats = " + fmt(s.mean_nats === null ? null : s.mean_nats / Math.LN2) + " bits per token. Hover for rank and alternatives.";
   DATA.tokens.forEach((t, i) => { const span = el("span", {"class": "tok"}, vis(t));
     if (i > 0) { span.style.background = heat(s.bits[i - 1] / cap);
       const text = "token " + i + " " + JSON.stringify(t) + ": " + fmt(s.nats[i - 1]) + " nats, " + fmt(s.bits[i - 1]) +
