@@ -94,6 +94,22 @@ def test_attribution_self_check_fires_when_a_part_is_missing(monkeypatch):
         logit_attribution(model, ids)
 
 
+def test_self_checks_fail_on_nan_instead_of_passing_silently():
+    """NaN compares False: a check written `if error > tol: raise` let a model whose forward
+    gives NaN pass every self-check (break-it finding). Each check must raise on NaN."""
+    model = model_for("llama")
+    model.final_norm.weight.data[0] = np.nan
+    ids = seq(model.cfg)
+    with pytest.raises(AttributionError):
+        interpret.logit_lens(model, ids)
+    with pytest.raises(AttributionError):
+        logit_attribution(model, ids)
+    with pytest.raises(AttributionError):
+        interpret.token_surprise(model, ids)
+    with pytest.raises(ValueError, match="k must be"):
+        interpret.logit_lens(model_for("llama"), ids, k=0)
+
+
 def test_token_surprise_matches_the_loss():
     model = model_for("llama")
     ids = seq(model.cfg, T=10)
