@@ -90,6 +90,8 @@ def logit_lens(model: GlassLM, ids, k: int = 5) -> LogitLens:
     """The logit lens on one sequence: residual_in of block 0, then each residual_out,
     through the final norm and unembedding. Raises AttributionError if the last row differs
     from the model's own probabilities by more than 1e-4."""
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"logit_lens: k must be an integer >= 1, got {k!r}")
     ids = _one_row(model, ids)
     L = model.cfg.n_layers
     names = ["blocks.0.residual_in"] + [f"blocks.{i}.residual_out" for i in range(L)]
@@ -98,7 +100,7 @@ def logit_lens(model: GlassLM, ids, k: int = 5) -> LogitLens:
     logp = _log_softmax(unembed(model, resid))  # (L+1, T, V)
     probs = np.exp(logp)
     diff = float(np.abs(probs[-1] - np.exp(_log_softmax(logits[0]))).max())
-    if diff > 1e-4:
+    if not diff <= 1e-4:  # NaN fails too
         raise AttributionError(f"logit lens: last layer differs from the model by {diff:.2e}")
     k = min(k, probs.shape[-1])
     top = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
@@ -217,7 +219,7 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     final = cache[f"blocks.{L - 1}.residual_out"][0, position].astype(np.float64)
     scale = np.abs(final).max()
     residual_error = float(np.abs(parts.sum(0) - final).max())
-    if residual_error > 1e-4 * scale:
+    if not residual_error <= 1e-4 * scale:  # written so that NaN fails too
         raise AttributionError(f"residual parts miss the final residual by {residual_error:.2e}")
     norm = model.final_norm
     w = norm.weight.data.astype(np.float64)
@@ -233,7 +235,7 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
         labels.append("final_norm bias")
         values = np.append(values, norm.bias.data.astype(np.float64) @ direction)
     error = abs(values.sum() - total)
-    if error > 1e-4 * abs(total) + 1e-6:
+    if not error <= 1e-4 * abs(total) + 1e-6:
         raise AttributionError(f"attribution parts sum to {values.sum():.6f}, the model's "
                                f"logit is {total:.6f} (|diff| {error:.2e})")
     return Attribution(labels, values, float(total), position, token, against,
@@ -265,7 +267,7 @@ def token_surprise(model: GlassLM, ids, k: int = 5) -> Surprise:
     logp = _log_softmax(logits[0])
     nxt = ids[0, 1:]
     nats = -logp[np.arange(len(nxt)), nxt]
-    if abs(nats.mean() - cache.loss) > 1e-5:
+    if not abs(nats.mean() - cache.loss) <= 1e-5:
         raise AttributionError(f"token surprise mean {nats.mean()} != model loss {cache.loss}")
     rank = (logp > -nats[:, None]).sum(-1)
     k = min(k, logp.shape[-1])
