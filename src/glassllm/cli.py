@@ -1038,8 +1038,8 @@ def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
                    f"run{detail}; use smaller sizes")
     from .interpret import AttributionError
     if isinstance(e, AttributionError):  # not the user's input: the numbers disagree
-        return 1, (f"glassllm {command}: error: self-check failed: {_one_line(e)} (float32 "
-                   f"overflow in this model's forward?)")
+        hint = "" if "not finite" in str(e) else " (float32 overflow in this model's forward?)"
+        return 1, f"glassllm {command}: error: self-check failed: {_one_line(e)}{hint}"
     return 2, f"glassllm {command}: error: {_one_line(e)}"
 
 

@@ -86,6 +86,15 @@ class LogitLens:
     max_last_layer_diff: float
 
 
+def _require_finite(logits, what: str) -> None:
+    """A forward that produced NaN or inf (float32 overflow, a damaged weight) leaves nothing
+    to analyse or to check the analysis against: say so, instead of a self-check comparing
+    NaN with NaN."""
+    if not np.isfinite(logits).all():
+        raise AttributionError(f"{what}: the model's logits are not finite (NaN or inf in its "
+                               f"float32 forward)")
+
+
 def logit_lens(model: GlassLM, ids, k: int = 5) -> LogitLens:
     """The logit lens on one sequence: residual_in of block 0, then each residual_out,
     through the final norm and unembedding. Raises AttributionError if the last row differs
@@ -96,6 +105,7 @@ def logit_lens(model: GlassLM, ids, k: int = 5) -> LogitLens:
     L = model.cfg.n_layers
     names = ["blocks.0.residual_in"] + [f"blocks.{i}.residual_out" for i in range(L)]
     logits, cache = run_with_cache(model, ids, names=names)
+    _require_finite(logits, "logit lens")
     resid = np.stack([cache[n][0] for n in names])  # (L+1, T, C)
     logp = _log_softmax(unembed(model, resid))  # (L+1, T, V)
     probs = np.exp(logp)
@@ -206,6 +216,7 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     if cache is None:  # one run can serve many positions: pass a cache holding these names
         _, cache = run_with_cache(model, ids, names=names)
     z = cache["logits"][0, position].astype(np.float64)
+    _require_finite(z, "logit attribution")
     if token is None:
         token = int(np.argmax(z))
     for t in (token, against):
@@ -264,6 +275,7 @@ def token_surprise(model: GlassLM, ids, k: int = 5) -> Surprise:
     if ids.shape[1] < 2:
         raise ValueError("token_surprise needs at least 2 tokens (one to predict)")
     logits, cache = run_with_cache(model, ids[:, :-1], targets=ids[:, 1:], names=["logits"])
+    _require_finite(logits, "token surprise")
     logp = _log_softmax(logits[0])
     nxt = ids[0, 1:]
     nats = -logp[np.arange(len(nxt)), nxt]
