@@ -250,3 +250,6 @@ def test_ci_has_both_backends():
     NumPy one runs in every test under GLASSLLM_BLAS=numpy (.ci/run's second pass)."""
     if in_ci() and platform.machine() == "x86_64" and sys.platform == "linux":
         assert mkl_installed(), "pip install -e '.[test]' should have installed mkl"
+    from conftest import REPO
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "GLASSLLM_BLAS=numpy python -m pytest" in ci and "tests/test_blas.py" in ci

@@ -138,13 +138,14 @@ def test_ctrl_c_keeps_whole_rows_and_resume_continues_them(tmp_path):
         [{k: v for k, v in r.items() if k not in drop} for r in want]
 
 
-def _shakespeare_run(lr, steps=40, warmup=10, every=5, d_model=64, n_layers=2, batch=8):
+def _shakespeare_run(lr, steps=40, warmup=10, every=5, d_model=64, n_layers=2, batch=8,
+                     family="llama"):
     data = np.frombuffer(open(SHAKESPEARE, "rb").read(200_000), dtype=np.uint8)
     data = data.astype(np.int64)
     s = TrainSettings(steps=steps, batch_size=batch, seq_len=64, lr=lr, warmup=warmup,
                       eval_every=10**6, eval_batches=1, health_every=every)
-    model = GlassLM(Config(d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2,
-                           max_len=64))
+    model = GlassLM(Config(family=family, d_model=d_model, n_layers=n_layers, n_heads=4,
+                           n_kv_heads=2 if family == "llama" else 4, max_len=64))
     events = []
     Trainer(s, ArrayBatches(data[:180_000]), ArrayBatches(data[180_000:])).run(
         model, on_event=events.append)
@@ -167,6 +168,13 @@ def _check_flagged_and_quiet(**run):
 @pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data")
 def test_lr_1_is_flagged_and_the_default_lr_is_quiet():
     _check_flagged_and_quiet()
+
+
+@pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data")
+def test_lr_1_is_flagged_and_the_default_lr_is_quiet_for_gpt2():
+    # breakit11: gpt2's zero-initialised biases have update:data near 10^-0.3 early, so the
+    # default run warned "17 of 36 params"; only weight matrices are watched
+    _check_flagged_and_quiet(family="gpt2")
 
 
 @pytest.mark.slow

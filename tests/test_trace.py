@@ -378,3 +378,20 @@ def test_untraced_forward_has_no_trace():
     run_with_cache(model, x)
     np.testing.assert_array_equal(model(x).data, a)
     assert isinstance(model(x), Tensor)
+
+
+def test_stop_at_is_one_exact_name_and_edit_patterns_edit_every_match():
+    # breakit11: stop_at="*.q" raised a bare KeyError, stop_at="blocks.*.attention.q" ran the
+    # whole forward without stopping, and Edit("blocks.*.mlp.output", ...) edited nothing
+    model = model_for("llama")
+    x, _ = batch(model.cfg)
+    for pattern in ("*.q", "blocks.*.attention.q", "blocks.[01].residual_in"):
+        with pytest.raises(ValueError, match="stop_at takes one exact name"):
+            run_with_cache(model, x, stop_at=pattern)
+    clean, _ = run_with_cache(model, x, names=["logits"])
+    by_pattern, _ = run_with_cache(model, x, names=["logits"],
+                                   edits=[Edit("blocks.*.mlp.output", ..., 0.0)])
+    one_by_one, _ = run_with_cache(model, x, names=["logits"], edits=[
+        Edit(f"blocks.{i}.mlp.output", ..., 0.0) for i in range(model.cfg.n_layers)])
+    assert np.abs(clean - one_by_one).max() > 1e-4
+    np.testing.assert_array_equal(by_pattern, one_by_one)

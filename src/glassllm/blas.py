@@ -27,7 +27,9 @@ Choosing the backend:
     GLASSLLM_BLAS=numpy           NumPy only; MKL is never loaded
     set_backend(name)             the same from Python ("auto", "mkl", "numpy")
 `backend()` says which one is in use and `describe()` says it in words (with the reason MKL is
-not used, under "auto"). MKL is loaded at the first product, not at import.
+not used, under "auto"). MKL is loaded at the first product, not at import. GLASSLLM_BLAS is
+read once, when glassllm.blas is imported: changing os.environ afterwards changes nothing,
+set_backend does.
 
 What the MKL path takes -- everything else goes to `np.matmul`, which then also raises NumPy's
 errors for shapes that do not fit:

@@ -959,7 +959,7 @@ def add_inspect(sub) -> None:
 
 
 def run_inspect(args) -> int:
-    from .report import inspect_model, summary, write_html
+    from .report import check_report_path, inspect_model, summary, write_html
 
     try:
         args.prompt.encode("utf-8")
@@ -970,6 +970,7 @@ def run_inspect(args) -> int:
         raise UsageError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.out.lower().endswith((".html", ".htm")):
         raise UsageError(f"--out {args.out}: the report is HTML; give a .html path")
+    check_report_path(args.out)  # before the model runs, not after
     model, tokenizer = load_model_and_tokenizer(args.model)
     if args.tokenizer is not None:
         tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
@@ -1017,10 +1018,11 @@ def main(argv: list[str] | None = None) -> int:
         return launch.interrupted_exit(130)  # under mpiexec: never leave the others waiting
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
     from .blas import BlasError
+    from .interpret import AttributionError
     try:
         return int(args.func(args) or 0)
     except (KeyboardInterrupt, BrokenPipeError, MemoryError, UsageError, OSError,
-            ValueError, BlasError) as e:
+            ValueError, BlasError, AttributionError) as e:
         code, line = _error_report(args.command, e)
         # Under mpiexec every rank meets the same errors (glassllm.distributed.agreement):
         # rank 0 alone says so.
@@ -1045,6 +1047,10 @@ def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
         detail = f" ({e})" if str(e) else ""
         return 2, (f"glassllm {command}: error: not enough memory for this {command} "
                    f"run{detail}; use smaller sizes")
+    from .interpret import AttributionError
+    if isinstance(e, AttributionError):  # not the user's input: the numbers disagree
+        hint = "" if "not finite" in str(e) else " (float32 overflow in this model's forward?)"
+        return 1, f"glassllm {command}: error: self-check failed: {_one_line(e)}{hint}"
     return 2, f"glassllm {command}: error: {_one_line(e)}"
 
 

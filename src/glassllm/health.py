@@ -25,8 +25,9 @@ The activations are the ones of the training step itself: on a health step the s
 under a `glassllm.trace.Trace` that only reads values (no edits, no gradient capture), so
 the update is bit-identical to an unobserved one.
 
-Warnings: when a watched ratio (a tensor's update:data ratio, a layer's saturated or dead
-fraction; `BANDS`) stays outside its band for `patience` checks in a row, or a check finds
+Warnings: when a watched ratio (a weight matrix's update:data ratio -- 1-D biases and norm
+gains are measured but not watched, as in makemore; a layer's saturated or dead fraction;
+`BANDS`) stays outside its band for `patience` checks in a row, or a check finds
 non-finite values: one line per kind (a `HealthWarning` event).
 """
 from __future__ import annotations
@@ -150,6 +151,10 @@ class HealthMonitor:
         self.model, self.optimizer, self.every, self.clip = model, optimizer, every, clip
         self.bands, self.patience = dict(BANDS if bands is None else bands), patience
         self.names = {id(p): n for n, p in model.named_parameters()}
+        # the update:data warning watches weight matrices only, as makemore's plot does
+        # (p.ndim == 2): biases start at 0 and norm gains at 1, so their relative change is
+        # large early by construction (gpt2's 17 zero biases flagged a default run)
+        self.matrices = {n for n, p in model.named_parameters() if p.data.ndim >= 2}
         self.path = None if path is None else os.fspath(path)
         self._file = None
         if self.path is not None:
@@ -242,7 +247,8 @@ class HealthMonitor:
         for key, (low, high) in self.bands.items():
             group = "params" if key == "update_to_data_log10" else "activations"
             values = {name: stats[key] for name, stats in row.get(group, {}).items()
-                      if stats.get(key) is not None}
+                      if stats.get(key) is not None and
+                      (group != "params" or name in self.matrices)}
             for name, value in values.items():
                 series = (key, name)
                 outside = not low <= value <= high
@@ -261,9 +267,10 @@ class HealthMonitor:
             hint = {"update_to_data_log10": "learning rate too high?" if value > high
                     else "learning stalled?", "saturated": "learning rate too high?",
                     "dead": "units stopped learning"}.get(key, "")
+            kind = "weight matrices" if group == "params" else group
             out.append(HealthWarning(step, (
                 f"health: {what} outside [{low:g}, {high:g}] for {self.patience}+ checks in a "
-                f"row in {len(long)} of {len(values)} {group} at step {step} (worst {worst}: "
+                f"row in {len(long)} of {len(values)} {kind} at step {step} (worst {worst}: "
                 f"{value:.2f}); {hint}")))
             self._warned.update((key, n) for n in long)
         if row["nonfinite"]:
@@ -295,19 +302,38 @@ def _truncate_rows(path: str, start: int) -> None:
 
 
 def read_health(path) -> list[dict]:
-    """Rows of a health.jsonl; a torn last line (a run killed mid-write) is skipped.
+    """Rows of a health.jsonl, each a dict with a numeric "step"; a torn last line (a run
+    killed mid-write) is skipped, and NaN/Infinity (which the writer never emits) read as None,
+    the writer's stand-in for a non-finite value.
 
-    Raises FileNotFoundError; ValueError for a line in the middle that is not JSON."""
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: naming the file (and line): not UTF-8 text, a line before the last that is
+            not JSON, or a row that is not a JSON object with a numeric step.
+    """
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines and not lines[-1].strip():
+        lines.pop()  # the newline that ends the last row
     rows = []
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
+        last = n == len(lines)
         try:
-            rows.append(json.loads(line))
+            row = json.loads(raw.decode("utf-8"), parse_constant=lambda _: None)
+        except UnicodeDecodeError:
+            if last:
+                break
+            raise ValueError(f"{path}:{n}: not a UTF-8 text health file") from None
         except json.JSONDecodeError as e:
-            if n == len(lines):
+            if last:
                 break
             raise ValueError(f"{path}:{n}: not a JSON line: {e}") from None
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or \
+                not math.isfinite(step):
+            raise ValueError(f"{path}:{n}: not a health row (a JSON object with a numeric "
+                             f"step): {raw[:60].decode('utf-8', 'replace')!r}")
+        rows.append(row)
     return rows

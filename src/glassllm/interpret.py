@@ -86,19 +86,31 @@ class LogitLens:
     max_last_layer_diff: float
 
 
+def _require_finite(logits, what: str) -> None:
+    """A forward that produced NaN or inf (float32 overflow, a damaged weight) leaves nothing
+    to analyse or to check the analysis against: say so, instead of a self-check comparing
+    NaN with NaN."""
+    if not np.isfinite(logits).all():
+        raise AttributionError(f"{what}: the model's logits are not finite (NaN or inf in its "
+                               f"float32 forward)")
+
+
 def logit_lens(model: GlassLM, ids, k: int = 5) -> LogitLens:
     """The logit lens on one sequence: residual_in of block 0, then each residual_out,
     through the final norm and unembedding. Raises AttributionError if the last row differs
     from the model's own probabilities by more than 1e-4."""
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"logit_lens: k must be an integer >= 1, got {k!r}")
     ids = _one_row(model, ids)
     L = model.cfg.n_layers
     names = ["blocks.0.residual_in"] + [f"blocks.{i}.residual_out" for i in range(L)]
     logits, cache = run_with_cache(model, ids, names=names)
+    _require_finite(logits, "logit lens")
     resid = np.stack([cache[n][0] for n in names])  # (L+1, T, C)
     logp = _log_softmax(unembed(model, resid))  # (L+1, T, V)
     probs = np.exp(logp)
     diff = float(np.abs(probs[-1] - np.exp(_log_softmax(logits[0]))).max())
-    if diff > 1e-4:
+    if not diff <= 1e-4:  # NaN fails too
         raise AttributionError(f"logit lens: last layer differs from the model by {diff:.2e}")
     k = min(k, probs.shape[-1])
     top = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
@@ -204,6 +216,7 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     if cache is None:  # one run can serve many positions: pass a cache holding these names
         _, cache = run_with_cache(model, ids, names=names)
     z = cache["logits"][0, position].astype(np.float64)
+    _require_finite(z, "logit attribution")
     if token is None:
         token = int(np.argmax(z))
     for t in (token, against):
@@ -217,7 +230,7 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     final = cache[f"blocks.{L - 1}.residual_out"][0, position].astype(np.float64)
     scale = np.abs(final).max()
     residual_error = float(np.abs(parts.sum(0) - final).max())
-    if residual_error > 1e-4 * scale:
+    if not residual_error <= 1e-4 * scale:  # written so that NaN fails too
         raise AttributionError(f"residual parts miss the final residual by {residual_error:.2e}")
     norm = model.final_norm
     w = norm.weight.data.astype(np.float64)
@@ -233,7 +246,7 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
         labels.append("final_norm bias")
         values = np.append(values, norm.bias.data.astype(np.float64) @ direction)
     error = abs(values.sum() - total)
-    if error > 1e-4 * abs(total) + 1e-6:
+    if not error <= 1e-4 * abs(total) + 1e-6:
         raise AttributionError(f"attribution parts sum to {values.sum():.6f}, the model's "
                                f"logit is {total:.6f} (|diff| {error:.2e})")
     return Attribution(labels, values, float(total), position, token, against,
@@ -262,10 +275,11 @@ def token_surprise(model: GlassLM, ids, k: int = 5) -> Surprise:
     if ids.shape[1] < 2:
         raise ValueError("token_surprise needs at least 2 tokens (one to predict)")
     logits, cache = run_with_cache(model, ids[:, :-1], targets=ids[:, 1:], names=["logits"])
+    _require_finite(logits, "token surprise")
     logp = _log_softmax(logits[0])
     nxt = ids[0, 1:]
     nats = -logp[np.arange(len(nxt)), nxt]
-    if abs(nats.mean() - cache.loss) > 1e-5:
+    if not abs(nats.mean() - cache.loss) <= 1e-5:
         raise AttributionError(f"token surprise mean {nats.mean()} != model loss {cache.loss}")
     rank = (logp > -nats[:, None]).sum(-1)
     k = min(k, logp.shape[-1])

@@ -14,8 +14,10 @@ thread and the fused ops cut their products into row slices that this pool runs 
 the work: OpenBLAS's own workers spin for a while after each product, and when they share
 the cores with this pool, every elementwise pass that follows waits for a thread that the
 scheduler has parked behind a spinning one (on a busy machine a step became 13x slower).
-Each output row of a product is computed the same way whichever slice it is in, so the
-results are the same bits on any thread count.
+Each output row of a product is computed whole, in one slice; on MKL's strict reproducible
+mode (`glassllm.blas`) it comes out the same bits whichever slice it is in, so the results are
+the same bits on any thread count. NumPy's OpenBLAS does not promise that: on some shapes it
+rounds a row 1 ulp differently when the product is cut elsewhere.
 
 The work function must only write to its own slice of preallocated outputs. Calls from
 inside a worker run serially (no nested pools, no deadlock). The caller's autocast state
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -58,20 +61,16 @@ def get_num_threads() -> int:
 
 
 def set_num_threads(n: int) -> None:
-    """Use n threads for elementwise work (1 = everything on the calling thread).
+    """Use n threads for elementwise work (1 = everything on the calling thread). Safe to call
+    while another thread computes: the pool resizes at its next hand-off, never during one.
 
     Raises:
         ValueError: n < 1.
     """
-    global _num_threads, _pool
+    global _num_threads
     if int(n) < 1:
         raise ValueError(f"set_num_threads: need n >= 1, got {n}")
     _num_threads = int(n)
-    if _pool is not None:
-        if _pool_pid == os.getpid():
-            for worker in _pool:
-                worker.stop()
-        _pool = None
 
 
 def split_matmuls() -> bool:
@@ -86,18 +85,36 @@ def set_split_matmuls(on: bool) -> None:
     _split_matmuls = bool(on)
 
 
+class _Task:
+    """One hand-off: fn on a list of slices. The worker marks it `taken` when it starts and
+    `done` (with `error`, the exception it raised, if any) when it has finished."""
+
+    __slots__ = ("fn", "parts", "low", "taken", "done", "error")
+
+    def __init__(self, fn, parts, low):
+        self.fn, self.parts, self.low = fn, parts, low
+        self.taken = self.done = False
+        self.error = None
+
+
 class _Worker:
-    """A thread of the pool. It gets its work (a function and the slices it runs it on) and
-    gives it back through two locks, the cheapest hand-off between Python threads: 14 us per
-    task here against 36 us through concurrent.futures' queue and Future, and an S training
-    step hands out over a hundred tasks."""
+    """A thread of the pool. It gets its work (a `_Task`) and gives it back through two locks,
+    the cheapest hand-off between Python threads: 14 us per task here against 36 us through
+    concurrent.futures' queue and Future, and an S training step hands out over a hundred
+    tasks.
+
+    Ctrl-C can land on the calling thread between any two bytecodes, also in the middle of
+    this hand-off; so whether a task has run is read from the task (`done`), never from how
+    often a lock was released, and `_done` is only a wake-up: the worker releases it unless it
+    is already released (a wake-up an interrupted caller never took), and the caller re-checks
+    `done` after every wake-up. A lost count can then cost a spurious wake-up, never a task
+    reported done before it ran, a deadlock, or a "release unlocked lock"."""
 
     def __init__(self, name: str):
         self._go, self._done = threading.Lock(), threading.Lock()
         self._go.acquire()
         self._done.acquire()
         self._task = None
-        self._error = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -107,83 +124,110 @@ class _Worker:
             task = self._task
             if task is None:  # stop()
                 return
-            fn, parts, low = task
+            task.taken = True
             try:
-                for part in parts:
-                    _run_as_worker(fn, part, low)
+                for part in task.parts:
+                    _run_as_worker(task.fn, part, task.low)
             except BaseException as error:
-                self.keep_for_caller(error)
-            self._task = None
-            self._done.release()
+                self.keep_for_caller(task, error)
+            task.fn = task.parts = None  # no reference to the work's arrays while parked
+            task.done = True
+            del task
+            if self._done.locked():  # only this thread releases it: no race with the check
+                self._done.release()
 
-    def keep_for_caller(self, error: BaseException) -> None:
-        """A worker cannot raise into its caller: wait() hands the error over, and
-        _run_in_pool re-raises it once every thread is done."""
-        self._error = error
+    @staticmethod
+    def keep_for_caller(task: _Task, error: BaseException) -> None:
+        """A worker cannot raise into its caller: the task keeps the error and _run_in_pool
+        re-raises it once every thread is done."""
+        task.error = error
 
-    def start(self, fn, parts, low) -> None:
-        self._task = (fn, parts, low)
+    def start(self, task: _Task) -> None:
+        previous = self._task
+        if previous is not None and not previous.done and self.will_run(previous):
+            self.wait(previous)  # left running by an interrupted caller: one task at a time
+        self._task = task
         self._go.release()
 
-    def wait(self) -> BaseException | None:
-        """Block until the task has run; its exception, if it raised one."""
-        self._done.acquire()
-        error, self._error = self._error, None
-        return error
+    def wait(self, task: _Task) -> None:
+        """Block until `task` has run (interruptible: call again after a KeyboardInterrupt)."""
+        while not task.done:
+            self._done.acquire()
+
+    def will_run(self, task: _Task) -> bool:
+        """False if `task` was never handed over (an interrupt between assigning it and
+        releasing `_go`): then nothing will ever run it. Only for an interrupted caller."""
+        if task.taken or task.done or not self._go.locked():
+            return True  # running, finished, or released and about to be taken
+        # `_go` held: never released, or just taken by a worker that has not yet had the GIL
+        # back to say so. Give it a moment.
+        for _ in range(100):
+            time.sleep(0.001)
+            if task.taken:
+                return True
+        return False
 
     def stop(self) -> None:
+        """End the thread once it has finished what it runs (call with _dispatch held)."""
         self._task = None
-        self._go.release()
+        if self._go.locked():  # idle (parked on it) or running; else released and not taken
+            self._go.release()
         self._thread.join()
 
 
-def _get_pool() -> list:
+def _get_pool(workers: int) -> list:
+    """At least `workers` workers (and the pool of the thread count otherwise). Call with
+    _dispatch held."""
     global _pool, _pool_pid
-    # Threads do not survive fork(); and a pool must have a worker for every share handed out
-    # (zip() in _run_in_pool would drop the extra shares silently).
-    if _pool is None or _pool_pid != os.getpid() or len(_pool) != _num_threads - 1:
-        if _pool is not None and _pool_pid == os.getpid():
-            for worker in _pool:
-                worker.stop()
-        _pool = [_Worker(f"glassllm-{i}") for i in range(1, _num_threads)]
-        _pool_pid = os.getpid()
+    # Threads do not survive fork(): a child starts a pool of its own.
+    if _pool is None or _pool_pid != os.getpid():
+        _pool, _pool_pid = [], os.getpid()
+    want = max(workers, _num_threads - 1)
+    while len(_pool) > want:
+        _pool.pop().stop()
+    while len(_pool) < want:
+        _pool.append(_Worker(f"glassllm-{len(_pool) + 1}"))
     return _pool
 
 
 def _run_in_pool(fn, shares: list) -> None:
     """shares[0] on the calling thread, shares[i] (a list of slices) on worker i - 1, at the
     same time; returns when all have run. The first exception raised, once every thread is
-    done (so nothing still writes into the outputs), is re-raised."""
+    done (so nothing still writes into the outputs), is re-raised; so is a KeyboardInterrupt
+    that lands during the hand-off, after the same wait."""
     low = amp.matmul_dtype(), np.geterr()
     if not _dispatch.acquire(blocking=False):  # another thread of the user's has the pool
         for share in shares:
             for part in share:
                 _run_as_worker(fn, part, low)
         return
+    handed = []  # (worker, task), appended before the hand-off so an interrupt cannot lose one
+    error = None
     try:
-        pool = _get_pool()
-        started = []
-        for worker, share in zip(pool, shares[1:]):
-            if share:
-                worker.start(fn, share, low)
-                started.append(worker)
-        error = None
         try:
+            # Sized by the shares, not by _num_threads: set_num_threads from another thread
+            # between cutting the shares and here must not leave a share without a worker.
+            pool = _get_pool(len(shares) - 1)
+            for worker, share in zip(pool, shares[1:]):
+                if share:
+                    task = _Task(fn, share, low)
+                    handed.append((worker, task))
+                    worker.start(task)
             for part in shares[0]:
                 _run_as_worker(fn, part, low)
         except BaseException as own:
             error = own
-        for worker in started:
-            # Wait for every worker even if Ctrl-C lands meanwhile: a worker still writing
-            # into the outputs, or a `done` left unclaimed for the next task, would corrupt
-            # whatever runs next (the checkpoint written on Ctrl-C, for one).
+        # Wait for every worker even if Ctrl-C lands meanwhile: a worker still writing into
+        # the outputs would corrupt whatever runs next (the checkpoint written on Ctrl-C).
+        for worker, task in handed:
             while True:
                 try:
-                    raised = worker.wait()
+                    if task.done or worker.will_run(task):
+                        worker.wait(task)
                     break
                 except KeyboardInterrupt as interrupt:
                     error = error or interrupt
-            error = error or raised
+            error = error or task.error
     finally:
         _dispatch.release()
     if error is not None:

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import unicodedata
 
 import numpy as np
 
@@ -116,10 +117,11 @@ class TokenTexts:
 
 def read_run(run_dir) -> tuple[dict | None, list[dict] | None]:
     """(history, health rows) of a run directory: history via `plots.read_history` (None if
-    absent), health.jsonl rows (None if absent; a torn last line, from a run killed
-    mid-write, is skipped).
+    absent), health.jsonl rows via `health.read_health` (None if absent; a torn last line,
+    from a run killed mid-write, is skipped).
 
-    Raises FileNotFoundError if run_dir is not a directory; ValueError for a corrupt history.
+    Raises FileNotFoundError if run_dir is not a directory; ValueError for a corrupt history
+    or health.jsonl (naming the file and line).
     """
     from .plots import find_history, read_history
     if not os.path.isdir(run_dir):
@@ -128,16 +130,9 @@ def read_run(run_dir) -> tuple[dict | None, list[dict] | None]:
         history = read_history(find_history(run_dir))
     except FileNotFoundError:
         history = None
-    health = None
+    from .health import read_health
     path = os.path.join(run_dir, "health.jsonl")
-    if os.path.isfile(path):
-        health = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    health.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+    health = read_health(path) if os.path.isfile(path) else None
     return history, health
 
 
@@ -151,7 +146,11 @@ def _ansi_bg(level: float) -> str:
 
 
 def _visible(text: str) -> str:
-    return text.replace("\n", "\u21b5").replace("\t", "\u21e5")
+    """Text safe to print on a terminal: newline and tab as arrows, every other control
+    character (ESC, CR, DEL, C1; Unicode category Cc) as \\xNN, so a token cannot move the
+    cursor, recolour or clear the screen."""
+    text = text.replace("\n", "\u21b5").replace("\t", "\u21e5")
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text)
 
 
 def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
@@ -175,13 +174,13 @@ def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
     lines.append("".join(parts))
     lines.append(f"logit lens at the last position (after '{_visible(ins.text(ins.ids[-1]))}'):")
     for row, label in enumerate(ins.lens.layers):
-        guesses = ", ".join(f"{_visible(ins.text(i))!r} {p:.2f}"
+        guesses = ", ".join(f"'{_visible(ins.text(i))}' {p:.2f}"
                             for i, p in zip(ins.lens.top_ids[row, -1][:top],
                                             ins.lens.top_probs[row, -1][:top]))
         lines.append(f"  {label:>10}: {guesses}")
     attr = ins.attributions[-1]
     lines.append(f"largest direct attributions to the top guess "
-                 f"{_visible(ins.text(attr.token))!r} (logit {attr.total:.3f}):")
+                 f"'{_visible(ins.text(attr.token))}' (logit {attr.total:.3f}):")
     for label, value in attr.top(top):
         lines.append(f"  {label:>18} {value:+.3f}")
     heads = attr.heads()
@@ -213,6 +212,13 @@ def _r(a, digits=4):
     return out
 
 
+def _f(x, digits=4):
+    """One rounded float for JSON (NaN/inf -> None: a model whose float32 forward overflows
+    still gets its page)."""
+    x = float(x)
+    return round(x, digits) if math.isfinite(x) else None
+
+
 def page_data(ins: Inspection) -> dict:
     """The JSON the page draws from."""
     text = ins.text
@@ -224,17 +230,17 @@ def page_data(ins: Inspection) -> dict:
     for a in ins.attributions:
         order = np.argsort(-np.abs(a.values), kind="stable")[:16]
         attributions.append(dict(position=a.position, token=text(a.token),
-                                 total=round(a.total, 4),
+                                 total=_f(a.total),
                                  labels=[a.labels[i] for i in order],
                                  values=_r(a.values[order]), heads=_r(a.heads())))
     data = dict(
         title=ins.title, model=ins.cfg, tokens=[text(i) for i in ins.ids],
         ids=[int(i) for i in ins.ids],
         surprise=dict(nats=_r(s.nats), bits=_r(s.bits), rank=s.rank.tolist(),
-                      top=[[[text(i), round(float(p), 4)] for i, p in zip(ti, tp)]
-                           for ti, tp in zip(s.top_ids, s.top_probs)], mean_nats=s.mean_nats),
+                      top=[[[text(i), _f(p)] for i, p in zip(ti, tp)]
+                           for ti, tp in zip(s.top_ids, s.top_probs)], mean_nats=_f(s.mean_nats, 6)),
         lens=dict(layers=lens.layers,
-                  top=[[[[text(i), round(float(p), 4)] for i, p in zip(ti, tp)]
+                  top=[[[[text(i), _f(p)] for i, p in zip(ti, tp)]
                         for ti, tp in zip(row_ids, row_p)]
                        for row_ids, row_p in zip(lens.top_ids, lens.top_probs)],
                   target_prob=_r(lens.target_prob), target_rank=lens.target_rank.tolist()),
@@ -254,6 +260,17 @@ def render_html(ins: Inspection) -> str:
     payload = payload.replace("</", "<\\/")  # never close the <script> from inside the data
     title = ins.title.replace("&", "&amp;").replace("<", "&lt;")
     return _PAGE.replace("__TITLE__", title).replace("__DATA__", payload)
+
+
+def check_report_path(path, label: str = "--out") -> None:
+    """Refuse, before any analysis runs, a report path that cannot be written: empty, a
+    directory, in a directory that does not exist, or without write permission there
+    (`runfiles.check_output_paths`). Raises ValueError, one line naming `label` and path."""
+    from .runfiles import check_output_paths
+    check_output_paths({label: path})
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(directory):
+        raise ValueError(f"{label} {os.fspath(path)}: directory {directory} does not exist")
 
 
 def write_html(ins: Inspection, path) -> str:
@@ -419,7 +436,7 @@ function buildLens() {
 function buildSurprise() {
   const s = DATA.surprise, cap = Math.max(8, ...s.bits);
   $("surprise-note").textContent = "Each token coloured by the surprise of predicting it (white 0 bits, red " + cap.toFixed(0) +
-    " bits). Mean " + fmt(s.mean_nats) + " nats = " + fmt(s.mean_nats / Math.LN2) + " bits per token. Hover for rank and alternatives.";
+    " bits). Mean " + fmt(s.mean_nats) + " nats = " + fmt(s.mean_nats === null ? null : s.mean_nats / Math.LN2) + " bits per token. Hover for rank and alternatives.";
   DATA.tokens.forEach((t, i) => { const span = el("span", {"class": "tok"}, vis(t));
     if (i > 0) { span.style.background = heat(s.bits[i - 1] / cap);
       const text = "token " + i + " " + JSON.stringify(t) + ": " + fmt(s.nats[i - 1]) + " nats, " + fmt(s.bits[i - 1]) +

@@ -166,6 +166,8 @@ def select_names(cfg: Config, names=None) -> list[str]:
 class Edit:
     """Replace `value[index]` of the named value by `replacement` as the forward passes it.
 
+    name: an exact name or an `fnmatch` pattern ("blocks.*.mlp.output": every value it matches).
+
     index: a NumPy index into the value (e.g. `(slice(None), slice(None), head)` for one head
     of `head_output` (B, T, H, D), `(slice(None), position)` for one position); `...` for all.
     replacement: an array broadcastable to `value[index]` (a scalar 0.0 is zero-ablation, a mean
@@ -245,15 +247,17 @@ class Trace:
         grads: False, True (gradients of every traced value), or names/patterns: gradients of
             those (they are traced too). Filled when the caller runs `backward()` inside the
             block (`run_with_cache` does it with targets).
-        stop_at: a name: record it, then skip the rest of the forward (the `with` block ends
-            there; the model call raises an internal exception that `__exit__` swallows).
-        edits: `Edit`s applied as the forward passes their names.
+        stop_at: one exact name (no pattern): record it, then skip the rest of the forward
+            (the `with` block ends there; the model call raises an internal exception that
+            `__exit__` swallows).
+        edits: `Edit`s applied as the forward passes their names (an Edit whose name is a
+            pattern applies to every value it matches: "blocks.*.mlp.output").
         max_bytes: refuse (TraceTooLarge, before keeping anything) a cache estimated larger;
             None for no limit.
 
     Raises:
-        ValueError: unknown names (see `select_names`), stop_at unknown, or stop_at together
-            with grads. RuntimeError: a trace is already active (they do not nest).
+        ValueError: unknown names (see `select_names`), stop_at unknown or a pattern, or
+            stop_at together with grads. RuntimeError: a trace is already active (they do not nest).
         TraceTooLarge: at the first forward, if `estimate_bytes` exceeds max_bytes.
     """
 
@@ -272,6 +276,10 @@ class Trace:
         self._wanted = set(self.names)
         self._grad_names = set(grad_names)
         if stop_at is not None:
+            # one exact name: a pattern would name several places to stop, or none that
+            # the forward meets (it compares names, so the forward would run to the end)
+            if not isinstance(stop_at, str) or any(c in stop_at for c in "*?["):
+                raise ValueError(f"trace: stop_at takes one exact name, not {stop_at!r}")
             select_names(cfg, [stop_at])  # raises for an unknown name
             if grad_names:
                 raise ValueError("trace: stop_at skips the loss, so it cannot have grads")
@@ -280,9 +288,9 @@ class Trace:
             self.names.append(stop_at)
             self._wanted.add(stop_at)
         self.edits = {}
-        for edit in edits:
-            select_names(cfg, [edit.name])
-            self.edits.setdefault(edit.name, []).append(edit)
+        for edit in edits:  # a pattern edits every value it matches
+            for name in select_names(cfg, [edit.name]):
+                self.edits.setdefault(name, []).append(edit)
         self.max_bytes = max_bytes
         self.cache = Cache(cfg)
         self._checked = False
@@ -344,8 +352,8 @@ class Trace:
         need = self.estimate(B, T)
         if self.max_bytes is not None and need > self.max_bytes:
             raise TraceTooLarge(
-                f"trace: this cache would hold {need / 2**20:,.1f} MiB for a ({B}, {T}) batch, "
-                f"over max_bytes={self.max_bytes / 2**20:,.1f} MiB; trace fewer names "
+                f"trace: this cache would hold {need:,} bytes ({need / 2**20:,.1f} MiB) for a "
+                f"({B}, {T}) batch, over max_bytes={self.max_bytes:,}; trace fewer names "
                 f"(names=[...]), a shorter input, or raise max_bytes")
 
     def _catch_grad(self, name: str, x: Tensor) -> Tensor:
