@@ -724,3 +724,15 @@ def test_an_interrupt_inside_an_update_points_to_the_last_periodic_checkpoint(
     assert load_checkpoint(ckpt).step == 2
     assert "no checkpoint written" not in err and f"--resume {ckpt}" in err, err
     assert "after 2 steps" in err
+
+
+def test_the_run_files_are_named_as_the_user_named_the_model(tmp_path, monkeypatch, capsys):
+    """A relative --out gives relative history/plot paths in the summary (the README's block
+    once printed another checkout's absolute paths), and the files are where it says."""
+    data = tmp_path / "d.txt"
+    data.write_text("hello world, " * 300, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", "d.txt", "--out", "r/m.safetensors", *TINY_ARGS]) == 0
+    out = capsys.readouterr().out
+    assert "history: r/history.csv" in out and str(tmp_path) not in out
+    assert (tmp_path / "r" / "history.csv").is_file()

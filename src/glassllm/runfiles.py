@@ -30,7 +30,9 @@ def run_paths(model_path, checkpoint=None, log_csv=None) -> dict[str, str | None
     checkpoint.safetensors beside the model), "log_csv" (given or None), "history_csv",
     "health_jsonl", "plot"} (the last three beside the model file)."""
     model_path = os.fspath(model_path)
-    run_dir = os.path.dirname(os.path.abspath(model_path)) if model_path else ""
+    # As the user gave it (relative stays relative: what the CLI prints names the same files
+    # the way the user named the model)
+    run_dir = os.path.dirname(model_path) if model_path else ""
     return {"model": model_path,
             "checkpoint": os.fspath(checkpoint) if checkpoint is not None
             else os.path.join(run_dir, "checkpoint.safetensors"),
