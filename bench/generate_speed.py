@@ -98,7 +98,7 @@ def main():
     if args.markdown:
         for r in rows:
             load = "unknown" if r["other_load_cores"] is None else f"{r['other_load_cores']:.2f}"
-            print(f"| {r['config']} | {r['glassllm_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
+            print(f"| {r['config']}, vs torch | {r['glassllm_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
                   f"{r['ratio']:.2f} | {load} |")
 
 

@@ -32,8 +32,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=None,
-                        help="threads (default: all cores; `glassllm train` uses 1)")
+                        help="threads (default: all cores, as `glassllm train` on an idle "
+                             "machine)")
     args = parser.parse_args()
+    if args.every < 1 or args.steps <= args.every:
+        parser.error(f"need --every >= 1 and --steps > --every (so that a health step follows "
+                     f"step 0; got --every {args.every}, --steps {args.steps})")
     common.set_threads(args.threads)
     spec = common.CONFIGS[args.config]
     model = GlassLM(Config(**spec["model"]), seed=0)

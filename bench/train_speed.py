@@ -225,7 +225,7 @@ def print_markdown(rows):
         if "glassllm_peak_mib" in r:
             mem = f"{r['glassllm_peak_mib']:.0f} / {r['torch_peak_mib']:.0f}"
             work = f"{r['glassllm_working_mib']:.0f} / {r['torch_working_mib']:.0f}"
-        print(f"| {r['config']} | {r['glassllm_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
+        print(f"| {r['config']} training | {r['glassllm_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
               f"{r['ratio']:.2f} | {r['glassllm_mfu']:.0%} | {r['torch_mfu']:.0%} | {mem} | "
               f"{work} | {_load(r)} |")
 

@@ -206,7 +206,7 @@ def test_greedy_story_is_llama2c_expected_output(model, tok):
     assert text == GOLDEN
 
 
-def test_import_export_gives_the_original_bytes(ckpt, model, tmp_path):
+def test_import_export_gives_the_original_header_and_weight_bytes(ckpt, model, tmp_path):
     out = tmp_path / "again.bin"
     to_llama2c(model, out)
     original, written = ckpt.read_bytes(), out.read_bytes()
