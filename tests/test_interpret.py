@@ -110,6 +110,19 @@ def test_self_checks_fail_on_nan_instead_of_passing_silently():
         interpret.logit_lens(model_for("llama"), ids, k=0)
 
 
+def test_ablate_names_a_malformed_heads_argument():
+    """heads=(0, 1) (one pair, not a list of pairs) was a bare TypeError from unpacking an
+    int (break-it finding): now a ValueError saying what is expected."""
+    model = model_for("llama")
+    ids = seq(model.cfg)
+    for heads in [(0, 1), [(0,)], [(0, 1.0)], ["01"]]:
+        with pytest.raises(ValueError, match="heads must be"):
+            ablate(model, ids, heads=heads)
+    with pytest.raises(ValueError, match="mlps must be"):
+        ablate(model, ids, mlps=[0.5])
+    ablate(model, ids, heads=[(0, 1)], mlps=[np.int64(0)])  # valid forms still work
+
+
 def test_token_surprise_matches_the_loss():
     model = model_for("llama")
     ids = seq(model.cfg, T=10)

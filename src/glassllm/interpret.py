@@ -299,6 +299,12 @@ def ablation_edits(model: GlassLM, heads: Iterable[tuple[int, int]] = (),
         raise ValueError(f"how must be 'zero' or 'mean', got {how!r}")
     heads, mlps = list(heads), list(mlps)
     cfg = model.cfg
+    if not all(isinstance(h, (tuple, list)) and len(h) == 2
+               and all(isinstance(i, (int, np.integer)) for i in h) for h in heads):
+        raise ValueError(f"heads must be (layer, head) pairs of ints, e.g. [(1, 2)]; got "
+                         f"{heads!r}")
+    if not all(isinstance(i, (int, np.integer)) for i in mlps):
+        raise ValueError(f"mlps must be layer numbers (ints), got {mlps!r}")
     for layer, head in heads:
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
             raise ValueError(f"no head ({layer}, {head}) in a model of {cfg.n_layers} layers "
