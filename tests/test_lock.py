@@ -163,3 +163,60 @@ def test_release_never_removes_a_lock_file_that_is_no_longer_its_own(tmp_path):
     with lock_outputs([out]):  # and a clean run still removes its own
         assert os.path.exists(lock_path(out))
     assert not os.path.exists(lock_path(out))
+
+
+def test_temporaries_of_a_killed_run_are_removed_by_the_next_run(tmp_path, text_file):
+    """A run killed outright (SIGKILL, MPI's force abort) leaves its lock file and may leave
+    `glassllm.atomic` temporaries (up to a checkpoint's size). The next `glassllm train` on
+    those paths takes the lock over and removes exactly those temporaries, saying so; a run
+    that finds no dead holder removes nothing (another writer might own the file)."""
+    out = tmp_path / "model.safetensors"
+    ckpt = tmp_path / "checkpoint.safetensors"
+    proc = holder_process([out, ckpt], tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = [tmp_path / ".model.safetensors.0123456789ab.tmp",
+            tmp_path / ".checkpoint.safetensors.ba9876543210.tmp"]
+    kept = [tmp_path / ".model.safetensors.notahexname.tmp",    # not atomic's name
+            tmp_path / ".other.safetensors.0123456789ab.tmp",   # another path's
+            tmp_path / "model.safetensors.0123456789ab.tmp"]    # no leading dot
+    for path in left + kept:
+        path.write_bytes(b"x" * 100)
+    run = subprocess.run(
+        [sys.executable, "-m", "glassllm.cli", "train", "--data", str(text_file), *TINY,
+         "--steps", "2", "--out", str(out)], capture_output=True, text=True, env=ENV,
+        timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert not any(p.exists() for p in left) and all(p.exists() for p in kept)
+    for path in left:
+        assert f"note: removed {path}, a temporary file left by that run" in run.stderr
+
+    from glassllm.atomic import leftover_temporaries
+    fresh = tmp_path / ".model.safetensors.00000000cafe.tmp"
+    fresh.write_bytes(b"x")
+    assert leftover_temporaries(out) == [str(fresh)]
+    again = subprocess.run(  # the lock was released cleanly: no dead holder, no sweep
+        [sys.executable, "-m", "glassllm.cli", "train", "--data", str(text_file), *TINY,
+         "--steps", "2", "--out", str(out)], capture_output=True, text=True, env=ENV,
+        timeout=120)
+    assert again.returncode == 0 and fresh.exists() and "removed" not in again.stderr
+
+
+def test_the_trainer_removes_temporaries_of_a_killed_run(tmp_path):
+    import numpy as np
+
+    from glassllm import Config, GlassLM
+    from glassllm.data import ArrayBatches
+    from glassllm.train import Trainer, TrainSettings
+    model_path = tmp_path / "m.safetensors"
+    proc = holder_process([model_path], tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = tmp_path / ".m.safetensors.0123456789ab.tmp"
+    left.write_bytes(b"x" * 100)
+    ids = np.arange(300) % 50
+    trainer = Trainer(TrainSettings(steps=2, batch_size=2, seq_len=8, eval_batches=1),
+                      ArrayBatches(ids), ArrayBatches(ids), model_path=model_path)
+    with pytest.warns(UserWarning, match="removed .*0123456789ab.tmp"):
+        trainer.run(GlassLM(Config(d_model=16, n_layers=1, n_heads=2, max_len=8)))
+    assert not left.exists() and model_path.exists()

@@ -182,6 +182,34 @@ def _new_temporary(path: str, doing: str, make_parents: bool) -> tuple[str, int]
     return tmp, mode
 
 
+def leftover_temporaries(path) -> list[str]:
+    """The temporaries this module's writers create for `path` (`.<name>.<12 hex>.tmp` in its
+    directory) that exist now, sorted. A writer removes its own on any error or Ctrl-C; only a
+    process killed outright (SIGKILL, the OOM killer, MPI's force abort) leaves one behind."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(r"\." + re.escape(os.path.basename(path)) + r"\.[0-9a-f]{12}\.tmp")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names if pattern.fullmatch(n))
+
+
+def remove_leftover_temporaries(path) -> list[str]:
+    """Remove `leftover_temporaries(path)`; returns the ones removed. Call it only while no
+    other writer can be writing `path`: `glassllm train` and the Trainer call it for the paths
+    whose lock they took over from a process that had ended (`glassllm.lock`)."""
+    removed = []
+    for tmp in leftover_temporaries(path):
+        try:
+            os.remove(tmp)
+        except FileNotFoundError:
+            continue
+        removed.append(tmp)
+    return removed
+
+
 def _remove(tmp: str) -> None:
     """Remove a temporary if it is there; a failure here must not hide the error being raised."""
     try:

@@ -170,6 +170,7 @@ def _prepare_train(args, comm, held):
     import dataclasses
 
     from . import checkpoint, runfiles
+    from .atomic import remove_leftover_temporaries
     from .data import check_same_data, load_corpus
     from .lock import lock_outputs
     from .model import Config
@@ -235,6 +236,10 @@ def _prepare_train(args, comm, held):
         for holder in lock.stale:
             print(f"note: took over a lock left by pid {holder.get('pid')} (no longer "
                   f"running)", file=sys.stderr, flush=True)
+        for path in lock.stale_paths:
+            for tmp in remove_leftover_temporaries(path):
+                print(f"note: removed {tmp}, a temporary file left by that run",
+                      file=sys.stderr, flush=True)
     return cfg, settings, corpus, resume, paths, threads
 
 

@@ -9,7 +9,9 @@ any of those paths gets `OutputLocked` naming the holder, at once (no waiting).
 Stale locks: the operating system drops a flock when its process ends, however it ends
 (exit, exception, SIGKILL, a crash), so the lock file a dead process left behind is simply
 taken over by the next run; `OutputLock.stale` lists the holders found that way (their pid
-is no longer running), for a note to the user. The file is removed on a clean release (after
+is no longer running), for a note to the user, and `OutputLock.stale_paths` their paths: a run
+killed outright (SIGKILL, MPI's force abort) may have left its temporaries there, which
+`glassllm.atomic.remove_leftover_temporaries` then clears. The file is removed on a clean release (after
 checking that it is still the one locked, so a waiting reader never locks a removed file).
 
 Within one process the locks are re-entrant: `glassllm train` locks every output, then the
@@ -61,7 +63,7 @@ class OutputLock:
 
     Attributes:
         paths: the output paths locked. stale: holder dicts of lock files left by processes
-            that had ended (taken over).
+            that had ended (taken over). stale_paths: the output paths of those lock files.
     """
 
     def __init__(self, paths):
@@ -70,6 +72,7 @@ class OutputLock:
             if p is not None and os.path.abspath(p) not in map(os.path.abspath, self.paths):
                 self.paths.append(os.fspath(p))
         self.stale: list[dict] = []
+        self.stale_paths: list[str] = []
         self._locked: list[str] = []
         try:
             for path in self.paths:
@@ -77,6 +80,7 @@ class OutputLock:
                 self._locked.append(lock_path(path))
                 if previous and previous.get("pid") != os.getpid():
                     self.stale.append(previous)
+                    self.stale_paths.append(path)
         except BaseException:
             self.release()
             raise

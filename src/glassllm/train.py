@@ -22,6 +22,7 @@ import numbers
 import os
 import signal
 import threading
+import warnings
 import time  # read as `time.monotonic()` here so tests can patch the clock
 from typing import Callable
 
@@ -29,7 +30,7 @@ import numpy as np
 
 from . import checkpoint as ckpt_io
 from . import distributed
-from .atomic import atomic_write
+from .atomic import atomic_write, remove_leftover_temporaries
 from .data import check_same_data, data_identity
 from .data import get_batch  # the one batch sampler; re-exported here for spec 001
 from .health import HealthChecked, HealthMonitor, HealthWarning  # noqa: F401 (run's events)
@@ -570,7 +571,11 @@ class Trainer:
         with contextlib.ExitStack() as held:
             with distributed.agreement(comm):  # a no-op on one process
                 self._check_data(model)
-                held.enter_context(lock_outputs(outputs))
+                lock = held.enter_context(lock_outputs(outputs))
+            for path in lock.stale_paths:  # a run killed outright may have left temporaries
+                for tmp in remove_leftover_temporaries(path):
+                    warnings.warn(f"removed {tmp}, a temporary file left by a run that had "
+                                  f"ended without releasing its lock", stacklevel=2)
             if comm.size == 1:
                 return self._run(model, resume, emit)
             try:
