@@ -204,15 +204,21 @@ def _load(r) -> str:
     return "unknown" if r["other_load_cores"] is None else f"{r['other_load_cores']:.2f}"
 
 
+def _memory_cells(r, missing: str) -> tuple[str, str]:
+    """("peak glassllm / torch", "working glassllm / torch") in MiB, or `missing` twice when
+    the run measured no memory (--no-memory)."""
+    if "glassllm_peak_mib" not in r:
+        return missing, missing
+    return (f"{r['glassllm_peak_mib']:.0f} / {r['torch_peak_mib']:.0f}",
+            f"{r['glassllm_working_mib']:.0f} / {r['torch_working_mib']:.0f}")
+
+
 def print_table(rows):
     print(f"\n{'config':6} {'glassllm tok/s':>14} {'torch tok/s':>12} {'ratio':>6} "
           f"{'MFU glass':>9} {'MFU torch':>9} {'peak MiB glass/torch':>21} "
           f"{'working MiB glass/torch':>24} {'other load':>10}")
     for r in rows:
-        mem = work = ""
-        if "glassllm_peak_mib" in r:
-            mem = f"{r['glassllm_peak_mib']:.0f} / {r['torch_peak_mib']:.0f}"
-            work = f"{r['glassllm_working_mib']:.0f} / {r['torch_working_mib']:.0f}"
+        mem, work = _memory_cells(r, missing="")
         print(f"{r['config']:6} {r['glassllm_tok_s']:14.0f} {r['torch_tok_s']:12.0f} "
               f"{r['ratio']:6.2f} {r['glassllm_mfu']:9.1%} {r['torch_mfu']:9.1%} "
               f"{mem:>21} {work:>24} {_load(r):>10}")
@@ -221,10 +227,7 @@ def print_table(rows):
 def print_markdown(rows):
     """The README's table rows (config | tok/s | ratio | MFU | memory | load of others)."""
     for r in rows:
-        mem = work = "-"
-        if "glassllm_peak_mib" in r:
-            mem = f"{r['glassllm_peak_mib']:.0f} / {r['torch_peak_mib']:.0f}"
-            work = f"{r['glassllm_working_mib']:.0f} / {r['torch_working_mib']:.0f}"
+        mem, work = _memory_cells(r, missing="-")
         print(f"| {r['config']} training | {r['glassllm_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "
               f"{r['ratio']:.2f} | {r['glassllm_mfu']:.0%} | {r['torch_mfu']:.0%} | {mem} | "
               f"{work} | {_load(r)} |")

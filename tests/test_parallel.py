@@ -102,10 +102,10 @@ def pool_calls(monkeypatch):
     calls = []
     run = parallel._run_as_worker
 
-    def counted(fn, part, *args):
+    def counted(fn, parts, *args):
         if threading.current_thread() is not threading.main_thread():
             calls.append(fn.__qualname__)
-        return run(fn, part, *args)
+        return run(fn, parts, *args)
 
     monkeypatch.setattr(parallel, "_run_as_worker", counted)
     return calls

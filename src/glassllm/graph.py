@@ -24,7 +24,7 @@ import subprocess
 import numpy as np
 
 from .atomic import atomic_write
-from .tensor import Tensor
+from .tensor import Tensor, topological_order
 
 
 @dataclasses.dataclass
@@ -75,22 +75,6 @@ def op_name(t: Tensor) -> str:
     if parts[0] == "Edit":
         return "edit"
     return parts[0]
-
-
-def _walk(root: Tensor) -> list[Tensor]:
-    """Every tensor reachable from root through _parents, parents before children."""
-    order, seen, stack = [], set(), [(root, False)]
-    while stack:
-        t, expanded = stack.pop()
-        if expanded:
-            order.append(t)
-            continue
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.append((t, True))
-        stack.extend((p, False) for p in t._parents if id(p) not in seen)
-    return order
 
 
 @dataclasses.dataclass
@@ -146,7 +130,7 @@ def draw_dot(root: Tensor, model=None, backward: bool = False, collapse="auto",
             ("blocks.0" for depth 2).
         rankdir: Graphviz layout direction ("LR" left to right, "TB" top to bottom).
     """
-    tensors = _walk(root)
+    tensors = topological_order(root)  # parents before children
     names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
     nodes, by_key = [], {}
     for t in tensors:

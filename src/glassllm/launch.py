@@ -102,9 +102,7 @@ def supervise(command: list[str]) -> int:
     # End by the same signal, not with an exit code: hydra ends the job when a process it
     # started dies by a signal, even before MPI_Init, but waits forever for the others when
     # one exits with a code before MPI_Init (seen: Ctrl-C during start-up hung the job).
-    with contextlib.suppress(OSError, ValueError):  # SIGKILL's action cannot be set
-        signal.signal(number, signal.SIG_DFL)
-    os.kill(os.getpid(), number)
+    _end_by_signal(number)
     return 128 + number  # a signal whose default action does not end a process
 
 
@@ -119,11 +117,17 @@ def interrupted_exit(code: int = 130) -> int:
     job hung). Every rank gets the Ctrl-C, so ending the job is what the user asked for."""
     if launcher_size() == 1:
         return code
+    _end_by_signal(signal.SIGINT)
+    return code  # not reached: the default action of SIGINT ends the process
+
+
+def _end_by_signal(number: int) -> None:
+    """Flush the output and kill this process with signal `number` at its default action."""
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-    return code  # not reached: the default action of SIGINT ends the process
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL's action cannot be set
+        signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
 
 
 def _child_setup():

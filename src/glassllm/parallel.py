@@ -126,8 +126,7 @@ class _Worker:
                 return
             task.taken = True
             try:
-                for part in task.parts:
-                    _run_as_worker(task.fn, part, task.low)
+                _run_as_worker(task.fn, task.parts, task.low)
             except BaseException as error:
                 self.keep_for_caller(task, error)
             task.fn = task.parts = None  # no reference to the work's arrays while parked
@@ -198,8 +197,7 @@ def _run_in_pool(fn, shares: list) -> None:
     low = amp.matmul_dtype(), np.geterr()
     if not _dispatch.acquire(blocking=False):  # another thread of the user's has the pool
         for share in shares:
-            for part in share:
-                _run_as_worker(fn, part, low)
+            _run_as_worker(fn, share, low)
         return
     handed = []  # (worker, task), appended before the hand-off so an interrupt cannot lose one
     error = None
@@ -213,8 +211,7 @@ def _run_in_pool(fn, shares: list) -> None:
                     task = _Task(fn, share, low)
                     handed.append((worker, task))
                     worker.start(task)
-            for part in shares[0]:
-                _run_as_worker(fn, part, low)
+            _run_as_worker(fn, shares[0], low)
         except BaseException as own:
             error = own
         # Wait for every worker even if Ctrl-C lands meanwhile: a worker still writing into
@@ -234,17 +231,19 @@ def _run_in_pool(fn, shares: list) -> None:
         raise error
 
 
-def _run_as_worker(fn, part, low=(None, None)):
-    """fn(part) under the caller's autocast dtype and NumPy error state (both are per
-    thread: a caller's np.errstate(invalid="ignore") must hold in the workers too)."""
+def _run_as_worker(fn, parts, low):
+    """fn(part) for each of `parts`, under the caller's autocast dtype and NumPy error state
+    `low` (both are per thread: a caller's np.errstate(invalid="ignore") must hold in the
+    workers too), set once for the whole share."""
     _in_worker.active = True
     dtype, errors = low
-    if errors is not None and errors != np.geterr():
+    if errors != np.geterr():
         np.seterr(**errors)
     previous = amp.matmul_dtype()
     amp.set_matmul_dtype(dtype)
     try:
-        fn(part)
+        for part in parts:
+            fn(part)
     finally:
         amp.set_matmul_dtype(previous)
         _in_worker.active = False

@@ -87,6 +87,27 @@ def _as_array(value) -> np.ndarray:
 BackwardFn = Callable[[np.ndarray], Sequence["np.ndarray | None"]]
 
 
+
+def topological_order(root: "Tensor", follow=lambda parent: True) -> list["Tensor"]:
+    """Every tensor reachable from root through `_parents` (those for which follow(parent) is
+    true), parents before children, root last. Iterative depth-first search: a deep graph
+    (hundreds of layers) hits no recursion limit."""
+    order, visited = [], set()
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for parent in node._parents:
+            if id(parent) not in visited and follow(parent):
+                stack.append((parent, False))
+    return order
+
 class Tensor:
     """An n-dimensional array with reverse-mode automatic differentiation.
 
@@ -204,23 +225,10 @@ class Tensor:
             del node
 
     def _topological_order(self) -> list["Tensor"]:
-        order, visited = [], set()
-        stack = [(self, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                order.append(node)
-                continue
-            if id(node) in visited:
-                continue
-            if node._backward is _consumed:
-                raise RuntimeError("backward() through a graph that was already consumed; "
-                                   "recompute the forward pass")
-            visited.add(id(node))
-            stack.append((node, True))
-            for parent in node._parents:
-                if parent.requires_grad and id(parent) not in visited:
-                    stack.append((parent, False))
+        order = topological_order(self, follow=lambda parent: parent.requires_grad)
+        if any(node._backward is _consumed for node in order):
+            raise RuntimeError("backward() through a graph that was already consumed; "
+                               "recompute the forward pass")
         return order
 
     def _accumulate(self, g: np.ndarray, owned: bool = False) -> None:
