@@ -18,10 +18,9 @@ from glassllm.health import (HealthChecked, HealthMonitor, HealthWarning, activa
 from glassllm.optim import AdamW
 from glassllm.safety import TrainStep
 from glassllm.train import Trainer, TrainingInterrupted, TrainSettings
+from conftest import shared_data_path
 from test_trainer import CFG, corpus, settings
 
-SHAKESPEARE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
-                           "tinyshakespeare.txt")
 
 
 def run(tmp_path, model=None, resume=None, checkpoint=None, **kw):
@@ -140,7 +139,9 @@ def test_ctrl_c_keeps_whole_rows_and_resume_continues_them(tmp_path):
 
 def _shakespeare_run(lr, steps=40, warmup=10, every=5, d_model=64, n_layers=2, batch=8,
                      family="llama"):
-    data = np.frombuffer(open(SHAKESPEARE, "rb").read(200_000), dtype=np.uint8)
+    # through conftest: skipped with the path as reason, and a failure under CI=true
+    data = np.frombuffer(shared_data_path("tinyshakespeare.txt").read_bytes()[:200_000],
+                         dtype=np.uint8)
     data = data.astype(np.int64)
     s = TrainSettings(steps=steps, batch_size=batch, seq_len=64, lr=lr, warmup=warmup,
                       eval_every=10**6, eval_batches=1, health_every=every)
@@ -165,12 +166,10 @@ def _check_flagged_and_quiet(**run):
     return warnings
 
 
-@pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data")
 def test_lr_1_is_flagged_and_the_default_lr_is_quiet():
     _check_flagged_and_quiet()
 
 
-@pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data")
 def test_lr_1_is_flagged_and_the_default_lr_is_quiet_for_gpt2():
     # breakit11: gpt2's zero-initialised biases have update:data near 10^-0.3 early, so the
     # default run warned "17 of 36 params"; only weight matrices are watched
@@ -178,7 +177,6 @@ def test_lr_1_is_flagged_and_the_default_lr_is_quiet_for_gpt2():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data")
 def test_lr_1_is_flagged_and_the_default_run_is_quiet_full_settings():
     """`glassllm train`'s own settings (default model, batch, warmup 100), 300 steps."""
     _check_flagged_and_quiet(steps=300, warmup=100, every=10, d_model=128, n_layers=4,

@@ -76,6 +76,7 @@ def test_no_test_finds_the_data_on_its_own():
         text = source.read_text(encoding="utf-8")
         # a path built from the test file's location, or the override read directly
         if re.search(r"""(parents\[\d+\]|\.parent)\s*/\s*["']shared["']"""
-                     r"""|environ[^\n]*SHARED_DATA""", text):
+                     r"""|environ[^\n]*SHARED_DATA"""
+                     r"""|os\.path\.join\([^\n]*["']shared["']""", text):  # os.path's form too
             offenders.append(source.name)
     assert offenders == []
