@@ -43,6 +43,26 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+def require_mkl() -> None:
+    """Switch glassllm.blas to MKL for this test (the caller restores the backend). Without
+    the mkl package: skip, or fail on CI. With it, on a CPU where MKL has no strict
+    reproducible mode (an AMD CPU: MKL's CNR branches are Intel's): skip on CI too, since no
+    install step can change the processor."""
+    from importlib import metadata
+
+    from glassllm import blas
+    try:
+        metadata.distribution("mkl")
+    except metadata.PackageNotFoundError:
+        skip_or_fail("the optional 'mkl' package is not installed (pip install -e '.[mkl]')")
+    try:
+        blas.set_backend("mkl")
+    except blas.BlasError as error:
+        if "strict reproducible mode" not in str(error):
+            raise
+        pytest.skip(f"MKL cannot be used on this CPU: {error}")
+
+
 def shared_data_path(*parts: str) -> Path:
     """The path of a file or directory in the data directory, checked to exist.
 

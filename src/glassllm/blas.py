@@ -95,9 +95,10 @@ def set_backend(name: str) -> None:
         BlasError: "mkl", and MKL cannot be loaded (the message says why).
     """
     global _requested, _use
-    _requested, _use = _check_choice(name), _UNRESOLVED
+    _check_choice(name)
     if name == "mkl":
-        _resolve()
+        _load_mkl(required=True)  # raises before anything changes: the old backend stays
+    _requested, _use = name, _UNRESOLVED
 
 
 def _resolve():
