@@ -1,4 +1,4 @@
-"""Single-thread SGEMM speed of glassllm's two backends (glassllm.blas), and of torch's `mm`
+"""Single-thread SGEMM speed of glassllm's two backends (glassllm.engine.blas), and of torch's `mm`
 where torch is installed, on the shapes of the bench configs' products, GFLOP/s by the CPU
 clock (which other processes disturb least). Rows marked T are weight gradients, dy^T @ x,
 with dy^T passed as the transposed view the backward passes (M's, per thread of two).
@@ -14,7 +14,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from glassllm import blas
+from glassllm.engine import blas
 
 # (rows, depth, columns): S's projections (2048 = B*T rows, d 128, kv 64, d_ff 352), M's
 # (d 384, d_ff 1024), L's (d 768, 3 x 768, the 50304-token head, in four slices)

@@ -38,7 +38,7 @@ REPO = os.path.dirname(BENCH_DIR)
 sys.path.insert(0, os.path.join(REPO, "src"))
 sys.path.insert(1, os.path.join(REPO, "tests"))  # the PyTorch twin: tests/torch_reference.py
 
-from glassllm import cpu  # noqa: E402
+from glassllm.engine import cpu# noqa: E402
 
 # The issue's configs. S64, S and M are llama-family (GQA: 2 KV heads); S64 is S at the
 # shape `glassllm train` uses by default (T 64, B 16). L is GPT-2 small's shape, so it runs
@@ -60,7 +60,7 @@ _THREADS = contextlib.ExitStack()
 
 def set_threads(n: int | None = None) -> int:
     """Both sides on n threads, by default one per available core (as torch's default):
-    torch.set_num_threads(n), and glassllm inside `glassllm.cpu.use_threads(n)` for the rest
+    torch.set_num_threads(n), and glassllm inside `glassllm.engine.cpu.use_threads(n)` for the rest
     of the process (its own pool for every pass and product, BLAS on one thread), the way
     `glassllm train` runs.
 
@@ -129,7 +129,7 @@ def add_load_arguments(parser) -> None:
 
 
 def measure_quietly(fn, args, label: str):
-    """(fn(), Load): fn run under a `glassllm.cpu.LoadMeter`, which records how many cores
+    """(fn(), Load): fn run under a `glassllm.engine.cpu.LoadMeter`, which records how many cores
     other processes used meanwhile (this process and its waited-for children excluded).
 
     With args.require_quiet: first wait for a quiet window (other processes under
@@ -177,7 +177,7 @@ def blas_report() -> str:
             lines.append(f"  {info['internal_api']} {info.get('version')} "
                          f"({info.get('architecture')}), {info['num_threads']} threads, "
                          f"{os.path.basename(info['filepath'])}")
-    from glassllm import blas, parallel
+    from glassllm.engine import blas, parallel
     lines.append(f"glassllm {blas.describe()}")
     lines.append(f"glassllm: {parallel.get_num_threads()} threads in its own pool, matrix "
                  f"products {'split over it' if parallel.split_matmuls() else 'on BLAS threads'}")

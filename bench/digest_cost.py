@@ -21,7 +21,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-from glassllm import Config, GlassLM, files, integrity  # noqa: E402
+from glassllm import Config, GlassLM
+from glassllm.formats import files, integrity# noqa: E402
 
 
 def best_of(repeats: int, fn) -> float:

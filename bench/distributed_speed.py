@@ -5,9 +5,9 @@ share of a step, and the efficiency that ring-allreduce predicts for N = 2..64 m
     python bench/distributed_speed.py --config M --steps 3 # a cheap check
 
 Each config trains its global batch (common.CONFIGS: M 8 x 256, L 4 x 256 tokens) with the
-Trainer's own update (`glassllm.safety.TrainStep`, fp32, clip 1, AdamW):
+Trainer's own update (`glassllm.training.safety.TrainStep`, fp32, clip 1, AdamW):
 
-    1 x 2   one process on 2 threads (`glassllm.cpu.use_threads(2)`, as `glassllm train
+    1 x 2   one process on 2 threads (`glassllm.engine.cpu.use_threads(2)`, as `glassllm train
             --threads 2`: glassllm's own pool for the elementwise passes and the matrix
             products, BLAS on one thread), the whole batch
     2 x 1   `mpiexec -n 2`, each rank 1 thread and half the batch, gradients summed with one
@@ -43,10 +43,11 @@ import time
 
 import numpy as np
 
-from glassllm import cpu, distributed
+from glassllm.engine import cpu
+from glassllm.training import distributed
 from glassllm.model import Config, GlassLM
 from glassllm.optim import AdamW
-from glassllm.safety import TrainStep
+from glassllm.training.safety import TrainStep
 
 DEFAULT_STEPS = {"S": 6, "M": 5, "L": 3}
 WARMUP = 1
@@ -83,7 +84,7 @@ class TimedComm:
 
 def worker(name: str, threads: int, steps: int) -> None:
     """One process's part on `threads` threads, as `glassllm train --threads` runs them
-    (`glassllm.cpu.use_threads`); rank 0 prints one JSON line."""
+    (`glassllm.engine.cpu.use_threads`); rank 0 prints one JSON line."""
     with cpu.use_threads(threads):
         _worker(name, threads, steps)
 

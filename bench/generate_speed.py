@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from glassllm import cpu
+from glassllm.engine import cpu
 from glassllm.generate import Sampling, generate
 from glassllm.model import Config
 

@@ -3,7 +3,7 @@
     python bench/health_cost.py                 # config M, N = 10, 40 steps
     python bench/health_cost.py --config S --every 10 --steps 40
 
-The real loop's pieces (glassllm.safety.TrainStep: forward, backward, clip, AdamW) on random
+The real loop's pieces (glassllm.training.safety.TrainStep: forward, backward, clip, AdamW) on random
 batches; every N-th step runs under `HealthMonitor.observe` and is followed by its
 measurement. Prints the median plain step, the median health step (its traced forward,
 weight snapshot and statistics included), and the cost amortised over N steps:
@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from glassllm.health import HealthMonitor
+from glassllm.lens.health import HealthMonitor
 from glassllm.model import Config, GlassLM
 from glassllm.optim import AdamW
-from glassllm.safety import TrainStep
+from glassllm.training.safety import TrainStep
 
 
 def main() -> None:

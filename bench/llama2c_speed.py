@@ -4,7 +4,7 @@
     python bench/llama2c_speed.py --run-c /path/to/run --require-quiet   # with run.c
 
 glassllm loads `../shared/data/llama2c/stories260K.bin` (a real trained model: dim 64,
-5 layers, 8 heads, 4 KV heads, vocab 512) with `glassllm.llama2c.from_llama2c` and decodes
+5 layers, 8 heads, 4 KV heads, vocab 512) with `glassllm.formats.llama2c.from_llama2c` and decodes
 `--new` tokens greedily from BOS (id 1) with `glassllm.generate.generate` and a KV cache, on
 one thread (run.c without OpenMP is single-threaded too). tokens/s counts the tokens after the
 first, as run.c's "achieved tok/s" does. It also prints where glassllm's time per token goes:
@@ -29,10 +29,10 @@ import time
 
 import numpy as np
 
-from glassllm import cpu, decode
+from glassllm.engine import cpu, decode
 from glassllm import functional as F
 from glassllm.generate import Sampling, generate
-from glassllm.llama2c import from_llama2c, tokenizer_from_llama2c
+from glassllm.formats.llama2c import from_llama2c, tokenizer_from_llama2c
 
 DATA = os.path.join(common.REPO, "..", "shared", "data", "llama2c")
 BOS = 1

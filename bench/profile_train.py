@@ -18,7 +18,7 @@ import functools
 import threading
 import time
 
-from glassllm import cpu, parallel
+from glassllm.engine import cpu, parallel
 from glassllm import functional as F
 from glassllm.model import Config, GlassLM
 from train_speed import glassllm_stepper, make_batches

@@ -15,7 +15,7 @@ tokens/s over the median torch tokens/s after warm-up steps. MFU = achieved FLOP
 on this machine (bench/peak.py), measured at the start of the run. Peak memory is measured
 in a fresh subprocess per side and config, so one side's buffers never count for the other.
 
-Every row records the load of other processes during its timed steps (`glassllm.cpu`:
+Every row records the load of other processes during its timed steps (`glassllm.engine.cpu`:
 /proc/stat busy time of this process's CPUs minus this process's own CPU time), in cores.
 `--require-quiet` waits for a quiet machine first, measures again when the run was
 disturbed, and exits non-zero instead of reporting a figure from a busy machine.
@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from glassllm import cpu
+from glassllm.engine import cpu
 from glassllm.model import Config, GlassLM
 from glassllm.optim import AdamW, clip_grad_norm
 

@@ -24,8 +24,8 @@ import numpy as np
 
 from glassllm import Config, GlassLM, Tensor
 from glassllm.optim import AdamW, lr_schedule
-from glassllm.safety import StepCSVLog, TrainStep
-from glassllm.tokenizer import ByteTokenizer
+from glassllm.training.safety import StepCSVLog, TrainStep
+from glassllm.formats.tokenizer import ByteTokenizer
 from glassllm.train import get_batch
 
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/examples/", 1)[0] + "/src")
 
-from glassllm.interpret import ablate, detect_heads  # noqa: E402
+from glassllm.lens.interpret import ablate, detect_heads  # noqa: E402
 from glassllm.model import Config, GlassLM  # noqa: E402
 from glassllm.optim import AdamW  # noqa: E402
 

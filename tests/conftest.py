@@ -44,13 +44,13 @@ def skip_or_fail(reason: str) -> None:
 
 
 def require_mkl() -> None:
-    """Switch glassllm.blas to MKL for this test (the caller restores the backend). Without
+    """Switch glassllm.engine.blas to MKL for this test (the caller restores the backend). Without
     the mkl package: skip, or fail on CI. With it, on a CPU where MKL has no strict
     reproducible mode (an AMD CPU: MKL's CNR branches are Intel's): skip on CI too, since no
     install step can change the processor."""
     from importlib import metadata
 
-    from glassllm import blas
+    from glassllm.engine import blas
     try:
         metadata.distribution("mkl")
     except metadata.PackageNotFoundError:

@@ -16,9 +16,9 @@ import sys
 import numpy as np
 
 from glassllm import Config, GlassLM
-from glassllm.data import ArrayBatches
-from glassllm.distributed import MPICommunicator
-from glassllm.train import Stepped, Trainer, TrainSettings
+from glassllm.training.data import ArrayBatches
+from glassllm.training.distributed import MPICommunicator
+from glassllm.training import Stepped, Trainer, TrainSettings
 
 
 class FaultyBatches(ArrayBatches):

@@ -275,9 +275,9 @@ def test_autocast_state_is_per_thread():
 
 
 def test_parallel_workers_carry_the_callers_autocast_state(monkeypatch):
-    """glassllm.parallel runs elementwise passes in pool threads; whatever a work function
+    """glassllm.engine.parallel runs elementwise passes in pool threads; whatever a work function
     computes there sees the caller's autocast dtype, and the pool threads are left clean."""
-    from glassllm import parallel
+    from glassllm.engine import parallel
     monkeypatch.setattr(parallel, "_num_threads", 2)
     monkeypatch.setattr(parallel, "_pool", None)
     seen = []

@@ -1,9 +1,9 @@
-"""glassllm.atomic: the one atomic-write helper every writer of the package uses."""
+"""glassllm.formats.atomic: the one atomic-write helper every writer of the package uses."""
 import os
 
 import pytest
 
-from glassllm.atomic import AtomicFile, atomic_replace, atomic_write
+from glassllm.formats.atomic import AtomicFile, atomic_replace, atomic_write
 
 
 def test_atomic_write_replaces_the_file_and_leaves_only_it(tmp_path):
@@ -120,7 +120,7 @@ def test_a_full_disk_is_an_oserror_naming_the_path_for_every_kind_of_writer(tmp_
 import errno, os
 import numpy as np
 from safetensors.numpy import save_file
-from glassllm.atomic import atomic_replace, atomic_write
+from glassllm.formats.atomic import atomic_replace, atomic_write
 d = {str(tmp_path)!r}
 tensors = {{"w": np.zeros(1 << 16, np.float32)}}  # 256 KiB > the 64 KiB limit
 def own(p):

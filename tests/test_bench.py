@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from glassllm import cpu
+from glassllm.engine import cpu
 from glassllm.model import Config
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")

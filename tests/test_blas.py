@@ -1,4 +1,4 @@
-"""glassllm.blas: both backends give np.matmul's products, MKL only where it can read the
+"""glassllm.engine.blas: both backends give np.matmul's products, MKL only where it can read the
 operands in place, the same bits for a row whatever slice, batch or alignment computes it, and
 clear errors when MKL is asked for and cannot be had."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import in_ci, require_mkl, skip_or_fail
 
-from glassllm import blas
+from glassllm.engine import blas
 
 
 def mkl_installed() -> bool:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import shared_data_path
-from glassllm.tokenizer import (BPETokenizer, ByteTokenizer, StreamDecoder, _bytes_to_unicode,
+from glassllm.formats.tokenizer import (BPETokenizer, ByteTokenizer, StreamDecoder, _bytes_to_unicode,
                                 load_tokenizer, tokenizer_from_json)
 
 SAMPLE = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"

@@ -9,13 +9,14 @@ import os
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM, files
+from glassllm import Config, GlassLM
+from glassllm.formats import files
 from glassllm.amp import GradScaler
-from glassllm.checkpoint import (Checkpoint, load_checkpoint, load_optimizer_state,
+from glassllm.formats.checkpoint import (Checkpoint, load_checkpoint, load_optimizer_state,
                                  optimizer_state, save_checkpoint)
-from glassllm.data import ArrayBatches
+from glassllm.training.data import ArrayBatches
 from glassllm.optim import AdamW
-from glassllm.train import (Checkpointed, Trainer, TrainingInterrupted, TrainSettings)
+from glassllm.training import Checkpointed, Trainer, TrainingInterrupted, TrainSettings
 
 CFG = dict(vocab_size=257, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, max_len=16)
 N, K = 9, 4
@@ -224,7 +225,7 @@ def rewrite(path, out, tensors=None, state=None, digest=True, version=None):
     from safetensors import safe_open
     from safetensors.numpy import save_file
 
-    from glassllm import integrity
+    from glassllm.formats import integrity
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
         old = {n: f.get_tensor(n) for n in f.keys()}

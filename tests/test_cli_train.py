@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from conftest import shared_data_path, skip_or_fail
-from glassllm import files
-from glassllm.checkpoint import load_checkpoint
+from glassllm.formats import files
+from glassllm.formats.checkpoint import load_checkpoint
 from glassllm.cli import main
-from glassllm.data import stdlib_corpus
-from glassllm.train import TrainSettings
+from glassllm.training.data import stdlib_corpus
+from glassllm.training import TrainSettings
 
 TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "1",
         "--seq-len", "16", "--batch-size", "4", "--eval-batches", "2"]
@@ -64,7 +64,7 @@ def test_train_on_a_text_file_writes_model_history_and_plot(tmp_path, text_file,
 
 
 def test_held_out_split_is_the_last_ten_percent(text_file):
-    from glassllm.data import load_corpus
+    from glassllm.training.data import load_corpus
     corpus = load_corpus([str(text_file)], seq_len=16)
     raw = np.frombuffer(text_file.read_bytes(), dtype=np.uint8)
     n_val = len(raw) // 10
@@ -77,11 +77,11 @@ def test_a_failing_plot_is_one_warning_line_and_the_run_still_succeeds(tmp_path,
                                                                         capsys, monkeypatch):
     """loss.png is the one output allowed to fail (the model and history are saved first),
     but never silently: one stderr line names the file and the error."""
-    import glassllm.plots
+    import glassllm.lens.plots
 
     def broken(*args, **kwargs):
         raise RuntimeError("the Agg backend\nbroke")
-    monkeypatch.setattr(glassllm.plots, "plot_history", broken)
+    monkeypatch.setattr(glassllm.lens.plots, "plot_history", broken)
     out = tmp_path / "run" / "model.safetensors"
     rc = main(["train", "--data", str(text_file), "--out", str(out), "--steps", "3",
                "--eval-every", "2", *TINY])
@@ -94,7 +94,7 @@ def test_a_failing_plot_is_one_warning_line_and_the_run_still_succeeds(tmp_path,
     assert "plot:" not in captured.out
 
     # in Python, without a callback: a RuntimeWarning, same message
-    from glassllm import runfiles
+    from glassllm.training import runfiles
     with pytest.warns(RuntimeWarning, match="x.png not written: RuntimeError: the Agg"):
         assert runfiles.write_plot(tmp_path / "run" / "history.csv", tmp_path / "x.png") is None
 
@@ -125,7 +125,7 @@ def test_train_without_data_uses_the_stdlib_and_its_loss_falls(tmp_path, capsys)
 
 
 def test_train_on_a_prepare_directory(tmp_path, text_file, capsys):
-    from glassllm.data import prepare
+    from glassllm.training.data import prepare
     prepare([str(text_file)], tmp_path / "prepared")
     out = tmp_path / "model.safetensors"
     rc = main(["train", "--data", str(tmp_path / "prepared"), "--out", str(out),
@@ -421,7 +421,7 @@ def test_a_directory_gives_only_its_text_files(tmp_path, text_file, capsys):
     (folder / "sub" / "b.md").write_text("# notes\n" * 40)
     (folder / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
     (folder / "tokens.bin").write_bytes(np.arange(300, dtype=np.uint16).tobytes())  # NULs
-    from glassllm.data import load_corpus
+    from glassllm.training.data import load_corpus
     corpus = load_corpus([str(folder)], seq_len=16)
     assert corpus.sources == [str(folder / "a.txt"), str(folder / "sub" / "b.md")]
     assert corpus.train.token_count() + corpus.val.token_count() == \
@@ -436,7 +436,7 @@ def test_a_directory_gives_only_its_text_files(tmp_path, text_file, capsys):
 
 
 def test_a_prepare_directory_cannot_be_mixed_with_files(tmp_path, text_file, capsys):
-    from glassllm.data import prepare
+    from glassllm.training.data import prepare
     prepare([str(text_file)], tmp_path / "p1")
     rc = main(["train", "--data", str(tmp_path / "p1"), str(text_file), *TINY_ARGS,
                "--out", str(tmp_path / "m.st")])
@@ -523,7 +523,7 @@ def test_resume_refuses_other_data_of_the_same_length(tmp_path, text_file, capsy
     assert main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "4",
                  "--checkpoint-every", "2", "--checkpoint", str(ckpt),
                  "--out", str(tmp_path / "m.st")]) == 0
-    from glassllm.data import load_corpus, token_fingerprint
+    from glassllm.training.data import load_corpus, token_fingerprint
     saved = load_checkpoint(ckpt).data  # the Trainer's data identity
     corpus = load_corpus([str(text_file)], 16)
     assert saved["train"] == {"tokens": corpus.train.token_count(),
@@ -653,7 +653,7 @@ def test_every_numeric_flag_is_bounded_and_named(tmp_path, text_file, capsys, ar
 
 def test_a_checkpoint_whose_extra_fields_have_wrong_types_is_refused(tmp_path, text_file,
                                                                     capsys):
-    from glassllm.checkpoint import save_checkpoint
+    from glassllm.formats.checkpoint import save_checkpoint
     ckpt = tmp_path / "c.st"
     assert main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "4",
                  "--checkpoint-every", "2", "--checkpoint", str(ckpt),
@@ -707,7 +707,7 @@ def test_an_interrupt_inside_an_update_points_to_the_last_periodic_checkpoint(
     """A second Ctrl-C lands inside an update, when no checkpoint may be written: the
     message said "no checkpoint written" although --checkpoint-every had written one a step
     before, from which --resume continues."""
-    from glassllm import safety
+    from glassllm.training import safety
     real = safety.TrainStep.__call__
 
     def interrupted_at_step_3(self, x, y, lr, step):

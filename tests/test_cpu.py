@@ -1,4 +1,4 @@
-"""glassllm.cpu: the load of other processes, the thread choice, both pools set together."""
+"""glassllm.engine.cpu: the load of other processes, the thread choice, both pools set together."""
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import threadpoolctl
 
-from glassllm import cpu, parallel
+from glassllm.engine import cpu, parallel
 
 PROC_STAT = """cpu  300 10 200 5000 40 0 5 7 0 0
 cpu0 100 5 100 2500 20 0 3 2 0 0

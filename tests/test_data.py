@@ -1,4 +1,4 @@
-"""glassllm.data: the Batches sources, token files on disk, and streaming `prepare`."""
+"""glassllm.training.data: the Batches sources, token files on disk, and streaming `prepare`."""
 import json
 import os
 
@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 import glassllm.train
-from glassllm import data
-from glassllm.data import (ArrayBatches, Batches, TokenFile, TokenWriter, get_batch, prepare,
+from glassllm.formats import checkpoint
+from glassllm.training import data
+from glassllm.training.data import (ArrayBatches, Batches, TokenFile, TokenWriter, get_batch, prepare,
                            token_dtype)
-from glassllm.tokenizer import BPETokenizer, ByteTokenizer
+from glassllm.formats.tokenizer import BPETokenizer, ByteTokenizer
 from conftest import shared_data_path
 
 
@@ -291,16 +292,16 @@ def test_a_failure_while_publishing_leaves_no_output(tmp_path, monkeypatch, fail
     sidecars and tokenizer.json -- fails at each of its five writes in turn: no file of the
     call is left (nor a temporary), the directory it created is gone, and a directory that
     existed keeps its other files."""
-    import glassllm.atomic
+    import glassllm.formats.atomic
     src = tmp_path / "a.txt"
     src.write_text("".join(f"to be or not to be, line {i}\n" for i in range(300)))
     real_replace = os.replace
 
-    def replace(a, b):  # every published file goes through os.replace (glassllm.atomic)
+    def replace(a, b):  # every published file goes through os.replace (glassllm.formats.atomic)
         if os.path.basename(b) == failing:
             raise error
         real_replace(a, b)
-    monkeypatch.setattr(glassllm.atomic.os, "replace", replace)
+    monkeypatch.setattr(glassllm.formats.atomic.os, "replace", replace)
     for out, existed in ((tmp_path / "new" / "out", False), (tmp_path / "kept", True)):
         if existed:
             out.mkdir()
@@ -311,7 +312,7 @@ def test_a_failure_while_publishing_leaves_no_output(tmp_path, monkeypatch, fail
             assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
         else:
             assert not (tmp_path / "new").exists()
-    monkeypatch.setattr(glassllm.atomic.os, "replace", real_replace)
+    monkeypatch.setattr(glassllm.formats.atomic.os, "replace", real_replace)
     prepare([src], tmp_path / "ok", "bpe:270", val_fraction=0.2, chunk_bytes=256)
     assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == sorted(PUBLISH_FAILURES)
 
@@ -405,7 +406,7 @@ def test_data_identity_and_the_resume_check():
     identity = data.data_identity(a, b)
     assert identity == {"train": {"tokens": 100, "sha256": a.fingerprint()},
                         "val": {"tokens": 50, "sha256": b.fingerprint()}}
-    data.check_identity(identity, "here")
+    checkpoint.check_identity(identity, "here")  # what a checkpoint's reader checks
     data.check_same_data(identity, a, b)
     with pytest.raises(ValueError, match=r"^resume: the validation data differs from the "
                                          r"checkpoint's \(49 tokens vs 50\)"):
@@ -455,7 +456,7 @@ def test_prepare_on_a_full_disk_names_the_token_file_and_leaves_nothing(tmp_path
     out = tmp_path / "out"
     code = f"""
 import errno
-from glassllm.data import prepare
+from glassllm.training.data import prepare
 try:
     prepare([{str(text)!r}], {str(out)!r}, "byte")
 except OSError as e:

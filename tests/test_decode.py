@@ -1,11 +1,12 @@
-"""glassllm.decode: one decoding step over plain arrays gives GlassLM.forward's logits exactly."""
+"""glassllm.engine.decode: one decoding step over plain arrays gives GlassLM.forward's logits exactly."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conftest import shared_data_path
 
-from glassllm import amp, decode, generate
+from glassllm import amp, generate
+from glassllm.engine import decode
 from glassllm.model import Config, GlassLM, KVCache
 from glassllm.tensor import no_grad
 
@@ -78,7 +79,7 @@ def test_step_refuses_a_full_cache():
 
 
 def test_stories260k_greedy_story_is_the_same_on_both_paths(monkeypatch):
-    from glassllm.llama2c import from_llama2c
+    from glassllm.formats.llama2c import from_llama2c
     model = from_llama2c(shared_data_path("llama2c", "stories260K.bin"))
     fast = generate.generate(model, [1], 120, generate.Sampling(temperature=0))
     monkeypatch.setattr(decode, "supports", lambda model, cache: False)

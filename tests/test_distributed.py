@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from glassllm import Config, GlassLM, Tensor
-from glassllm import checkpoint as ckpt_io
-from glassllm import distributed, launch
-from glassllm.data import ArrayBatches
-from glassllm.distributed import GradientBuffer, RanksDisagree, RanksFailed
+from glassllm.formats import checkpoint as ckpt_io
+from glassllm.training import distributed, launch
+from glassllm.training.data import ArrayBatches
+from glassllm.training.distributed import GradientBuffer, RanksDisagree, RanksFailed
 from glassllm.tensor import is_grad_enabled
-from glassllm.train import Stepped, Trainer, TrainingInterrupted, TrainSettings
+from glassllm.training import Stepped, Trainer, TrainingInterrupted, TrainSettings
 from thread_ranks import Aborted, ThreadGroup
 
 CFG = Config(vocab_size=257, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, max_len=16)
@@ -276,7 +276,7 @@ def test_the_supervisor_names_the_rank_and_dies_of_its_childs_signal(signum, cau
     number = int(getattr(signal, signum))
     die = (f"import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); "
            f"os.kill(os.getpid(), {number})")
-    supervisor = f"import sys; from glassllm import launch; " \
+    supervisor = f"import sys; from glassllm.training import launch; " \
                  f"sys.exit(launch.supervise([sys.executable, '-c', {die!r}]))"
     done = subprocess.run([sys.executable, "-c", supervisor], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PMI_SIZE": "2", "PMI_RANK": "1"})

@@ -1,4 +1,4 @@
-"""glassllm.files: safetensors save/load/export_float16, and every way a file can be broken."""
+"""glassllm.formats.files: safetensors save/load/export_float16, and every way a file can be broken."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from glassllm import Config, GlassLM, no_grad
-from glassllm import files
-from glassllm.tokenizer import ByteTokenizer
+from glassllm.formats import files
+from glassllm.formats.tokenizer import ByteTokenizer
 
 CONFIGS = {
     "llama": Config(d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, max_len=12),
@@ -532,7 +532,7 @@ def test_a_flipped_bit_in_the_data_names_the_file_and_the_tensor(tmp_path, saved
 
 
 def test_the_digest_is_in_the_metadata_and_covers_every_tensor(saved):
-    from glassllm import integrity
+    from glassllm.formats import integrity
     with safe_open(str(saved), framework="numpy") as f:
         meta = f.metadata()
         tensors = {n: f.get_tensor(n) for n in f.keys()}
@@ -562,7 +562,7 @@ def test_version_1_files_without_a_digest_still_load(tmp_path):
 ])
 def test_a_missing_digest_or_an_unknown_version_is_refused(tmp_path, saved, version, digest,
                                                           match):
-    from glassllm import integrity
+    from glassllm.formats import integrity
     with safe_open(str(saved), framework="numpy") as f:
         meta = f.metadata()
         tensors = {n: f.get_tensor(n) for n in f.keys()}

@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from glassllm import Config, GlassLM, files, integrity
-from glassllm.checkpoint import load_checkpoint
-from glassllm.data import ArrayBatches
-from glassllm.tokenizer import ByteTokenizer
-from glassllm.train import Trainer, TrainSettings
+from glassllm import Config, GlassLM
+from glassllm.formats import files, integrity
+from glassllm.formats.checkpoint import load_checkpoint
+from glassllm.training.data import ArrayBatches
+from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.training import Trainer, TrainSettings
 
 MIN_VARIANTS = 200
 

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM, decode, no_grad
+from glassllm import Config, GlassLM, no_grad
+from glassllm.engine import decode
 from glassllm.tensor import is_grad_enabled
 from glassllm.generate import Generator, Sampling, generate, sample_next, sampling_distribution
 
@@ -310,7 +311,7 @@ def test_generate_runs_the_model_under_no_grad(monkeypatch):
         return out
 
     monkeypatch.setattr(model, "forward", spy)
-    # every token through forward (glassllm.decode.step, the one-token path, makes no Tensors)
+    # every token through forward (glassllm.engine.decode.step, the one-token path, makes no Tensors)
     monkeypatch.setattr(decode, "supports", lambda model, cache: False)
     gen = Generator(model, [1, 2])
     for _ in range(20):  # 2 + 20 > max_len: cached and cropped paths both run
@@ -360,7 +361,7 @@ def test_empty_prompt_starts_from_start_id():
 
 
 def test_start_id_is_bos_or_else_eot():
-    from glassllm.tokenizer import ByteTokenizer, start_id
+    from glassllm.formats.tokenizer import ByteTokenizer, start_id
 
     class SentencePieceLike:  # llama2.c's tokenizer: bos 1, eot (eos) 2
         vocab_size, bos_id, eot_id = 512, 1, 2

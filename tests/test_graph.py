@@ -1,4 +1,4 @@
-"""glassllm.graph: the drawn graph is the graph backward() walks, with the real gradients."""
+"""glassllm.lens.graph: the drawn graph is the graph backward() walks, with the real gradients."""
 from __future__ import annotations
 
 import shutil
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from glassllm import Tensor
-from glassllm.graph import draw_dot, op_name
+from glassllm.lens.graph import draw_dot, op_name
 from glassllm.model import Config, GlassLM
 
 

@@ -1,4 +1,4 @@
-"""glassllm.health through the real Trainer: rows at the requested rhythm, numbers equal to
+"""glassllm.lens.health through the real Trainer: rows at the requested rhythm, numbers equal to
 what they claim, unchanged training, Ctrl-C safe, lr 1.0 flagged and the default run quiet."""
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 
 from glassllm import Config, GlassLM
 from glassllm.cli import main
-from glassllm.data import ArrayBatches
-from glassllm.health import (HealthChecked, HealthMonitor, HealthWarning, activation_stats,
+from glassllm.training.data import ArrayBatches
+from glassllm.lens.health import (HealthChecked, HealthMonitor, HealthWarning, activation_stats,
                              attention_entropy, read_health)
 from glassllm.optim import AdamW
-from glassllm.safety import TrainStep
-from glassllm.train import Trainer, TrainingInterrupted, TrainSettings
+from glassllm.training.safety import TrainStep
+from glassllm.training import Trainer, TrainingInterrupted, TrainSettings
 from conftest import shared_data_path
 from test_trainer import CFG, corpus, settings
 

@@ -1,4 +1,4 @@
-"""Parity of glassllm.hf against transformers: GPT-2 and Llama checkpoints in and out.
+"""Parity of glassllm.formats.hf against transformers: GPT-2 and Llama checkpoints in and out.
 
 Every model is built locally from a config with random weights (nothing is downloaded), then
 scaled so logits reach magnitudes above 50, where a wrong op cannot hide in rounding. The
@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from glassllm import Config, GlassLM  # noqa: E402
-from glassllm import hf  # noqa: E402
+from glassllm import Config, GlassLM# noqa: E402
+from glassllm.formats import hf# noqa: E402
 from glassllm.generate import Generator, Sampling  # noqa: E402
 from glassllm.model import KVCache  # noqa: E402
 
@@ -301,7 +301,7 @@ def test_bad_max_shard_size_is_refused_before_writing(tmp_path, size):
 
 
 def test_cli_to_hf_max_shard_size(tmp_path, capsys):
-    from glassllm import files
+    from glassllm.formats import files
     from glassllm.cli import main
     model_file = tmp_path / "m.safetensors"
     files.save(glass_model("gpt2"), model_file)
@@ -338,7 +338,7 @@ def test_float64_gpt2_logits_agree_with_transformers_to_1e_12(tmp_path, gpt2_che
 def test_to_hf_bos_token_id_is_the_tokenizers_start_id(tmp_path):
     """A tokenizer with a BOS (SentencePiece/Llama: bos 1, eos 2) exports bos_token_id 1, so
     transformers' generate() starts where glassllm's unconditional sample does."""
-    from glassllm.tokenizer import ByteTokenizer
+    from glassllm.formats.tokenizer import ByteTokenizer
 
     class WithBos(ByteTokenizer):
         bos_id = 1
@@ -549,7 +549,7 @@ PROMPT = "the model reads"
 
 @pytest.fixture(scope="module")
 def bpe():
-    from glassllm.tokenizer import BPETokenizer
+    from glassllm.formats.tokenizer import BPETokenizer
     tok = BPETokenizer.train([TEXT], V)
     assert tok.vocab_size == V
     return tok
@@ -585,7 +585,7 @@ def test_tokenizer_from_hf_dir(gpt2_dir_with_tokenizer, bpe, tmp_path):
 
 
 def test_cli_convert_both_ways(tmp_path, capsys, gpt2_dir_with_tokenizer, gpt2_checkpoint, bpe):
-    from glassllm import files
+    from glassllm.formats import files
     _, _, _, glass = gpt2_checkpoint
     out = tmp_path / "imported.safetensors"
     code, stdout, _ = run_cli(capsys, "convert", "--from-hf", gpt2_dir_with_tokenizer,
@@ -629,9 +629,9 @@ def test_cli_generate_from_hf_directory(capsys, gpt2_dir_with_tokenizer, gpt2_ch
 
 def test_cli_byte_model_round_trip(tmp_path, capsys):
     """A byte-level glassllm model exported to HF needs no tokenizer file to generate."""
-    from glassllm import files
+    from glassllm.formats import files
     model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)
-    from glassllm.tokenizer import ByteTokenizer
+    from glassllm.formats.tokenizer import ByteTokenizer
     files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
     code, _, _ = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors",
                          "--to-hf", tmp_path / "hf")
@@ -655,7 +655,7 @@ def test_cli_convert_errors(tmp_path, capsys, gpt2_checkpoint):
 def test_cli_convert_directory_without_tokenizer(tmp_path, capsys, gpt2_checkpoint, bpe):
     """vocab 300 and no tokenizer files: the weights convert alone (never with a wrong
     tokenizer), stderr says so; generate asks for --tokenizer, then works with it."""
-    from glassllm import files
+    from glassllm.formats import files
     _, _, directory, glass = gpt2_checkpoint
     out = tmp_path / "y.safetensors"
     code, stdout, err = run_cli(capsys, "convert", "--from-hf", directory, "--out", out)
@@ -709,7 +709,7 @@ def test_to_hf_refuses_an_existing_checkpoint_unless_overwrite(tmp_path):
 
 
 def test_cli_convert_never_overwrites_the_source_and_needs_force(tmp_path, capsys):
-    from glassllm import files
+    from glassllm.formats import files
     model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)
     source = tmp_path / "self" / "model.safetensors"
     source.parent.mkdir()
@@ -786,7 +786,7 @@ def test_to_hf_refuses_an_empty_directory_path(tmp_path, monkeypatch, capsys):
     model = glass_model("llama")
     with pytest.raises(ValueError, match="empty"):
         hf.to_hf(model, "")
-    from glassllm import files
+    from glassllm.formats import files
     files.save(model, tmp_path / "m.safetensors")
     code, _, err = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors", "--to-hf",
                            "")
@@ -798,8 +798,8 @@ def test_a_tokenizer_to_hf_cannot_store_is_said_not_claimed(tmp_path, capsys, bp
     """`convert --model FILE --to-hf DIR` of a model with a SentencePiece tokenizer (a
     llama2.c import) printed "tokenizer sentencepiece" and wrote none: the directory then
     generated nothing ("no tokenizer") and converted back weights-only. The note says so."""
-    from glassllm import files
-    from glassllm.tokenizer import ByteTokenizer, SentencePieceTokenizer
+    from glassllm.formats import files
+    from glassllm.formats.tokenizer import ByteTokenizer, SentencePieceTokenizer
     pieces = ["<unk>", "\n<s>\n", "\n</s>\n"] + [f"<0x{b:02X}>" for b in range(256)] + \
         [" ", "a", "b", "ab"]
     sp = SentencePieceTokenizer(pieces, [0.0] * 259 + [-1.0, -2.0, -3.0, -4.0])

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 import induction_heads as toy  # noqa: E402
 
-from glassllm.interpret import detect_heads  # noqa: E402
+from glassllm.lens.interpret import detect_heads  # noqa: E402
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""glassllm.interpret: each analysis against a recomputation by hand and against itself."""
+"""glassllm.lens.interpret: each analysis against a recomputation by hand and against itself."""
 from __future__ import annotations
 
 import math
@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from glassllm import interpret
-from glassllm.interpret import (AttributionError, ablate, detect_heads, detection_pattern,
+from glassllm.lens import interpret
+from glassllm.lens.interpret import (AttributionError, ablate, detect_heads, detection_pattern,
                                 head_scores, logit_attribution, logit_difference, logit_lens,
                                 patch, patching_sweep, token_surprise)
 from glassllm.model import Config
-from glassllm.trace import Edit, run_with_cache
+from glassllm.lens.trace import Edit, run_with_cache
 from test_trace import CONFIGS, model_for
 
 
@@ -238,7 +238,7 @@ STORY = "Once upon a time, there was a little girl named Lily. She loved to play
 @pytest.fixture(scope="module")
 def stories260k():
     from conftest import shared_data_path
-    from glassllm.llama2c import from_llama2c, tokenizer_from_llama2c
+    from glassllm.formats.llama2c import from_llama2c, tokenizer_from_llama2c
     return (from_llama2c(shared_data_path("llama2c", "stories260K.bin")),
             tokenizer_from_llama2c(shared_data_path("llama2c", "tok512.bin")))
 

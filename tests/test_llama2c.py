@@ -1,4 +1,4 @@
-"""glassllm.llama2c on a real trained model: Karpathy's stories260K and its tokenizer tok512.
+"""glassllm.formats.llama2c on a real trained model: Karpathy's stories260K and its tokenizer tok512.
 
 The references are independent of the code under test: the logits of a NumPy re-implementation
 of run.c's arithmetic (adjacent-pair RoPE on the stored, unpermuted weights, in float64), the
@@ -20,13 +20,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import shared_data_path
-from glassllm import Config, GlassLM, files
+from glassllm import Config, GlassLM
+from glassllm.formats import files
 from glassllm import functional as F
 from glassllm.cli import main
 from glassllm.generate import Sampling, generate
-from glassllm.llama2c import (HEADER_BYTES, from_llama2c, read_header, to_llama2c,
+from glassllm.formats.llama2c import (HEADER_BYTES, from_llama2c, read_header, to_llama2c,
                               tokenizer_from_llama2c)
-from glassllm.tokenizer import SentencePieceTokenizer, StreamDecoder, tokenizer_from_json
+from glassllm.formats.tokenizer import SentencePieceTokenizer, StreamDecoder, tokenizer_from_json
 
 
 # karpathy/llama2.c test_all.py, `expected_stdout` of test_runc: what

@@ -1,4 +1,4 @@
-"""glassllm.lock and `glassllm train`'s output lock: one run per output path, with real processes.
+"""glassllm.training.lock and `glassllm train`'s output lock: one run per output path, with real processes.
 
 A run holds flock(2) locks on `<path>.lock` files; a second process asking for one of those
 paths is refused at once, naming the holder's pid; a lock file left by a killed process is
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from glassllm.lock import OutputLocked, lock_outputs, lock_path
+from glassllm.training.lock import OutputLocked, lock_outputs, lock_path
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
 
@@ -37,7 +37,7 @@ def holder_process(paths, tmp_path):
     ready = tmp_path / "ready"
     code = textwrap.dedent(f"""
         import time
-        from glassllm.lock import lock_outputs
+        from glassllm.training.lock import lock_outputs
         with lock_outputs({[str(p) for p in paths]!r}):
             open({str(ready)!r}, "w").close()
             time.sleep(600)
@@ -131,8 +131,8 @@ def test_the_trainer_locks_its_outputs(tmp_path):
     import numpy as np
 
     from glassllm import Config, GlassLM
-    from glassllm.data import ArrayBatches
-    from glassllm.train import Trainer, TrainSettings
+    from glassllm.training.data import ArrayBatches
+    from glassllm.training import Trainer, TrainSettings
     model_path = tmp_path / "m.safetensors"
     proc = holder_process([model_path], tmp_path)
     try:
@@ -167,7 +167,7 @@ def test_release_never_removes_a_lock_file_that_is_no_longer_its_own(tmp_path):
 
 def test_temporaries_of_a_killed_run_are_removed_by_the_next_run(tmp_path, text_file):
     """A run killed outright (SIGKILL, MPI's force abort) leaves its lock file and may leave
-    `glassllm.atomic` temporaries (up to a checkpoint's size). The next `glassllm train` on
+    `glassllm.formats.atomic` temporaries (up to a checkpoint's size). The next `glassllm train` on
     those paths takes the lock over and removes exactly those temporaries, saying so; a run
     that finds no dead holder removes nothing (another writer might own the file)."""
     out = tmp_path / "model.safetensors"
@@ -191,7 +191,7 @@ def test_temporaries_of_a_killed_run_are_removed_by_the_next_run(tmp_path, text_
     for path in left:
         assert f"note: removed {path}, a temporary file left by that run" in run.stderr
 
-    from glassllm.atomic import leftover_temporaries
+    from glassllm.formats.atomic import leftover_temporaries
     fresh = tmp_path / ".model.safetensors.00000000cafe.tmp"
     fresh.write_bytes(b"x")
     assert leftover_temporaries(out) == [str(fresh)]
@@ -206,8 +206,8 @@ def test_the_trainer_removes_temporaries_of_a_killed_run(tmp_path):
     import numpy as np
 
     from glassllm import Config, GlassLM
-    from glassllm.data import ArrayBatches
-    from glassllm.train import Trainer, TrainSettings
+    from glassllm.training.data import ArrayBatches
+    from glassllm.training import Trainer, TrainSettings
     model_path = tmp_path / "m.safetensors"
     proc = holder_process([model_path], tmp_path)
     proc.send_signal(signal.SIGKILL)

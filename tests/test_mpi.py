@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from conftest import skip_or_fail
-from glassllm import files
-from glassllm.checkpoint import load_checkpoint
+from glassllm.formats import files
+from glassllm.formats.checkpoint import load_checkpoint
 from glassllm.cli import main
 
 HERE = Path(__file__).resolve().parent
@@ -140,7 +140,7 @@ def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
                     cmdline = f.read()
             except OSError:
                 continue
-            # the rank's real work, not its supervisor (glassllm.launch)
+            # the rank's real work, not its supervisor (glassllm.training.launch)
             if f"PMI_RANK={rank}".encode() in environ and b"glassllm" in cmdline and \
                     b"GLASSLLM_SUPERVISED=1" in environ:
                 found.append(child)
@@ -210,9 +210,9 @@ def test_ctrl_c_on_a_rank_before_mpi_starts_ends_the_job(mpiexec, shakespeare, t
                       "argparse.ArgumentParser.__init__ = ctrl_c  # Ctrl-C in build_parser\n"
                       "from glassllm.cli import main\n"
                       f"sys.exit(main({train!r}))\n")
-    # rank 1 under the supervisor, as `glassllm train` would run it (glassllm.launch)
+    # rank 1 under the supervisor, as `glassllm train` would run it (glassllm.training.launch)
     proc = subprocess.Popen([mpiexec, "-n", "1", sys.executable, "-m", "glassllm.cli", *train,
-                             ":", "-n", "1", sys.executable, "-m", "glassllm.launch",
+                             ":", "-n", "1", sys.executable, "-m", "glassllm.training.launch",
                              str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env(), start_new_session=True)

@@ -144,7 +144,7 @@ def test_sliced_adamw_is_bit_identical_to_the_whole_array_update(dtype, threads)
     above MIN_PARALLEL_ELEMENTS so the thread pool runs them), matrices (decayed) and vectors
     (not), a parameter without a gradient at some steps, an lr override: every weight and
     both moments equal the whole-array update bit for bit after each of 6 steps."""
-    from glassllm import parallel
+    from glassllm.engine import parallel
     shapes = [(700, 1001), (3, 5), (300_001,), (64,), (2, 300, 500)]
     rng = np.random.default_rng(7)
     arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]

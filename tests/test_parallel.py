@@ -1,4 +1,4 @@
-"""glassllm.parallel and the speed paths of the core: same numbers on any thread count, no
+"""glassllm.engine.parallel and the speed paths of the core: same numbers on any thread count, no
 aliased gradients, intermediate results freed during backward."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 from conftest import require_mkl, skip_or_fail
 
-from glassllm import Config, GlassLM, Tensor, blas, cpu, parallel
+from glassllm import Config, GlassLM, Tensor
+from glassllm.engine import blas, cpu, parallel
 from glassllm import functional as F
 from glassllm.optim import AdamW, clip_grad_norm
 
@@ -160,7 +161,7 @@ def test_odd_shapes_give_identical_bits_on_one_and_two_threads_with_mkl(family, 
     Holds on MKL in strict CNR mode; NumPy's OpenBLAS rounds some rows of this model 1 ulp
     differently when a product is cut (its weights differ after one step), which is why the
     README claims the bits for MKL only."""
-    from glassllm import blas
+    from glassllm.engine import blas
     saved = blas._requested, blas._use
     require_mkl()
     try:
@@ -438,7 +439,7 @@ def test_an_interrupt_right_after_a_hand_off_waits_for_that_worker(threads, monk
 CTRL_C_STORM = """
 import random, signal, sys, time
 import numpy as np
-from glassllm import parallel
+from glassllm.engine import parallel
 parallel.set_num_threads(2)
 parallel.SLICE_ELEMENTS = 1 << 14
 x = np.random.default_rng(0).standard_normal(1 << 17).astype(np.float32)

@@ -31,11 +31,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from glassllm import Config, GlassLM, files, hf, no_grad
-from glassllm.data import ArrayBatches
+from glassllm import Config, GlassLM, no_grad
+from glassllm.formats import files, hf
+from glassllm.training.data import ArrayBatches
 from glassllm.generate import Generator, Sampling, generate, sample_next
-from glassllm.tokenizer import ByteTokenizer
-from glassllm.train import Checkpointed, Trainer, TrainingInterrupted, TrainSettings, train
+from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.train import train
+from glassllm.training import Checkpointed, Trainer, TrainingInterrupted, TrainSettings
 
 DEFAULT_EXAMPLES = 60  # ~15 s on the idle 2-core machine
 SLOW_EXAMPLES = 300   # wider sizes (runs(wide=True)); ~4 min

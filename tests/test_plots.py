@@ -1,11 +1,11 @@
-"""glassllm.plots and `glassllm plot`: history files -> a loss/lr PNG."""
+"""glassllm.lens.plots and `glassllm plot`: history files -> a loss/lr PNG."""
 import math
 
 import numpy as np
 import pytest
 
 from glassllm.cli import main
-from glassllm.plots import find_history, plot_history, read_history
+from glassllm.lens.plots import find_history, plot_history, read_history
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

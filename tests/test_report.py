@@ -1,4 +1,4 @@
-"""glassllm.report and `glassllm inspect`: the summary and the page's data say what the
+"""glassllm.lens.report and `glassllm inspect`: the summary and the page's data say what the
 analyses computed; one-line errors for bad input. (The page in a browser:
 tests/test_report_browser.py.)"""
 from __future__ import annotations
@@ -9,11 +9,12 @@ import re
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM, files
+from glassllm import Config, GlassLM
+from glassllm.formats import files
 from glassllm.cli import main
-from glassllm.interpret import AttributionError, logit_attribution, token_surprise
-from glassllm.report import inspect_model, page_data, render_html, summary
-from glassllm.tokenizer import ByteTokenizer
+from glassllm.lens.interpret import AttributionError, logit_attribution, token_surprise
+from glassllm.lens.report import inspect_model, page_data, render_html, summary
+from glassllm.formats.tokenizer import ByteTokenizer
 
 PROMPT = "abcabcab"
 
@@ -187,7 +188,7 @@ def test_cli_inspect_refuses_an_unwritable_out_before_running(model, tmp_path, c
     # breakit11: --out in a missing directory ran every analysis and printed the whole
     # summary before failing on the write
     files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
-    import glassllm.report as report
+    import glassllm.lens.report as report
 
     def analyses_ran(*args, **kwargs):
         raise AssertionError("the analyses ran before --out was checked")

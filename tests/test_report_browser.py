@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from glassllm.model import Config, GlassLM
-from glassllm.report import inspect_model, write_html
-from glassllm.tokenizer import ByteTokenizer
+from glassllm.lens.report import inspect_model, write_html
+from glassllm.formats.tokenizer import ByteTokenizer
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 VIEWS = ["attention", "lens", "surprise", "attribution", "heads", "training"]

@@ -1,4 +1,4 @@
-"""glassllm.safety: TrainStep (skip on non-finite, clip, scaler), StepCSVLog, SkipRateMonitor."""
+"""glassllm.training.safety: TrainStep (skip on non-finite, clip, scaler), StepCSVLog, SkipRateMonitor."""
 import csv
 import math
 import signal
@@ -13,7 +13,7 @@ import pytest
 
 from glassllm import Config, GlassLM, Tensor, amp
 from glassllm.optim import AdamW, lr_schedule
-from glassllm.safety import (CSV_COLUMNS, SkipRateExceeded, SkipRateMonitor, StepCSVLog,
+from glassllm.training.safety import (CSV_COLUMNS, SkipRateExceeded, SkipRateMonitor, StepCSVLog,
                              StepRecord, TrainStep)
 from glassllm.train import get_batch, train
 
@@ -202,7 +202,7 @@ CHILD = textwrap.dedent("""
     import sys, numpy as np
     from glassllm import Config, GlassLM
     from glassllm.optim import AdamW
-    from glassllm.safety import StepCSVLog, TrainStep
+    from glassllm.training.safety import StepCSVLog, TrainStep
     from glassllm.train import get_batch
     cfg = Config(vocab_size=16, d_model=16, n_layers=1, n_heads=2, max_len=8)
     model = GlassLM(cfg, seed=0)
@@ -316,7 +316,7 @@ def test_csv_log_on_a_full_disk_is_an_oserror_naming_the_file(tmp_path):
     path = tmp_path / "steps.csv"
     code = textwrap.dedent(f"""
         import errno
-        from glassllm.safety import StepCSVLog, StepRecord
+        from glassllm.training.safety import StepCSVLog, StepRecord
         record = StepRecord(step=0, lr=1e-3, grad_l2_pre_clip=1.0, grad_l2_post_clip=1.0,
                             loss=2.0, skipped=False, skip_reason="", scaler_scale=1.0)
         log = StepCSVLog({str(path)!r})

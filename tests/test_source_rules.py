@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "glassllm"
 BROAD = {"Exception", "BaseException"}
 REPORTS = {"warn", "print", "on_failure"}  # warnings.warn(...), print(...), a callback
 # A worker thread cannot raise into its caller: it hands the exception over with this call,
-# and the caller re-raises it (glassllm.parallel).
+# and the caller re-raises it (glassllm.engine.parallel).
 HANDS_OVER = {"keep_for_caller"}
 
 

@@ -1,4 +1,4 @@
-"""glassllm.tokenizer: ByteTokenizer round trips, decode never raising, and StreamDecoder
+"""glassllm.formats.tokenizer: ByteTokenizer round trips, decode never raising, and StreamDecoder
 releasing only complete characters whose concatenation equals the one-shot decode."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import shared_data_path
-from glassllm.tokenizer import ByteTokenizer, StreamDecoder, tokenizer_from_json
+from glassllm.formats.tokenizer import ByteTokenizer, StreamDecoder, tokenizer_from_json
 
 TOK = ByteTokenizer()
 

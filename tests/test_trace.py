@@ -1,4 +1,4 @@
-"""glassllm.trace: frozen names, values recomputed by hand, gradients against float64 finite
+"""glassllm.lens.trace: frozen names, values recomputed by hand, gradients against float64 finite
 differences, the scores/pattern the fused op never shows, filters, stop_at, size estimate."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from glassllm import functional as F
 from glassllm import model as model_module
 from glassllm.model import Config, GlassLM
 from glassllm.tensor import Tensor
-from glassllm.trace import (NAMES, Edit, Trace, TraceTooLarge, estimate_bytes, mix_op,
+from glassllm.lens.trace import (NAMES, Edit, Trace, TraceTooLarge, estimate_bytes, mix_op,
                             names_for, run_with_cache, scores_op, select_names, softmax_op)
 from test_model import perturbed_model, to_float64
 

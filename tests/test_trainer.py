@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from glassllm import Config, GlassLM, Tensor
-from glassllm import files
-from glassllm.data import ArrayBatches
-from glassllm.train import (Checkpointed, Evaluated, Finished, NonFiniteLossError, Resumed,
-                            Saved, Started, Stepped, Trainer, TrainingInterrupted,
-                            TrainSettings, evaluate, train)
+from glassllm.formats import files
+from glassllm.training.data import ArrayBatches
+from glassllm.train import evaluate, train
+from glassllm.training import (Checkpointed, Evaluated, Finished, NonFiniteLossError, Resumed,
+                               Saved, Started, Stepped, Trainer, TrainingInterrupted,
+                               TrainSettings)
 
 CFG = dict(vocab_size=257, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, max_len=16)
 
@@ -228,7 +229,7 @@ def test_sigint_waits_for_the_update_to_finish(tmp_path):
         trainer.run(SignalMidStep(Config(**CFG)))
     assert info.value.step == 6  # update 5 was finished, not cut in half
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
-    from glassllm.checkpoint import load_checkpoint
+    from glassllm.formats.checkpoint import load_checkpoint
     assert load_checkpoint(ckpt).step == 6
 
 
@@ -361,7 +362,7 @@ def test_settings_take_numpy_numbers_as_plain_python_ones():
 def test_any_vocab_size_saves_its_best_model_and_checkpoints(tmp_path, cfg):
     """No tokenizer given: the model file is weights-only, whatever the vocabulary (a model
     of vocab 16 used to be refused for not fitting the 257-id byte tokenizer)."""
-    from glassllm import checkpoint
+    from glassllm.formats import checkpoint
     V, T = cfg["vocab_size"], cfg["max_len"]
     ids = np.tile(np.arange(V, dtype=np.int64), 40)
     path, ckpt = tmp_path / "model.safetensors", tmp_path / "ckpt.safetensors"
@@ -396,7 +397,7 @@ class OverflowingLM(GlassLM):
 
 
 def test_a_fully_skipped_fp16_run_fails_with_no_progress_and_logs_every_step(tmp_path):
-    from glassllm.train import NoProgressError
+    from glassllm.training import NoProgressError
     log = tmp_path / "steps.csv"
     with pytest.raises(NoProgressError) as info:
         run(model=OverflowingLM(Config(**CFG)), precision="fp16", steps=6,
@@ -427,7 +428,7 @@ def test_a_short_fp16_run_spent_on_gradient_overflows_is_no_failure():
 
 
 def test_max_consecutive_skips_stops_a_long_run_in_time():
-    from glassllm.train import NoProgressError
+    from glassllm.training import NoProgressError
     with pytest.raises(NoProgressError) as info:
         run(model=OverflowingLM(Config(**CFG)), precision="fp16", steps=1000,
             max_consecutive_skips=7)
@@ -441,7 +442,7 @@ def test_a_few_skips_among_real_updates_are_no_failure():
     _, summary, _, _ = run(model=model, precision="fp16", max_consecutive_skips=3)
     assert summary.skipped_steps == 2 and summary.steps == 10
     # ...but a run whose last steps are all skipped, as many as the limit, does fail
-    from glassllm.train import NoProgressError
+    from glassllm.training import NoProgressError
     with pytest.raises(NoProgressError):
         run(model=ExplodingLM(Config(**CFG), bad=[7, 8, 9]), precision="fp16",
             max_consecutive_skips=3)
@@ -450,14 +451,14 @@ def test_a_few_skips_among_real_updates_are_no_failure():
 def test_fp32_with_a_skip_alert_fails_when_no_update_is_made():
     """fp32 skips instead of stopping when max_skip_rate is set; a run whose every step is
     skipped must still fail, even if it is shorter than the alert's 100-step window."""
-    from glassllm.train import NoProgressError
+    from glassllm.training import NoProgressError
     with pytest.raises(NoProgressError) as info:  # every training loss inf
         run(model=ExplodingLM(Config(**CFG), bad=range(100)), max_skip_rate=0.99, steps=5)
     assert info.value.skipped == 5
 
 
 def test_the_skip_rate_alert_works_in_a_run_shorter_than_its_window():
-    from glassllm.safety import SkipRateExceeded
+    from glassllm.training.safety import SkipRateExceeded
     # 2 skips in 10 steps: rate 0.2, above 0.1 -> the short run fails at its end
     with pytest.raises(SkipRateExceeded) as info:
         run(model=ExplodingLM(Config(**CFG), bad=[3, 4]), max_skip_rate=0.1)

@@ -1,5 +1,5 @@
 """N ranks as N threads of one process: a communicator for tests of the data-parallel logic
-without MPI (the interface of `glassllm.distributed`).
+without MPI (the interface of `glassllm.training.distributed`).
 
 Sums are made in rank order (rank 0 + rank 1 + ...), as MPICH's two-rank Allreduce does, and
 every rank gets the same result. `abort` records the message, breaks the barrier so the other

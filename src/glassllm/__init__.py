@@ -1,11 +1,22 @@
 """glassllm: a small language-model library whose every part is visible.
 
-Root exports: `Tensor`, `no_grad`, `Config`, `GlassLM`. Everything else lives in its module:
-`glassllm.functional`, `.nn`, `.optim`, `.train`, `.amp`, `.files`, `.tokenizer`,
-`.generate`, `.data`, `.hf`, `.distributed` (data parallelism over MPI), `.launch`, `.cli`.
+Root exports: `Tensor`, `no_grad`, `Config`, `GlassLM`. The package is laid out as the library
+is built:
+
+- the glass, at the top: `tensor` (autograd), `functional` (every op's reference forward and
+  backward), `nn`, `model`, `amp` (mixed precision), `optim`, `train` (the loop of spec 001),
+  `generate` (sampling), `kernels` (the switch between references and the engine);
+- `glassllm.engine`: the fast forms of the ops, the thread pool, BLAS, CPU;
+- `glassllm.lens`: trace, interpret, graph, health, report;
+- `glassllm.formats`: model files, checkpoints, tokenizers, Hugging Face, llama2.c;
+- `glassllm.training`: the Trainer, its safety belts, data, MPI, locks;
+- `glassllm.cli`: the `glassllm` command.
 """
+from . import _moved
 from .model import Config, GlassLM
 from .tensor import Tensor, no_grad
+
+_moved.install()
 
 __all__ = ["Tensor", "no_grad", "Config", "GlassLM"]
 __version__ = "0.1.0"

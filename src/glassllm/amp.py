@@ -41,7 +41,7 @@ float16 the backward matrix products can overflow too; that is what `GradScaler`
 
 The autocast state is per thread (`threading.local`), as torch's: `autocast` in one thread
 does not change the products another thread computes, and a new thread starts in float32.
-glassllm's own worker threads (`glassllm.parallel`) run only elementwise passes; every matrix
+glassllm's own worker threads (`glassllm.engine.parallel`) run only elementwise passes; every matrix
 product runs on the thread that entered autocast, and `parallel.for_slices` carries the
 caller's state into its workers all the same, so a product there would round alike.
 
@@ -58,7 +58,13 @@ import threading
 import ml_dtypes
 import numpy as np
 
-from . import blas
+from .engine import blas
+
+
+# The precisions a training step can run in (`--precision`), each with its autocast dtype, and
+# why a step may be skipped (non-finite loss or gradient; GradScaler's skip).
+PRECISIONS = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
+SKIP_REASONS = ("", "nonfinite_loss", "nonfinite_grad")
 
 
 class _AutocastState(threading.local):
@@ -152,7 +158,7 @@ def _round_float16(x: np.ndarray) -> np.ndarray:
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """a @ b (np.matmul shapes and broadcasting), float32 in and out.
 
-    The product itself is `glassllm.blas.matmul` (NumPy's BLAS, or MKL where installed).
+    The product itself is `glassllm.engine.blas.matmul` (NumPy's BLAS, or MKL where installed).
     Outside autocast: the plain float32 product, no overhead. Inside `autocast(low)`: the
     tensor-core emulation of the module doc -- round(a) @ round(b) accumulated in float32,
     then the result rounded to `low` (so float16 outputs above 65504 are inf).

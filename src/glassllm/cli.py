@@ -44,9 +44,9 @@ _TRAIN_FLOAT_BOUNDS = {"lr": (0.0, None), "max_skip_rate": (0.0, 1.0),
 
 
 def add_train(sub) -> None:
-    from .data import STDLIB_CORPUS_BYTES
-    from .distributed import DEFAULT_TIMEOUT_S
-    from .train import TrainSettings
+    from .training.data import STDLIB_CORPUS_BYTES
+    from .training.distributed import DEFAULT_TIMEOUT_S
+    from .training import TrainSettings
     d = TrainSettings()
     m = TRAIN_MODEL_DEFAULTS
     p = sub.add_parser(
@@ -141,7 +141,7 @@ def run_train(args) -> int:
     this; rank 0 alone checks and locks the outputs, prints and writes files)."""
     import contextlib
 
-    from . import distributed
+    from .training import distributed
 
     try:
         comm = distributed.from_environment()
@@ -169,12 +169,13 @@ def _prepare_train(args, comm, held):
     outputs checked, their directories made and locked (until `held` closes)."""
     import dataclasses
 
-    from . import checkpoint, runfiles
-    from .atomic import remove_leftover_temporaries
-    from .data import check_same_data, load_corpus
-    from .lock import lock_outputs
+    from .formats import checkpoint
+    from .training import runfiles
+    from .formats.atomic import remove_leftover_temporaries
+    from .training.data import check_same_data, load_corpus
+    from .training.lock import lock_outputs
     from .model import Config
-    from .train import TrainSettings
+    from .training import TrainSettings
 
     if args.resume == "" or any(not source for source in args.data or ()):
         raise UsageError(f"{'--resume' if args.resume == '' else '--data'} is an empty path")
@@ -250,12 +251,13 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
 
     import numpy as np
 
-    from . import blas, cpu, runfiles
-    from .distributed import RanksDisagree
+    from .engine import blas, cpu
+    from .training import runfiles
+    from .training.distributed import RanksDisagree
     from .model import GlassLM
-    from .safety import SkipRateExceeded
-    from .train import (Checkpointed, Evaluated, HealthWarning, NonFiniteLossError, Resumed,
-                        Saved, Started, Stepped, Trainer, TrainingInterrupted)
+    from .training.safety import SkipRateExceeded
+    from .training import (Checkpointed, Evaluated, HealthWarning, NonFiniteLossError,
+                           Resumed, Saved, Started, Stepped, Trainer, TrainingInterrupted)
 
     out = paths["model"]
     model = GlassLM(cfg, seed=settings.seed)
@@ -376,7 +378,7 @@ def _train_command(ranks: int) -> str:
 def _choose_threads(comm, requested: int | None) -> tuple[int, str]:
     """`cpu.choose_threads`, except that ranks of an MPI job on one host share its cores
     (each measuring the others as load would be a race): cores // ranks on the host."""
-    from . import cpu
+    from .engine import cpu
     local = comm.local_size() if comm.size > 1 else 1
     if requested is not None or local == 1:
         return cpu.choose_threads(requested)
@@ -500,7 +502,7 @@ def _resumed_settings(resume, given: dict, args):
     --steps cannot grow either: lr_schedule(step, steps, ...) decays over the whole run, so
     the updates already done used a schedule that a longer run would not have used; a
     "continued" run would equal no uninterrupted run."""
-    from .train import TrainSettings
+    from .training import TrainSettings
     # a checkpoint older than a setting holds that setting's default (grad_accum: 1)
     saved = {**TrainSettings().to_dict(), **resume.settings}
     conflicts = [f"--{k.replace('_', '-')} {v} (checkpoint: {saved.get(k)})"
@@ -533,14 +535,14 @@ def _progress_bar(total: int):
 
 
 def load_model_and_tokenizer(path):
-    """(GlassLM, tokenizer) from a glassllm model file (see `glassllm.files`), or from a
-    Hugging Face checkpoint directory, one holding config.json (see `glassllm.hf`). The
+    """(GlassLM, tokenizer) from a glassllm model file (see `glassllm.formats.files`), or from a
+    Hugging Face checkpoint directory, one holding config.json (see `glassllm.formats.hf`). The
     tokenizer is None for a weights-only file or a directory without tokenizer files.
 
     Raises FileNotFoundError / IsADirectoryError / ValueError as `files.load`, `hf.from_hf`
     and `hf.tokenizer_from_hf` do.
     """
-    from . import files, hf
+    from .formats import files, hf
     if hf.is_hf_dir(path):
         model = hf.from_hf(path)
         return model, hf.tokenizer_from_hf(path, model.cfg.vocab_size)
@@ -585,7 +587,7 @@ def run_generate(args) -> int:
     import numpy as np
 
     from .generate import Generator, Sampling
-    from .tokenizer import StreamDecoder, start_id
+    from .formats.tokenizer import StreamDecoder, start_id
 
     try:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
         args.prompt.encode("utf-8")
@@ -645,8 +647,8 @@ def run_generate(args) -> int:
 def _tokenizer_option(path: str, vocab_size: int):
     """--tokenizer PATH (or `byte`) of generate: the tokenizer, which must fit the model. A
     `.bin` file is read as llama2.c's tokenizer.bin, anything else as `load_tokenizer` does."""
-    from .llama2c import tokenizer_from_llama2c
-    from .tokenizer import ByteTokenizer, load_tokenizer
+    from .formats.llama2c import tokenizer_from_llama2c
+    from .formats.tokenizer import ByteTokenizer, load_tokenizer
     try:
         if path == "byte":
             tokenizer = ByteTokenizer()
@@ -683,8 +685,8 @@ def run_prepare(args) -> int:
 
     from tqdm import tqdm
 
-    from .data import bpe_vocab_size, prepare
-    from .tokenizer import load_tokenizer
+    from .training.data import bpe_vocab_size, prepare
+    from .formats.tokenizer import load_tokenizer
 
     if not (math.isfinite(args.val_fraction) and 0.0 <= args.val_fraction < 1.0):
         raise UsageError(f"--val-fraction must be a number in [0, 1), got {args.val_fraction!r}")
@@ -740,7 +742,7 @@ def add_plot(sub) -> None:
 
 
 def run_plot(args) -> int:
-    from .plots import find_history, plot_health, plot_history
+    from .lens.plots import find_history, plot_health, plot_history
 
     if not os.path.isdir(args.run_dir):
         raise FileNotFoundError(f"run directory not found: {args.run_dir}")
@@ -845,8 +847,8 @@ def _check_out_file(out: str, source: str, what: str) -> None:
 
 
 def _convert_from_hf(args):
-    from . import files, hf
-    from .tokenizer import load_tokenizer
+    from .formats import files, hf
+    from .formats.tokenizer import load_tokenizer
 
     _check_out_file(args.out, args.from_hf, "--from-hf checkpoint")
     # Writing into the checkpoint's own directory could replace its model.safetensors
@@ -870,7 +872,7 @@ def _convert_from_hf(args):
 
 
 def _convert_from_llama2c(args):
-    from . import files, llama2c
+    from .formats import files, llama2c
 
     _check_out_file(args.out, args.from_llama2c, "--from-llama2c checkpoint")
     if args.tokenizer is not None:
@@ -892,7 +894,7 @@ def _convert_from_llama2c(args):
 
 
 def _convert_to_hf(args):
-    from . import files, hf
+    from .formats import files, hf
 
     size = hf.DEFAULT_MAX_SHARD_SIZE if args.max_shard_size is None else (
         int(args.max_shard_size) if args.max_shard_size.strip().isdigit() else args.max_shard_size)
@@ -918,7 +920,7 @@ def _convert_to_hf(args):
 
 
 def _convert_to_llama2c(args):
-    from . import files, llama2c
+    from .formats import files, llama2c
 
     if os.path.isdir(args.to_llama2c):
         raise UsageError(f"--to-llama2c {args.to_llama2c} is a directory; give a file path")
@@ -964,7 +966,7 @@ def add_inspect(sub) -> None:
 
 
 def run_inspect(args) -> int:
-    from .report import check_report_path, inspect_model, summary, write_html
+    from .lens.report import check_report_path, inspect_model, summary, write_html
 
     try:
         args.prompt.encode("utf-8")
@@ -1011,10 +1013,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import launch
+    from .training import launch
     if argv is None and sys.argv[1:2] == ["train"] and launch.needs_supervisor():
         # One rank of `mpiexec -n N glassllm train`: this process watches the real one, so a
-        # rank killed without a word is still named (glassllm.launch).
+        # rank killed without a word is still named (glassllm.training.launch).
         return launch.supervise([sys.executable, "-m", "glassllm.cli", *sys.argv[1:]])
     try:  # building the parser imports numpy and the library: Ctrl-C often lands here
         parser = build_parser()
@@ -1022,14 +1024,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\nglassllm: interrupted", file=sys.stderr, flush=True)
         return launch.interrupted_exit(130)  # under mpiexec: never leave the others waiting
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
-    from .blas import BlasError
-    from .interpret import AttributionError
+    from .engine.blas import BlasError
+    from .lens.interpret import AttributionError
     try:
         return int(args.func(args) or 0)
     except (KeyboardInterrupt, BrokenPipeError, MemoryError, UsageError, OSError,
             ValueError, BlasError, AttributionError) as e:
         code, line = _error_report(args.command, e)
-        # Under mpiexec every rank meets the same errors (glassllm.distributed.agreement):
+        # Under mpiexec every rank meets the same errors (glassllm.training.distributed.agreement):
         # rank 0 alone says so.
         if line is not None and getattr(getattr(args, "comm", None), "rank", 0) == 0:
             print(line, file=sys.stderr, flush=True)
@@ -1052,7 +1054,7 @@ def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
         detail = f" ({e})" if str(e) else ""
         return 2, (f"glassllm {command}: error: not enough memory for this {command} "
                    f"run{detail}; use smaller sizes")
-    from .interpret import AttributionError
+    from .lens.interpret import AttributionError
     if isinstance(e, AttributionError):  # not the user's input: the numbers disagree
         hint = "" if "not finite" in str(e) else " (float32 overflow in this model's forward?)"
         return 1, f"glassllm {command}: error: self-check failed: {_one_line(e)}{hint}"

@@ -13,7 +13,7 @@ torch autograd in `tests/test_functional.py`. Shapes use B batch, T time, C chan
 (d_model), H heads, D head_dim, V vocabulary, N = B*T rows.
 
 Matrix products run on all cores inside NumPy's BLAS; the elementwise passes of the ops are
-written per slice of rows and run on all cores by `glassllm.parallel.for_slices`.
+written per slice of rows and run on all cores by `glassllm.engine.parallel.for_slices`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import math
 
 import numpy as np
 
-from . import amp, parallel
+from . import amp
+from .engine import parallel
 from .tensor import Tensor
 
 _mm = amp.matmul  # every matrix product goes through the autocast hook
@@ -31,7 +32,7 @@ MIN_ROWS_PER_THREAD = 16
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b for 2-D a and b, through amp.matmul. In split mode (`glassllm.parallel`) the
+    """a @ b for 2-D a and b, through amp.matmul. In split mode (`glassllm.engine.parallel`) the
     output's rows are cut into one slice per thread of the pool, each a product of a's rows
     with the whole of b (same bits as one product: no row's sum is split)."""
     n_rows = a.shape[0]

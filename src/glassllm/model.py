@@ -24,10 +24,10 @@ from .tensor import Tensor
 
 FAMILIES = ("llama", "gpt2")
 
-# The glass box's one hook. `glassllm.trace.Trace` puts itself here while it runs; every site
+# The glass box's one hook. `glassllm.lens.trace.Trace` puts itself here while it runs; every site
 # below that exposes a named value is `if _trace is not None:`, a global lookup and a compare
 # when nothing is traced, so the plain forward pays nothing measurable
-# (bench/trace_overhead.py). The names are frozen and documented in `glassllm.trace.NAMES`.
+# (bench/trace_overhead.py). The names are frozen and documented in `glassllm.lens.trace.NAMES`.
 _trace = None
 
 

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import parallel
+from .engine import parallel
 from .tensor import Tensor
 
 

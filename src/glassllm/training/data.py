@@ -41,47 +41,15 @@ from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from .atomic import AtomicFile, about, atomic_write
-from .tokenizer import ByteTokenizer, tokenizer_from_json
+from ..formats.atomic import AtomicFile, about, atomic_write
+from ..formats.tokenizer import ByteTokenizer, tokenizer_from_json
+from ..train import get_batch  # the one batch sampler (spec 001)
 
 TOKEN_FILE_FORMAT = "glassllm-tokens"
 TOKEN_FILE_VERSION = 1
 CHUNK_BYTES = 1 << 20  # text read per step of `prepare`: the bound on its working memory
 
 
-def get_batch(data: np.ndarray, batch_size: int, seq_len: int,
-              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Sample `batch_size` random windows of `seq_len` tokens and their next-token targets.
-
-    The one batch sampler of the library: `glassllm.train.get_batch` (spec 001) is this
-    function, and both `Batches` implementations call it, so every source draws the same
-    windows from the same rng state.
-
-    Args:
-        data: 1-D token ids (any integer dtype; a np.memmap works and is read lazily:
-            only the (batch_size, seq_len + 1) gathered ids are read).
-        rng: the generator the window starts are drawn from (with replacement).
-
-    Returns:
-        x, y: (batch_size, seq_len) arrays of data's dtype, y[:, t] == data[start + t + 1],
-        so y[:, :-1] == x[:, 1:]. Every start in [0, len(data) - seq_len - 1] can be drawn,
-        the last window with complete targets included. Ids are not validated.
-
-    Raises:
-        ValueError: batch_size or seq_len not positive, data not 1-D, len(data) <= seq_len.
-    """
-    if batch_size <= 0 or seq_len <= 0:
-        raise ValueError(f"get_batch: batch_size ({batch_size}) and seq_len ({seq_len}) "
-                         "must be positive")
-    if np.ndim(data) != 1:
-        raise ValueError(f"get_batch: data must be 1-D token ids, got shape {np.shape(data)}")
-    if len(data) <= seq_len:
-        raise ValueError(f"get_batch: need len(data) > seq_len, got {len(data)} tokens for "
-                         f"seq_len={seq_len}")
-    starts = rng.integers(0, len(data) - seq_len, size=batch_size)
-    window = starts[:, None] + np.arange(seq_len + 1)
-    chunk = np.asarray(data[window])  # (B, T+1), one gather
-    return chunk[:, :-1].copy(), chunk[:, 1:].copy()
 
 
 @runtime_checkable
@@ -180,7 +148,7 @@ def data_identity(train, val) -> dict:
         if not callable(fingerprint):
             raise ValueError(f"the {_SPLIT_WORDS[name]} data ({type(source).__name__}) has no "
                              f"fingerprint() method; a run that writes or resumes checkpoints "
-                             f"records its data's identity (see glassllm.data.Batches)")
+                             f"records its data's identity (see glassllm.training.data.Batches)")
         identity[name] = {"tokens": int(source.token_count()), "sha256": str(fingerprint())}
     return identity
 
@@ -188,20 +156,6 @@ def data_identity(train, val) -> dict:
 _SPLIT_WORDS = {"train": "training", "val": "validation"}
 
 
-def check_identity(identity, where: str) -> None:
-    """The structure of a `data_identity` dict read back from a file.
-
-    Raises:
-        ValueError: "<where>: ..." naming the malformed part.
-    """
-    if not isinstance(identity, dict) or set(identity) != {"train", "val"}:
-        raise ValueError(f"{where}: data must be an object with 'train' and 'val', got "
-                         f"{_short(identity)}")
-    for name, part in identity.items():
-        if not isinstance(part, dict) or set(part) != {"tokens", "sha256"} or \
-                not _is_count(part["tokens"]) or not _is_hex64(part["sha256"]):
-            raise ValueError(f"{where}: data.{name} must be {{'tokens': int >= 0, 'sha256': "
-                             f"64 hex digits}}, got {_short(part)}")
 
 
 def check_same_data(saved: dict | None, train, val, where: str = "resume") -> None:
@@ -233,17 +187,7 @@ def check_same_data(saved: dict | None, train, val, where: str = "resume") -> No
                              f"the same data")
 
 
-def _is_count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
-
-def _is_hex64(x) -> bool:
-    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
-
-
-def _short(x, n: int = 80) -> str:
-    text = repr(x)
-    return text if len(text) <= n else text[:n] + "..."
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -397,7 +341,7 @@ class TokenWriter:
     """Appends ids to a new token file; `close()` publishes it with its sidecar.
 
     Ids go to a temporary file beside `path` as they arrive (bounded memory; see
-    `glassllm.atomic`); `close()` renames it to `path`
+    `glassllm.formats.atomic`); `close()` renames it to `path`
     (os.replace, atomic) and then writes the sidecar atomically, so a reader never sees a
     half-written file under its final name. Used as a context manager, an exception discards
     the temp file and leaves any previous file untouched.
@@ -684,7 +628,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
             them one file at a time, so a failure there (a full disk while writing a sidecar)
             leaves only those the new output had not yet replaced.
     """
-    from .tokenizer import BPETokenizer
+    from ..formats.tokenizer import BPETokenizer
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if chunk_bytes < 1:

@@ -18,7 +18,7 @@ for the other ranks of a process that exited with one). The child dies with its 
 Signals: mpiexec (hydra) and srun signal the whole process group, so the child receives Ctrl-C
 itself and the supervisor ignores it; a SIGTERM sent to the supervisor alone is passed on.
 
-`python -m glassllm.launch SCRIPT [ARGS...]` gives a Python script of one's own the same
+`python -m glassllm.training.launch SCRIPT [ARGS...]` gives a Python script of one's own the same
 supervisor (as `python -m mpi4py SCRIPT` gives it its error handling).
 """
 from __future__ import annotations
@@ -148,10 +148,10 @@ def _child_setup():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m glassllm.launch SCRIPT [ARGS...]`: SCRIPT under a supervisor (module doc)."""
+    """`python -m glassllm.training.launch SCRIPT [ARGS...]`: SCRIPT under a supervisor (module doc)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        print("usage: mpiexec -n N python -m glassllm.launch SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: mpiexec -n N python -m glassllm.training.launch SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     command = [sys.executable, *argv]
     if not needs_supervisor():

@@ -1,7 +1,7 @@
 """The CPUs this process runs on: how busy other processes keep them, and how many threads
 to use.
 
-Why it matters: NumPy's BLAS (OpenBLAS) and `glassllm.parallel` split every matrix product
+Why it matters: NumPy's BLAS (OpenBLAS) and `glassllm.engine.parallel` split every matrix product
 and elementwise pass over n threads that meet at a barrier after each op. On an idle machine
 one thread per core is fastest. When other processes hold some of the cores, each op waits
 for its slowest thread, which the scheduler may have switched out for a whole time slice (4-8
@@ -194,13 +194,13 @@ def choose_threads(requested: int | None = None, load: Load | None = None) -> tu
 @contextlib.contextmanager
 def use_threads(n: int):
     """Context: glassllm computes on n threads, all of them its own pool's
-    (`glassllm.parallel`): the elementwise passes and, in split mode, the matrix products,
+    (`glassllm.engine.parallel`): the elementwise passes and, in split mode, the matrix products,
     cut into row slices while NumPy's BLAS runs on one thread (threadpoolctl). With n = 1
     everything runs on the calling thread. Both pools and the mode are restored on exit.
 
     Why not BLAS's threads for the products: OpenBLAS's workers spin after each product, so
     they and the pool's threads take turns on the same cores and every op waits for the
-    parked one (see `glassllm.parallel`).
+    parked one (see `glassllm.engine.parallel`).
 
     Raises:
         ValueError: n < 1.

@@ -35,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from .atomic import atomic_replace, atomic_write
-from .model import Config, GlassLM
+from ..model import Config, GlassLM
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -113,7 +113,7 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
             it from vocab_size 257). Other tokenizers are not written (`stores_tokenizer`).
             Its `eot_id` becomes the config's eos_token_id and its start id
-            (`glassllm.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none, as
+            (`glassllm.formats.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none, as
             GPT-2's config has bos = eos = 50256) the bos_token_id, from which
             transformers' `generate()` starts an unconditional sample.
         overwrite: allow replacing an existing checkpoint in out_dir.
@@ -252,10 +252,10 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
 
     Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json` (a
     byte-level BPE with an "<|endoftext|>" token, as `to_hf` writes), both read by
-    `glassllm.tokenizer.load_tokenizer`. With neither, a model of vocab_size 257 gets the
+    `glassllm.formats.tokenizer.load_tokenizer`. With neither, a model of vocab_size 257 gets the
     `ByteTokenizer` (a byte-level glassllm model exported by `to_hf` has no tokenizer file),
     any other model none: the result is None (the weights convert alone, as a weights-only
-    glassllm file; see `glassllm.files.save`).
+    glassllm file; see `glassllm.formats.files.save`).
 
     Args:
         path: the checkpoint directory (or a file inside it).

@@ -459,7 +459,7 @@ SP_NO_MERGE_SCORE = -1e10                   # run.c's initial best score: never 
 
 class SentencePieceTokenizer:
     """SentencePiece BPE with byte fallback and a dummy-prefix space: Llama's tokenizer in the
-    form llama2.c keeps it (`tokenizer.bin`, read by `glassllm.llama2c.tokenizer_from_llama2c`).
+    form llama2.c keeps it (`tokenizer.bin`, read by `glassllm.formats.llama2c.tokenizer_from_llama2c`).
 
     Vocabulary: `pieces[i]` (a str; a leading " " is SentencePiece's word marker "▁") with
     float32 score `scores[i]`. Ids fixed by the format: 0 <unk>, 1 BOS (`bos_id`), 2 EOS

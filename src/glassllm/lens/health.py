@@ -22,7 +22,7 @@ events, magnitudes)"):
   only at the sampled step, and the number of non-finite values in weights and gradients.
 
 The activations are the ones of the training step itself: on a health step the step runs
-under a `glassllm.trace.Trace` that only reads values (no edits, no gradient capture), so
+under a `glassllm.lens.trace.Trace` that only reads values (no edits, no gradient capture), so
 the update is bit-identical to an unobserved one.
 
 Warnings: when a watched ratio (a weight matrix's update:data ratio -- 1-D biases and norm
@@ -127,7 +127,7 @@ class HealthMonitor:
 
         monitor = HealthMonitor(model, optimizer, every=10, clip=1.0, path="runs/health.jsonl")
         with monitor.observe(step):
-            record = train_step(x, y, lr, step)      # a glassllm.safety.StepRecord
+            record = train_step(x, y, lr, step)      # a glassllm.training.safety.StepRecord
         events = monitor.after_step(step, record)    # [] or [HealthChecked, HealthWarning...]
 
     Args:
@@ -287,7 +287,7 @@ def _clean(d):
 
 def _truncate_rows(path: str, start: int) -> None:
     """Keep the rows of steps < start (and drop a torn last line)."""
-    from .atomic import atomic_write
+    from ..formats.atomic import atomic_write
     kept = []
     with open(path, encoding="utf-8") as f:
         for line in f:

@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from . import amp
-from .model import GlassLM, KVCache
+from .. import amp
+from ..model import GlassLM, KVCache
 
 _mm = amp.matmul  # every matrix product goes through the autocast hook (here: float32)
 

@@ -11,7 +11,7 @@ import json
 import math
 import os
 
-from .atomic import atomic_replace
+from ..formats.atomic import atomic_replace
 
 HISTORY_NAMES = ("history.csv", "history.jsonl")
 
@@ -157,7 +157,7 @@ def plot_history(history, path) -> str:
     lr_ax.grid(alpha=0.3)
     fig.tight_layout()
 
-    # OSErrors name the user's path, never the temporary's (see glassllm.atomic).
+    # OSErrors name the user's path, never the temporary's (see glassllm.formats.atomic).
     atomic_replace(path, lambda tmp: fig.savefig(tmp, format=image_format))
     return path
 
@@ -193,7 +193,7 @@ HEALTH_PANELS = (
 
 
 def plot_health(rows, path, bands: dict | None = None) -> str:
-    """Draw a run's health rows (`glassllm.health`, health.jsonl) against step, one panel
+    """Draw a run's health rows (`glassllm.lens.health`, health.jsonl) against step, one panel
     per kind (HEALTH_PANELS, plus the global gradient norm with clip and skip events), each
     watched ratio's healthy band shaded; write an image (format from path's suffix).
 

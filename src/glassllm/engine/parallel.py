@@ -8,14 +8,14 @@ pool of threads: NumPy releases the GIL inside a ufunc loop, so the threads trul
 same time. Slices of about 256K elements also keep the passes over a slice in cache.
 
 Matrix products, by default, run on BLAS's own threads. In *split mode*
-(`set_split_matmuls(True)`, which `glassllm.cpu.use_threads` turns on) BLAS runs on one
+(`set_split_matmuls(True)`, which `glassllm.engine.cpu.use_threads` turns on) BLAS runs on one
 thread and the fused ops cut their products into row slices that this pool runs instead
 (`for_thread_slices`), attention per slice of batch rows. Then one set of threads does all
 the work: OpenBLAS's own workers spin for a while after each product, and when they share
 the cores with this pool, every elementwise pass that follows waits for a thread that the
 scheduler has parked behind a spinning one (on a busy machine a step became 13x slower).
 Each output row of a product is computed whole, in one slice; on MKL's strict reproducible
-mode (`glassllm.blas`) it comes out the same bits whichever slice it is in, so the results are
+mode (`glassllm.engine.blas`) it comes out the same bits whichever slice it is in, so the results are
 the same bits on any thread count. NumPy's OpenBLAS does not promise that: on some shapes it
 rounds a row 1 ulp differently when the product is cut elsewhere.
 
@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import amp
+from .. import amp
 
 # Elements per slice: big enough that handing it to a thread and taking the GIL back between
 # NumPy calls is cheap next to the work (64K-element slices were measurably slower on two
@@ -80,7 +80,7 @@ def split_matmuls() -> bool:
 
 def set_split_matmuls(on: bool) -> None:
     """Turn split mode on or off (see the module doc). BLAS should then run on one thread,
-    which `glassllm.cpu.use_threads` arranges; on its own this only changes who splits."""
+    which `glassllm.engine.cpu.use_threads` arranges; on its own this only changes who splits."""
     global _split_matmuls
     _split_matmuls = bool(on)
 
@@ -293,7 +293,7 @@ def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
 def even_slices(n_rows: int, n_parts: int) -> list[slice]:
     """n_parts consecutive slices covering range(n_rows), their sizes differing by at most one
     (so none is much smaller than n_rows / n_parts: a product's backend choice in
-    `glassllm.blas` depends on its row count)."""
+    `glassllm.engine.blas` depends on its row count)."""
     base, extra = divmod(n_rows, n_parts)
     bounds = [0]
     for i in range(n_parts):

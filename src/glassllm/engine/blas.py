@@ -13,7 +13,7 @@ Every matrix product of glassllm goes through `glassllm.amp.matmul`, and from th
   and products are about 70% of a training step. PyTorch's CPU wheels use MKL too.
 
 MKL runs *sequential* (one thread per call): glassllm's own pool cuts the products into row
-slices (`glassllm.parallel`), and it needs each output row to come out the same bits whichever
+slices (`glassllm.engine.parallel`), and it needs each output row to come out the same bits whichever
 slice, batch or thread computes it, so that training gives the same numbers on any thread count.
 MKL promises that only in its *strict* conditional-numerical-reproducibility mode
 (`MKL_CBWR_Set(branch | MKL_CBWR_STRICT)`, supported for ?gemm on its AVX2 and AVX-512 code
@@ -28,7 +28,7 @@ Choosing the backend:
     set_backend(name)             the same from Python ("auto", "mkl", "numpy")
 `backend()` says which one is in use and `describe()` says it in words (with the reason MKL is
 not used, under "auto"). MKL is loaded at the first product, not at import. GLASSLLM_BLAS is
-read once, when glassllm.blas is imported: changing os.environ afterwards changes nothing,
+read once, when glassllm.engine.blas is imported: changing os.environ afterwards changes nothing,
 set_backend does.
 
 What the MKL path takes -- everything else goes to `np.matmul`, which then also raises NumPy's

@@ -10,15 +10,15 @@ A checkpoint is one safetensors file (no pickle, so loading one cannot run code)
                        per-parameter update counts and hyper-parameters, the batch sampler's
                        `bit_generator.state`, the trainer settings, the best validation loss
                        and the step it came from, the history, the loss scaler's state, the
-                       data's identity (`glassllm.data.data_identity`: token counts and
+                       data's identity (`glassllm.training.data.data_identity`: token counts and
                        SHA-256 of the training and validation streams), the number of
                        ranks that trained it (`world_size`, data parallelism; absent in
                        files from before it, which mean 1) and free-form `extra`
                        (tokenizer, data sources, ...)
               digest = SHA-256 of every tensor and of the other entries
-                       (`glassllm.integrity`), checked on load
+                       (`glassllm.formats.integrity`), checked on load
 
-Loading checks everything before a run may use it, as `glassllm.files` does for models: the
+Loading checks everything before a run may use it, as `glassllm.formats.files` does for models: the
 digest (a flipped bit is an error naming the tensor), then the type and range of every field
 of the JSON state, then tensor names, dtypes (float32) and shapes against the stored config,
 then finiteness (and v >= 0). Each problem is one ValueError line naming the file. Version 1
@@ -29,7 +29,7 @@ a digest, or a newer version, is refused.
 JSON keeps Python floats exactly (shortest round-trip repr) and integers of any size (PCG64's
 128-bit state), so a restored run draws the same batches and makes the same updates as one
 that never stopped. Writes are atomic: a temporary file in the same directory, fsync, then
-`os.replace` (`glassllm.atomic`), so a crash or Ctrl-C mid-write leaves the previous
+`os.replace` (`glassllm.formats.atomic`), so a crash or Ctrl-C mid-write leaves the previous
 checkpoint intact; the file gets ordinary (umask) permissions.
 """
 from __future__ import annotations
@@ -47,10 +47,9 @@ from safetensors.numpy import save_file
 
 from . import integrity
 from .atomic import atomic_replace
-from .data import check_identity
-from .model import Config, GlassLM, n_parameter_tensors, parameter_shape
-from .optim import AdamW
-from .safety import PRECISIONS, SKIP_REASONS
+from ..model import Config, GlassLM, n_parameter_tensors, parameter_shape
+from ..optim import AdamW
+from ..amp import PRECISIONS, SKIP_REASONS
 
 FORMAT = "glassllm-checkpoint"
 VERSION = "2"
@@ -76,9 +75,9 @@ class Checkpoint:
         scaler: the loss scaler's `state_dict()` (mixed precision) or None.
         extra: JSON-serialisable run facts the trainer itself does not need (tokenizer JSON,
             data sources, ...).
-        data: the data's identity, `glassllm.data.data_identity(train, val)`; None in a
+        data: the data's identity, `glassllm.training.data.data_identity(train, val)`; None in a
             version 1 checkpoint.
-        world_size: the number of data-parallel ranks of the run (`glassllm.distributed`);
+        world_size: the number of data-parallel ranks of the run (`glassllm.training.distributed`);
             a resume needs the same number.
         source: the file it was loaded from (not part of the state; None if built in memory).
     """
@@ -346,6 +345,27 @@ def _check_state(state, where: str, version: str) -> Config:
     if state.get("data") is not None:
         check_identity(state["data"], f"{where}: state")
     return cfg
+
+
+def check_identity(identity, where: str) -> None:
+    """The structure of a `data_identity` dict read back from a file.
+
+    Raises:
+        ValueError: "<where>: ..." naming the malformed part.
+    """
+    if not isinstance(identity, dict) or set(identity) != {"train", "val"}:
+        raise ValueError(f"{where}: data must be an object with 'train' and 'val', got "
+                         f"{_short(identity)}")
+    for name, part in identity.items():
+        if not isinstance(part, dict) or set(part) != {"tokens", "sha256"} or \
+                not (_is_int(part["tokens"]) and part["tokens"] >= 0) or \
+                not _is_hex64(part["sha256"]):
+            raise ValueError(f"{where}: data.{name} must be {{'tokens': int >= 0, 'sha256': "
+                             f"64 hex digits}}, got {_short(part)}")
+
+
+def _is_hex64(x) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
 
 
 def _check_optimizer(opt, cfg: Config, where: str) -> None:

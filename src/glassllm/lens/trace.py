@@ -29,7 +29,7 @@ asked for, the attention of that layer is computed explicitly as pattern @ v so 
 autograd graph (equal to the fused op's output to float32 rounding, tested).
 
 Edits (`Edit`) replace part of a named value as the forward passes it (ablation, activation
-patching; see `glassllm.interpret`): the replaced elements are constants (zero gradient), the
+patching; see `glassllm.lens.interpret`): the replaced elements are constants (zero gradient), the
 others flow on unchanged.
 """
 from __future__ import annotations
@@ -42,10 +42,10 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from . import functional as F
-from . import model as model_module
-from .model import Config, GlassLM
-from .tensor import Tensor, no_grad
+from .. import functional as F
+from .. import model as model_module
+from ..model import Config, GlassLM
+from ..tensor import Tensor, no_grad
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +157,7 @@ def select_names(cfg: Config, names=None) -> list[str]:
             raise ValueError(f"trace: {wanted!r} matches no value of this {cfg.family} model "
                              f"({cfg.n_layers} layers)" +
                              (f"; did you mean {', '.join(near)}?" if near else
-                              "; see glassllm.trace.NAMES"))
+                              "; see glassllm.lens.trace.NAMES"))
         chosen.update(hits)
     return [n for n in every if n in chosen]
 

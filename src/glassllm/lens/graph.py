@@ -23,8 +23,8 @@ import subprocess
 
 import numpy as np
 
-from .atomic import atomic_write
-from .tensor import Tensor, topological_order
+from ..formats.atomic import atomic_write
+from ..tensor import Tensor, topological_order
 
 
 @dataclasses.dataclass

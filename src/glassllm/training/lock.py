@@ -11,7 +11,7 @@ Stale locks: the operating system drops a flock when its process ends, however i
 taken over by the next run; `OutputLock.stale` lists the holders found that way (their pid
 is no longer running), for a note to the user, and `OutputLock.stale_paths` their paths: a run
 killed outright (SIGKILL, MPI's force abort) may have left its temporaries there, which
-`glassllm.atomic.remove_leftover_temporaries` then clears. The file is removed on a clean release (after
+`glassllm.formats.atomic.remove_leftover_temporaries` then clears. The file is removed on a clean release (after
 checking that it is still the one locked, so a waiting reader never locks a removed file).
 
 Within one process the locks are re-entrant: `glassllm train` locks every output, then the

@@ -24,7 +24,7 @@ loss, which parameters got a gradient) before it.
 Faults (`MPICommunicator`): a rank that raises where the others do not calls `abort` (its
 message names it: "rank 1 of 2: ValueError: ..."), and MPI ends the whole job. A rank that dies
 without a word (SIGKILL, the out-of-memory killer, a crash) is named by its supervisor
-(`glassllm.launch`), and mpiexec (hydra) then kills the other ranks itself; for a launcher that
+(`glassllm.training.launch`), and mpiexec (hydra) then kills the other ranks itself; for a launcher that
 does not, a watchdog thread in each rank ends the job when a collective waits for a rank of the
 same host that is no longer running (within ~1 s), or when any collective waits longer than
 `timeout_s` (a hung or stopped rank, another host's rank lost).
@@ -90,7 +90,7 @@ class SerialCommunicator:
 
 def from_environment(timeout_s: float = DEFAULT_TIMEOUT_S):
     """An `MPICommunicator` when an MPI launcher started this process with more than one rank
-    (`glassllm.launch.launcher_size`), else a `SerialCommunicator`.
+    (`glassllm.training.launch.launcher_size`), else a `SerialCommunicator`.
 
     Raises:
         RuntimeError: started by a launcher with N > 1 ranks but mpi4py is not installed.

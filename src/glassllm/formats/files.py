@@ -17,7 +17,7 @@ bytes), read and written only through the `safetensors` package:
     "version":   "2" -- the format version; "2" added the digest (files without a version are
                  version 1);
     "digest":    SHA-256 of every tensor and of the other metadata entries
-                 (`glassllm.integrity`), checked by `load` and `load_tokenizer`.
+                 (`glassllm.formats.integrity`), checked by `load` and `load_tokenizer`.
 
 Files of version 1 (written before the digest existed, no "version" entry) still load, without
 that check: they are validated as before (names, shapes, dtypes, finiteness) but a flipped bit
@@ -42,8 +42,8 @@ from safetensors.numpy import save_file
 
 from . import integrity
 from .atomic import atomic_replace
-from .model import Config, GlassLM, n_parameter_tensors, parameter_shape, parameter_shapes
-from .tensor import no_grad
+from ..model import Config, GlassLM, n_parameter_tensors, parameter_shape, parameter_shapes
+from ..tensor import no_grad
 from .tokenizer import tokenizer_from_json
 
 FORMAT = "glassllm"
@@ -234,7 +234,7 @@ def load_tokenizer(path):
     existed always carry a tokenizer, and load as they did.
 
     Returns:
-        a ByteTokenizer or BPETokenizer (see `glassllm.tokenizer.tokenizer_from_json`), or None.
+        a ByteTokenizer or BPETokenizer (see `glassllm.formats.tokenizer.tokenizer_from_json`), or None.
 
     Raises:
         FileNotFoundError / IsADirectoryError: as `load`.

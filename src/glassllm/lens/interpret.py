@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from . import functional as F
-from .model import GlassLM
-from .tensor import Tensor, no_grad
+from .. import functional as F
+from ..model import GlassLM
+from ..tensor import Tensor, no_grad
 from .trace import Edit, run_with_cache
 
 LN2 = math.log(2.0)

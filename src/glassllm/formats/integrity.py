@@ -1,6 +1,6 @@
 """Digests of glassllm's safetensors files: a damaged byte is an error naming the file and tensor.
 
-A model file (`glassllm.files`) or a checkpoint (`glassllm.checkpoint`) carries, in its
+A model file (`glassllm.formats.files`) or a checkpoint (`glassllm.formats.checkpoint`) carries, in its
 safetensors metadata, one more string under the key "digest":
 
     {"algorithm": "sha256",

@@ -24,8 +24,8 @@ import unicodedata
 import numpy as np
 
 from . import interpret
-from .atomic import atomic_write
-from .model import GlassLM
+from ..formats.atomic import atomic_write
+from ..model import GlassLM
 from .trace import run_with_cache
 
 
@@ -71,7 +71,7 @@ def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
     history.csv / health.jsonl, when present, are included.
 
     Raises ValueError for a prompt of fewer than 2 tokens (nothing to predict) and the
-    errors of `glassllm.interpret`'s functions.
+    errors of `glassllm.lens.interpret`'s functions.
     """
     ids = model.check_ids(ids)
     if ids.shape[0] != 1 or ids.shape[1] < 2:
@@ -266,7 +266,7 @@ def check_report_path(path, label: str = "--out") -> None:
     """Refuse, before any analysis runs, a report path that cannot be written: empty, a
     directory, in a directory that does not exist, or without write permission there
     (`runfiles.check_output_paths`). Raises ValueError, one line naming `label` and path."""
-    from .runfiles import check_output_paths
+    from ..training.runfiles import check_output_paths
     check_output_paths({label: path})
     directory = os.path.dirname(os.path.abspath(os.fspath(path)))
     if not os.path.isdir(directory):

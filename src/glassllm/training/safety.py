@@ -9,7 +9,7 @@ correct (spec 003; PyTorch's AMP recipe):
     -> clip the global L2 norm to `clip` -> scaler.step(opt, lr) -> scaler.update()
 
 With `micro_batches=K` (gradient accumulation) and/or a communicator of N ranks (data
-parallelism, `glassllm.distributed`), the forward/backward runs on K slices of this rank's
+parallelism, `glassllm.training.distributed`), the forward/backward runs on K slices of this rank's
 rows; their scaled gradients are added in one float32 `GradientBuffer`, summed over the ranks
 (one Allreduce), multiplied by 1/(N*K), and the step goes on from `unscale_` on the reduced
 gradients: the mean gradient of the N*K micro-batches, as one batch of N*K times the rows
@@ -37,15 +37,14 @@ from collections import deque
 
 import numpy as np
 
-from . import amp
-from .atomic import about
+from .. import amp
+from ..amp import PRECISIONS, SKIP_REASONS
+from ..formats.atomic import about
 from .distributed import GradientBuffer, SerialCommunicator
-from .optim import clip_grad_norm
+from ..optim import clip_grad_norm
 
 CSV_COLUMNS = ("step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped",
                "skip_reason", "scaler_scale")
-PRECISIONS = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
-SKIP_REASONS = ("", "nonfinite_loss", "nonfinite_grad")
 
 
 @dataclasses.dataclass
@@ -99,7 +98,7 @@ class TrainStep:
         clip: max global L2 norm of the unscaled gradients (spec 001 uses 1.0); None: no clip.
         scaler: an `amp.GradScaler`; default: enabled for fp16, disabled for bf16 and fp32
             (bfloat16 has float32's exponent range and does not need loss scaling).
-        comm: a communicator (`glassllm.distributed`) whose ranks each call this step on
+        comm: a communicator (`glassllm.training.distributed`) whose ranks each call this step on
             their share of the batch; default one process.
         micro_batches: K, the number of equal slices of a call's rows run one after the other
             (gradient accumulation); with K = 1 on one process the batch runs whole.

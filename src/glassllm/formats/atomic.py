@@ -199,7 +199,7 @@ def leftover_temporaries(path) -> list[str]:
 def remove_leftover_temporaries(path) -> list[str]:
     """Remove `leftover_temporaries(path)`; returns the ones removed. Call it only while no
     other writer can be writing `path`: `glassllm train` and the Trainer call it for the paths
-    whose lock they took over from a process that had ended (`glassllm.lock`)."""
+    whose lock they took over from a process that had ended (`glassllm.training.lock`)."""
     removed = []
     for tmp in leftover_temporaries(path):
         try:

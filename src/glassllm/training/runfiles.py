@@ -5,7 +5,7 @@ checkpoint (`checkpoint.safetensors`), its history (`history.csv`) and loss plot
 (`loss.png`); the per-step CSV (`--log-csv`) may go anywhere. `run_paths` names them,
 `check_output_paths` refuses, before any training, every path that would fail or do harm
 later, `make_parent_dirs` creates what is missing, and `write_history_csv` / `write_plot`
-write the end products. `glassllm.lock.lock_outputs` keeps two runs off the same paths.
+write the end products. `glassllm.training.lock.lock_outputs` keeps two runs off the same paths.
 
 A Python user of `glassllm.train.Trainer` gets the same files with the same calls:
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import os
 
-from .atomic import atomic_write
+from ..formats.atomic import atomic_write
 
 HISTORY_COLUMNS = ("step", "train_loss", "val_loss", "lr")
 
@@ -130,7 +130,7 @@ def write_history_csv(path, history: list[dict]) -> str:
 
 
 def write_plot(history_csv, png, on_failure=None) -> str | None:
-    """loss.png from a history CSV (`glassllm.plots.plot_history`). Returns its path, or None
+    """loss.png from a history CSV (`glassllm.lens.plots.plot_history`). Returns its path, or None
     if plotting is unavailable or fails: the run's results are already saved, and a missing
     picture must not turn success into an error -- but it is said, never swallowed.
 
@@ -140,7 +140,7 @@ def write_plot(history_csv, png, on_failure=None) -> str | None:
             The CLI prints it as one stderr line. Ctrl-C (KeyboardInterrupt) propagates.
     """
     try:
-        from .plots import plot_history
+        from ..lens.plots import plot_history
         return plot_history(history_csv, png)
     except Exception as e:  # noqa: BLE001 -- matplotlib backends fail in many ways; reported
         detail = " ".join(str(e).split()) or "no message"

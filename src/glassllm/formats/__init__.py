@@ -1,0 +1,8 @@
+"""The formats: everything glassllm reads from and writes to disk.
+
+- `files`: a model file (safetensors + config + tokenizer), float16 export;
+- `checkpoint`: a training run's resumable state;
+- `tokenizer`: byte, BPE (GPT-2) and SentencePiece tokenizers;
+- `hf`: Hugging Face checkpoints in and out; `llama2c`: llama2.c checkpoints and tokenizers;
+- `integrity`: SHA-256 digests of tensors and metadata; `atomic`: files written atomically.
+"""
