@@ -1,6 +1,6 @@
 """Import paths of glassllm 0.1 that moved in 0.2, kept working with a DeprecationWarning.
 
-`import glassllm.formats.files` (or `from glassllm import files`) gives the module now at
+`import glassllm.files` (or `from glassllm import files`) gives the module now at
 `glassllm.formats.files`: the same module object, so a monkeypatch or an isinstance check
 through the old name acts on the new module. The old names go in a later release.
 """
