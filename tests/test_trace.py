@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from glassllm import functional as F
-from glassllm import model as model_module
+from glassllm import taps
 from glassllm.model import Config, GlassLM
 from glassllm.tensor import Tensor
 from glassllm.lens.trace import (NAMES, Edit, Trace, TraceTooLarge, estimate_bytes, mix_op,
@@ -70,7 +70,7 @@ def test_full_trace_has_every_name_and_the_models_logits(name):
     assert len(cache) == model.cfg.n_layers * (15 + (name != "gpt2")) + 3 + (name == "gpt2")
     np.testing.assert_array_equal(logits, model(x).data)  # bit-identical: same fused ops
     np.testing.assert_array_equal(cache["logits"], logits)
-    assert model_module._trace is None
+    assert taps.hook_for(model) is None
     for n in cache:
         shape = tuple(dict(B=2, T=9, C=16, H=model.cfg.n_heads, K=model.cfg.n_kv_heads,
                            D=model.cfg.head_dim, F=model.cfg.d_ff, V=13)[c]
@@ -302,7 +302,7 @@ def test_stop_at_skips_the_rest_of_the_forward():
         model(x)
         raise AssertionError("the with block ends at stop_at")
     assert spy.calls == 0 and list(tr.cache) == ["token_embedding", "blocks.0.residual_out"]
-    assert model_module._trace is None
+    assert taps.hook_for(model) is None
     with pytest.raises(ValueError, match="stop_at"):
         Trace(model, grads=True, stop_at="logits")
     model(x)
@@ -372,7 +372,7 @@ def run_with_cache_cached(model, ids, kv):
 
 def test_untraced_forward_has_no_trace():
     model = model_for("gpt2")
-    assert model_module._trace is None
+    assert taps.hook_for(model) is None
     x, _ = batch(model.cfg)
     a = model(x).data
     run_with_cache(model, x)
