@@ -46,6 +46,8 @@ class Attention(Module):
         self.cfg = cfg
 
     def __call__(self, x: Tensor, rope, cache: KVCache | None, i: int) -> Tensor:
+        """x (B, T, C) of block i -> (B, T, C); rope: the (cos, sin) rows of x's positions, or
+        None (gpt2); cache: the KVCache these positions extend, or None."""
         B, T, _ = x.shape
         H, K, D = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
         x = tap(f"blocks.{i}.attention.input", x)
@@ -92,6 +94,7 @@ class Block(Module):
         self.mlp = MLP(cfg, rng)
 
     def __call__(self, x: Tensor, rope, cache: KVCache | None, i: int) -> Tensor:
+        """The residual stream (B, T, C) through block i (arguments as `Attention`'s)."""
         x = tap(f"blocks.{i}.residual_in", x)
         x = x + self.attention(self.attention_norm(x), rope, cache, i)
         x = tap(f"blocks.{i}.residual_mid", x)
