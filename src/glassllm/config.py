@@ -107,10 +107,22 @@ class Config:
         return dataclass_from_dict(cls, d)
 
     def n_params(self) -> int:
-        """Parameter count of a model with this config, in O(1): nothing is allocated (see
-        `glassllm.model.n_params`)."""
-        from .model import n_params  # the model's layers are the one description of the shapes
-        return n_params(self)
+        """Parameter count of `GlassLM(self)`, in O(1), nothing allocated: what
+        `glassllm.model.n_params` reads off the layers (registered below, as this module sits
+        under the model and does not import it)."""
+        return _count_parameters(self)
+
+
+def _count_parameters(cfg: Config) -> int:
+    raise RuntimeError("Config.n_params needs glassllm.model (import glassllm first)")
+
+
+def register_parameter_count(count) -> None:
+    """`glassllm.model` hands its `n_params(cfg)` over when it is imported: the layers are the
+    one description of the parameters' shapes, and the model imports this module, not the
+    other way round."""
+    global _count_parameters
+    _count_parameters = count
 
 
 def dataclass_from_dict(cls, d: dict):

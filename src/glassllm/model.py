@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from . import functional as F
-from . import nn
+from . import config, nn
 from .config import FAMILIES, Config, dataclass_from_dict  # noqa: F401  (glassllm.model.Config)
 from .nn import Embedding, LayerNorm, Linear, Module, RMSNorm
 from .taps import attend, hook_for, tap, watch
@@ -294,6 +294,9 @@ def n_params(cfg: Config) -> int:
     head, block, tail = _layout(cfg)
     size = lambda shapes: sum(math.prod(shape) for _, shape in shapes)  # noqa: E731
     return size(head) + cfg.n_layers * size(block) + size(tail)
+
+
+config.register_parameter_count(n_params)  # Config.n_params() counts through the layers
 
 
 def _layout(cfg: Config):
