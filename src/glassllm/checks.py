@@ -26,8 +26,6 @@ def is_real(value) -> bool:
 def _range_words(low, high) -> str:
     if low is not None and high is not None:
         return f" in [{low}, {high}]"
-    if low == 1 and high is None:
-        return " >= 1 (positive)"
     if low is not None:
         return f" >= {low}"
     if high is not None:
