@@ -328,19 +328,25 @@ def test_non_finite_weights_with_a_finite_validation_loss_are_never_saved(tmp_pa
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("batch_size", True, "batch_size must be an integer, got True"),
-    ("steps", 2.5, "steps must be an integer, got 2.5"),
-    ("steps", 3.0, "steps must be an integer"),
-    ("seq_len", "8", "seq_len must be an integer, got '8'"),
-    ("seed", None, "seed must be an integer"),
-    ("checkpoint_every", 1.5, "checkpoint_every must be an integer"),
-    ("lr", "0.01", "lr must be a number, got '0.01'"),
-    ("lr", True, "lr must be a number"),
-    ("lr", float("inf"), "lr must be a finite number"),
-    ("clip", float("nan"), "clip must be a finite number"),
-    ("max_skip_rate", float("nan"), "max_skip_rate must be a finite number"),
-    ("weight_decay", float("inf"), "weight_decay must be a finite number"),
-    ("min_lr_ratio", complex(0.1, 0), "min_lr_ratio must be a number"),
+    ("batch_size", True, "batch_size must be an integer >= 1, got True"),
+    ("steps", 2.5, "steps must be an integer >= 0, got 2.5"),
+    ("steps", 3.0, "steps must be an integer >= 0, got 3.0"),
+    ("steps", -1, "steps must be an integer >= 0, got -1"),
+    ("seq_len", "8", "seq_len must be an integer >= 1, got '8'"),
+    ("seed", None, "seed must be an integer >= 0, got None"),
+    ("checkpoint_every", 1.5, "checkpoint_every must be an integer >= 1, got 1.5"),
+    ("health_every", 0, "health_every must be an integer >= 1, got 0"),
+    ("grad_accum", np.int64(0), "grad_accum must be an integer >= 1, got "),
+    ("lr", "0.01", "lr must be a finite positive number, got '0.01'"),
+    ("lr", True, "lr must be a finite positive number, got True"),
+    ("lr", float("inf"), "lr must be a finite positive number, got inf"),
+    ("lr", 0, "lr must be a finite positive number, got 0"),
+    ("clip", float("nan"), "clip must be a finite positive number, got nan"),
+    ("max_skip_rate", float("nan"), "max_skip_rate must be a finite number >= 0, got nan"),
+    ("max_skip_rate", 1.0, "max_skip_rate must be a finite number in [0, 1), got 1.0"),
+    ("weight_decay", float("inf"), "weight_decay must be a finite number >= 0, got inf"),
+    ("min_lr_ratio", complex(0.1, 0), "min_lr_ratio must be a finite number in [0, 1], got"),
+    ("min_lr_ratio", 1.5, "min_lr_ratio must be a finite number in [0, 1], got 1.5"),
 ])
 def test_settings_reject_wrong_types_naming_the_field(field, value, message):
     with pytest.raises(ValueError) as info:
