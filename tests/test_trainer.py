@@ -513,3 +513,26 @@ def test_a_resume_that_writes_no_better_model_names_none_not_a_missing_file(tmp_
                    checkpoint_path=ckpt)
     summary = same.run(GlassLM(Config(**CFG), seed=0), resume=ckpt)
     assert summary.model_path == str(tmp_path / "a.safetensors")
+
+
+def test_every_event_in_its_order(tmp_path):
+    """The whole sequence of a run with health, evaluations, saves and checkpoints: an
+    update's events come once it is complete (health, Stepped, Evaluated, Saved), then its
+    checkpoint (Checkpointed counts the updates done)."""
+    train_ids, val_ids = corpus()
+    trainer = Trainer(settings(health_every=3, checkpoint_every=3), ArrayBatches(train_ids),
+                      ArrayBatches(val_ids), model_path=tmp_path / "model.safetensors",
+                      checkpoint_path=tmp_path / "run.ckpt")
+    events = []
+    trainer.run(GlassLM(Config(**CFG), seed=0), on_event=events.append)
+    seen = [(type(e).__name__, getattr(e, "step", None)) for e in events
+            if type(e).__name__ != "HealthWarning"]  # warnings depend on the numbers
+    saved = [e.step for e in events if isinstance(e, Saved)]
+    expected = [("Started", None)]
+    for step in range(10):
+        expected += [("HealthChecked", step)] * (step % 3 == 0) + [("Stepped", step)]
+        if step in (0, 4, 8, 9):
+            expected += [("Evaluated", step)] + [("Saved", step)] * (step in saved)
+        expected += [("Checkpointed", step + 1)] * ((step + 1) % 3 == 0)
+    assert seen == expected + [("Finished", None)]
+    assert saved[0] == 0

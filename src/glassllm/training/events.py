@@ -1,10 +1,11 @@
 """The events of a training run: what `Trainer.run` reports, in this order.
 
-The loop never prints; the caller decides (004). A fresh run starts with `Started` (a resumed
-one with `Resumed`); every update sends `Stepped`, then on a health step `HealthChecked` and
-any `HealthWarning` (`glassllm.lens.health`) before it, on an evaluation step `Evaluated` and,
-when validation improved and there is a model file, `Saved`; a checkpoint after the update
-sends `Checkpointed`; a run that completed all its steps ends with `Finished`.
+The loop never prints; the caller decides (004). A fresh run starts with `Started`, a resumed
+one with `Resumed`. Each update, once it is complete, sends: on a health step `HealthChecked`
+and any `HealthWarning` (`glassllm.lens.health`), then `Stepped`, then on an evaluation step
+`Evaluated` and, when validation improved and there is a model file, `Saved`; after them
+`Checkpointed` when a checkpoint was written. A run that did all its steps ends with
+`Finished`.
 """
 from __future__ import annotations
 
