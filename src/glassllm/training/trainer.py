@@ -249,6 +249,8 @@ class Trainer:
                 raise
 
     def _run(self, model: GlassLM, resume, emit) -> TrainSummary:
+        """The run inside run()'s locks: its state, the loop with Ctrl-C held until the
+        update in progress is complete, and on Ctrl-C the checkpoint of the updates done."""
         run = self._prepare(model, resume, emit)
         try:
             with _DeferredInterrupt() as interrupt:
