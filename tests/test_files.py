@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from glassllm import Config, GlassLM, no_grad
-from glassllm.formats import files
+from glassllm.formats import files, safetensors_io
 from glassllm.formats.tokenizer import ByteTokenizer
 
 CONFIGS = {
@@ -167,7 +167,7 @@ def test_failed_write_keeps_old_file_and_removes_temporary(tmp_path, monkeypatch
             f.write(b"\x10\x00\x00\x00partial")
         raise error
 
-    monkeypatch.setattr(files, "save_file", half_write)
+    monkeypatch.setattr(safetensors_io, "save_file", half_write)  # the one signed writer
     with pytest.raises(type(error)):
         files.save(tiny(seed=2), path)
     assert path.read_bytes() == before

@@ -30,6 +30,7 @@ import os
 import numpy as np
 
 from .atomic import atomic_write
+from ..checks import check_int, is_real
 
 
 class ByteTokenizer:
@@ -682,11 +683,12 @@ class SentencePieceTokenizer:
         except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise ValueError(f"SentencePiece tokenizer JSON is not valid: {e!r}") from None
         if not (isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)
-                and isinstance(scores, list)
-                and all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores)
-                and (max_len is None or (isinstance(max_len, int) and max_len >= 0))):
+                and isinstance(scores, list) and all(is_real(s) for s in scores)):
             raise ValueError("SentencePiece tokenizer JSON: pieces must be strings, scores "
-                             "numbers, max_token_length a non-negative integer")
+                             "numbers")
+        if max_len is not None:
+            max_len = check_int(max_len, "SentencePiece tokenizer JSON: max_token_length",
+                                low=0)
         return cls(pieces, scores, max_len)
 
 
