@@ -600,3 +600,21 @@ def test_a_device_or_fifo_is_a_value_error_naming_it_without_blocking(tmp_path):
         for read in (files.load, files.load_tokenizer):
             with pytest.raises(ValueError, match=f"{path}: not a regular file"):
                 read(path)
+
+
+def test_an_os_error_from_the_reader_keeps_its_type_and_names_the_file(tmp_path, saved,
+                                                                        monkeypatch):
+    """A permission or I/O error stays an OSError of its type (the CLI reports it as one),
+    saying what failed and naming the user's file -- for model files and checkpoints alike,
+    since both go through `safetensors_io`."""
+    from glassllm.formats.checkpoint import load_checkpoint
+
+    def denied(path, framework):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(safetensors_io, "safe_open", denied)
+    for load, what in ((files.load, "the model file"), (files.load_tokenizer, "the model file"),
+                       (load_checkpoint, "the checkpoint")):
+        with pytest.raises(PermissionError, match=f"cannot read {what}: Permission denied") \
+                as e:
+            load(saved)
+        assert e.value.filename == str(saved) and e.value.errno == 13

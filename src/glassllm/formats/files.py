@@ -1,14 +1,16 @@
 """Model files: save, load and export GlassLM weights as safetensors.
 
-A file is one safetensors container (004: an 8-byte header size, a JSON header, raw tensor
-bytes), read and written only through the `safetensors` package:
+A file is one safetensors container (Hugging Face's format, github.com/huggingface/safetensors:
+an 8-byte header size, a JSON header, raw tensor bytes), read and written only through the
+`safetensors` package, by glassllm's one reader and writer (`glassllm.formats.safetensors_io`):
 
 - tensors: one per parameter, named by `named_parameters()` (`blocks.0.attention.query.weight`,
   ...), float32 (`save`) or float16 (`export_float16`); `load` accepts both.
 - ``__metadata__`` (strings only, by the format's rule):
     "format":    "glassllm" -- marks the file as ours; anything else is refused as foreign;
-    "config":    JSON text of `Config.to_dict()` -- nested description in one string (004), so
-                 the model is rebuilt from the file alone;
+    "config":    JSON text of `Config.to_dict()` -- the format's metadata holds strings only,
+                 so the nested description is one JSON string; the model is rebuilt from the
+                 file alone;
     "tokenizer": the tokenizer's `to_json()`; absent in a weights-only file (`save` without a
                  tokenizer), where `load_tokenizer` returns None. A model's vocabulary need
                  not be a known tokenizer's: weights are the product, a tokenizer is optional
@@ -222,7 +224,8 @@ def load_tokenizer(path):
     existed always carry a tokenizer, and load as they did.
 
     Returns:
-        a ByteTokenizer or BPETokenizer (see `glassllm.formats.tokenizer.tokenizer_from_json`), or None.
+        a ByteTokenizer or BPETokenizer (see `glassllm.formats.tokenizer.tokenizer_from_json`),
+        or None.
 
     Raises:
         FileNotFoundError / IsADirectoryError: as `load`.

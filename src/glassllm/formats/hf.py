@@ -6,7 +6,8 @@ A checkpoint is a directory as transformers' `save_pretrained` writes it: `confi
 `max_shard_size` (split as huggingface_hub's `split_state_dict_into_shards_factory` does).
 Tensors are read and written with the `safetensors` package.
 
-The conversion is a renaming plus two layout facts (spec 004, "L'épreuve : charger GPT-2"):
+The conversion is a renaming plus two layout facts (the mapping nanoGPT's
+`GPT.from_pretrained` makes, model.py, and transformers' modeling_gpt2.py / modeling_llama.py):
 
 - GPT-2 stores its projections as `Conv1D` with weight `[in, out]`, glassllm's `Linear`
   layout, so nothing is transposed; only `attn.c_attn` holds query, key and value side by

@@ -4,7 +4,7 @@ A safetensors file (Hugging Face's format: an 8-byte header size, a JSON header 
 tensor's dtype, shape and byte offsets, then the raw bytes) is opened only through the
 `safetensors` package's `safe_open`; nothing here parses the format by hand.
 
-Three layers, each used by the next:
+Three parts:
 
 - `SafetensorsFile` (`open_file`): any safetensors file -- the metadata, the table of
   tensors (name -> shape, dtype, read from the header without touching the data), one tensor
@@ -104,8 +104,7 @@ class SafetensorsFile:
                              f"({_size(self.path)} bytes; truncated, corrupt or another "
                              f"format): {_one_line(e)}") from None
         except OSError as e:  # a permission, an I/O error: the same type, naming the file
-            raise type(e)(e.errno, f"cannot read the {noun}: {e.strerror}", self.path) \
-                from None
+            raise _naming(e, f"cannot read the {noun}", self.path) from None
 
     def __enter__(self) -> SafetensorsFile:
         return self
@@ -143,8 +142,7 @@ class SafetensorsFile:
             raise ValueError(f"{self.where}: not a readable safetensors file (tensor "
                              f"{name!r} cannot be read: {_one_line(e)})") from None
         except OSError as e:
-            raise type(e)(e.errno, f"cannot read tensor {name!r}: {e.strerror}", self.path) \
-                from None
+            raise _naming(e, f"cannot read tensor {name!r}", self.path) from None
 
 
 def open_file(path, noun: str = "safetensors file", where: str | None = None,
@@ -174,6 +172,13 @@ def _check_is_a_file(path: str, noun: str, directory_hint) -> None:
     if not os.path.isfile(path):  # a device or FIFO: opening one can block for ever
         raise ValueError(f"{path}: not a regular file (a device, pipe or socket), so not a "
                          f"{noun}")
+
+
+def _naming(error: OSError, doing: str, path: str) -> OSError:
+    """The same type of OSError (errno kept), saying what failed and naming `path`."""
+    if error.errno is None:
+        return type(error)(f"{path}: {doing}: {_one_line(error)}")
+    return type(error)(error.errno, f"{doing}: {error.strerror}", path)
 
 
 def _size(path: str) -> int:

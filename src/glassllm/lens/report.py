@@ -243,7 +243,8 @@ def page_data(ins: Inspection) -> dict:
         ids=[int(i) for i in ins.ids],
         surprise=dict(nats=_r(s.nats), bits=_r(s.bits), rank=s.rank.tolist(),
                       top=[[[text(i), _f(p)] for i, p in zip(ti, tp)]
-                           for ti, tp in zip(s.top_ids, s.top_probs)], mean_nats=_f(s.mean_nats, 6)),
+                           for ti, tp in zip(s.top_ids, s.top_probs)],
+                      mean_nats=_f(s.mean_nats, 6)),
         lens=dict(layers=lens.layers,
                   top=[[[[text(i), _f(p)] for i, p in zip(ti, tp)]
                         for ti, tp in zip(row_ids, row_p)]

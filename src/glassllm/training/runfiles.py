@@ -5,7 +5,8 @@ checkpoint (`checkpoint.safetensors`), its history (`history.csv`) and loss plot
 (`loss.png`); the per-step CSV (`--log-csv`) may go anywhere. `run_paths` names them,
 `check_output_paths` (from `glassllm.formats.paths`) refuses, before any training, every path
 that would fail or do harm later, `make_parent_dirs` creates what is missing, and
-`write_history_csv` / `write_plot` write the end products. `glassllm.training.lock.lock_outputs` keeps two runs off the same paths.
+`write_history_csv` / `write_plot` write the end products. `glassllm.training.lock.lock_outputs`
+keeps two runs off the same paths.
 
 A Python user of `glassllm.train.Trainer` gets the same files with the same calls:
 
