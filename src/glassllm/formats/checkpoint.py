@@ -19,9 +19,9 @@ A checkpoint is one safetensors file (no pickle, so loading one cannot run code)
                        (`glassllm.formats.integrity`), checked on load
 
 Loading checks everything before a run may use it, through the reader model files use
-(`glassllm.formats.safetensors_io`): the digest (a flipped bit is an error naming the tensor), then the type and range of every field
-of the JSON state, then tensor names, dtypes (float32) and shapes against the stored config,
-then finiteness (and v >= 0). Each problem is one ValueError line naming the file. Version 1
+(`glassllm.formats.safetensors_io`): the digest (a flipped bit is an error naming the tensor),
+then the type and range of every field of the JSON state, then tensor names, dtypes (float32)
+and shapes against the stored config, then finiteness (and v >= 0). Each problem is one ValueError line naming the file. Version 1
 checkpoints (no digest, no data identity) still load, with every check but the digest; a
 `Trainer` refuses to resume one, since it cannot prove the data is the same. Version 2 without
 a digest, or a newer version, is refused.
