@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from glassllm import Config, GlassLM, no_grad
-from glassllm.formats import files
+from glassllm.formats import files, safetensors_io
 from glassllm.formats.tokenizer import ByteTokenizer
 
 CONFIGS = {
@@ -167,7 +167,7 @@ def test_failed_write_keeps_old_file_and_removes_temporary(tmp_path, monkeypatch
             f.write(b"\x10\x00\x00\x00partial")
         raise error
 
-    monkeypatch.setattr(files, "save_file", half_write)
+    monkeypatch.setattr(safetensors_io, "save_file", half_write)  # the one signed writer
     with pytest.raises(type(error)):
         files.save(tiny(seed=2), path)
     assert path.read_bytes() == before
@@ -600,3 +600,21 @@ def test_a_device_or_fifo_is_a_value_error_naming_it_without_blocking(tmp_path):
         for read in (files.load, files.load_tokenizer):
             with pytest.raises(ValueError, match=f"{path}: not a regular file"):
                 read(path)
+
+
+def test_an_os_error_from_the_reader_keeps_its_type_and_names_the_file(tmp_path, saved,
+                                                                        monkeypatch):
+    """A permission or I/O error stays an OSError of its type (the CLI reports it as one),
+    saying what failed and naming the user's file -- for model files and checkpoints alike,
+    since both go through `safetensors_io`."""
+    from glassllm.formats.checkpoint import load_checkpoint
+
+    def denied(path, framework):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(safetensors_io, "safe_open", denied)
+    for load, what in ((files.load, "the model file"), (files.load_tokenizer, "the model file"),
+                       (load_checkpoint, "the checkpoint")):
+        with pytest.raises(PermissionError, match=f"cannot read {what}: Permission denied") \
+                as e:
+            load(saved)
+        assert e.value.filename == str(saved) and e.value.errno == 13

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from glassllm import Config, GlassLM# noqa: E402
-from glassllm.formats import hf# noqa: E402
+from glassllm.formats import hf, safetensors_io  # noqa: E402
 from glassllm.generate import Generator, Sampling  # noqa: E402
 from glassllm.model import KVCache  # noqa: E402
 
@@ -484,7 +484,7 @@ def test_a_float8_tensor_is_a_clear_error_and_memory_errors_are_not_hidden(
 
     def out_of_memory(*args, **kwargs):
         raise MemoryError("injected")
-    monkeypatch.setattr(hf, "safe_open", out_of_memory)
+    monkeypatch.setattr(safetensors_io, "safe_open", out_of_memory)  # the one reader
     with pytest.raises(MemoryError, match="injected"):
         hf.from_hf(directory)
 
@@ -747,15 +747,15 @@ def test_cli_convert_from_hf_never_writes_over_the_checkpoints_own_files(tmp_pat
 @pytest.mark.parametrize("base,field,value,message", [
     (LLAMA_BASE, "rms_norm_eps", "x", "finite positive number"),
     (LLAMA_BASE, "rms_norm_eps", float("nan"), "finite positive number"),
-    (LLAMA_BASE, "hidden_size", "128", "positive integer"),
-    (LLAMA_BASE, "num_hidden_layers", 2.0, "positive integer"),
-    (LLAMA_BASE, "num_key_value_heads", True, "positive integer"),
-    (LLAMA_BASE, "head_dim", "16", "positive integer"),
+    (LLAMA_BASE, "hidden_size", "128", "must be an integer >= 1"),
+    (LLAMA_BASE, "num_hidden_layers", 2.0, "must be an integer >= 1"),
+    (LLAMA_BASE, "num_key_value_heads", True, "must be an integer >= 1"),
+    (LLAMA_BASE, "head_dim", "16", "must be an integer >= 1"),
     (LLAMA_BASE, "rope_theta", "1e4", "finite positive number"),
     (LLAMA_BASE, "tie_word_embeddings", "no", "true or false"),
     (LLAMA_BASE, "rope_parameters", "default", "must be an object"),
-    (GPT2_BASE, "n_embd", -64, "positive integer"),
-    (GPT2_BASE, "n_inner", "256", "positive integer"),
+    (GPT2_BASE, "n_embd", -64, "must be an integer >= 1"),
+    (GPT2_BASE, "n_inner", "256", "must be an integer >= 1"),
     (GPT2_BASE, "layer_norm_epsilon", [1e-5], "finite positive number"),
     (GPT2_BASE, "scale_attn_weights", 1, "not supported"),
 ])

@@ -1,24 +1,107 @@
-"""model.py reads like nanoGPT's: the layers come first, each forward fits on a screen, and a
-traced value is one `tap(...)` line, not an `if` block around the computation."""
-from __future__ import annotations
+"""The shape of the source: modules a person can read.
 
+Each check has its own functions below (other modules may add their own checks here).
+"""
 import ast
 from pathlib import Path
 
-MODEL = Path(__file__).resolve().parents[1] / "src" / "glassllm" / "model.py"
-FORWARDS = {"__call__", "forward"}
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "glassllm"
 
 
-def code_lines(function: ast.FunctionDef) -> int:
-    """Lines from `def` to the end, the docstring left out."""
-    body = function.body
-    has_doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-        and isinstance(body[0].value.value, str)
-    doc = body[0].end_lineno - body[0].lineno + 1 if has_doc else 0
-    return function.end_lineno - function.lineno + 1 - doc
+# ============================================================ the Trainer's modules
+TRAINER_MODULES = ["training/trainer.py", "training/settings.py", "training/events.py",
+                   "training/errors.py"]
+TRAINER_MAX_LINES = 60
+TRAINER_MAX_DEPTH = 5
+_BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try,
+           ast.FunctionDef, ast.AsyncFunctionDef, ast.Match)
+if hasattr(ast, "TryStar"):
+    _BLOCKS += (ast.TryStar,)
 
 
-def layout_problems(source: str) -> list[str]:
+def _trainer_function_length(fn: ast.FunctionDef) -> int:
+    """Lines from `def` to the function's last line, its docstring left out."""
+    lines = fn.end_lineno - fn.lineno + 1
+    first = fn.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+            isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def _trainer_block_depth(node: ast.AST, depth: int = 0) -> int:
+    """The deepest nesting of blocks at or under `node`, `node` itself counted when it is one.
+
+    Blocks are if/for/while/with/try/def (and match): a function of straight-line code has
+    depth 1 (its def), `def f(): for ...: if ...: x` has depth 3. An `elif` is written at its
+    `if`'s level and counts as deep as that `if`. Classes, lambdas and comprehensions are not
+    counted.
+    """
+    if isinstance(node, _BLOCKS):
+        depth += 1
+    deepest = depth
+    for child in ast.iter_child_nodes(node):
+        inner = depth
+        if isinstance(node, ast.If) and isinstance(child, ast.If) and \
+                node.orelse == [child] and child.col_offset == node.col_offset:
+            inner -= 1  # `elif` (an `else:` holding an `if` is a level deeper)
+        deepest = max(deepest, _trainer_block_depth(child, inner))
+    return deepest
+
+
+def _trainer_functions(path: Path):
+    """(qualified name, length, depth) of every top-level function and method of `path`
+    (a nested def is measured as part of the function that holds it)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:
+        members = [(f"{node.name}.", n) for n in node.body] \
+            if isinstance(node, ast.ClassDef) else [("", node)]
+        for prefix, fn in members:
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield (prefix + fn.name, _trainer_function_length(fn),
+                       _trainer_block_depth(fn))
+
+
+@pytest.mark.parametrize("module", TRAINER_MODULES)
+def test_trainer_functions_are_short_and_shallow(module):
+    """No function of the Trainer's modules is over 60 lines (docstring not counted) or
+    nested deeper than 5 blocks, the function's own def counted (rule: _trainer_block_depth;
+    nanoGPT's training loop, with DDP, gradient accumulation and a GradScaler, is 4 deep)."""
+    measured = list(_trainer_functions(SRC / module))
+    if module == "training/trainer.py":  # the measure finds the methods
+        assert {"Trainer.run", "Trainer._run", "Trainer._step"} <= {m[0] for m in measured}
+    long = [(name, n) for name, n, _ in measured if n > TRAINER_MAX_LINES]
+    deep = [(name, d) for name, _, d in measured if d > TRAINER_MAX_DEPTH]
+    assert long == [], f"{module}: functions over {TRAINER_MAX_LINES} lines: {long}"
+    assert deep == [], f"{module}: functions nested deeper than {TRAINER_MAX_DEPTH}: {deep}"
+
+
+def test_trainer_layout_rule_measures_what_it_says():
+    code = ("def flat():\n    return 1\n\n"
+            "def three():\n    for i in x:\n        if i:\n            y = [j for j in i]\n\n"
+            "def chain(a):\n    '''doc\n    two lines'''\n    if a:\n        pass\n"
+            "    elif b:\n        pass\n    else:\n        if c:\n            pass\n\n"
+            "def nested():\n    with a:\n        def inner():\n            try:\n"
+            "                while b:\n                    pass\n            finally:\n"
+            "                pass\n")
+    tree = ast.parse(code)
+    depth = {fn.name: _trainer_block_depth(fn) for fn in tree.body}
+    length = {fn.name: _trainer_function_length(fn) for fn in tree.body}
+    assert depth == {"flat": 1, "three": 3, "chain": 3, "nested": 5}
+    assert length == {"flat": 2, "three": 4, "chain": 8, "nested": 8}
+
+
+# ============================================================ model.py
+# It reads like nanoGPT's: the layers come first, each forward fits on a screen, and a traced
+# value is one `tap(...)` line, not an `if` block around the computation.
+MODEL_FORWARDS = {"__call__", "forward"}
+
+
+def _model_layout_problems(source: str) -> list[str]:
+    """What keeps model.py from reading top-down: the first layer class (a Module subclass)
+    past line 80, `if _trace` blocks, a __call__/forward over 12 lines."""
     tree = ast.parse(source)
     problems = []
     first = min((node.lineno for node in tree.body if isinstance(node, ast.ClassDef)
@@ -29,23 +112,25 @@ def layout_problems(source: str) -> list[str]:
         if isinstance(node, ast.If) and "_trace" in ast.unparse(node.test):
             problems.append(f"line {node.lineno}: an `if _trace` block")
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-        for f in cls.body:
-            if isinstance(f, ast.FunctionDef) and f.name in FORWARDS and code_lines(f) > 12:
-                problems.append(f"{cls.name}.{f.name}: {code_lines(f)} lines (> 12)")
+        for f in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+            lines = _trainer_function_length(f)
+            if f.name in MODEL_FORWARDS and lines > 12:  # docstring not counted
+                problems.append(f"{cls.name}.{f.name}: {lines} lines (> 12)")
     return problems
 
 
-def test_model_py_reads_top_down():
-    assert layout_problems(MODEL.read_text(encoding="utf-8")) == []
+def test_model_layers_come_first_and_forwards_are_short():
+    assert _model_layout_problems((SRC / "model.py").read_text(encoding="utf-8")) == []
 
 
-def test_the_rule_sees_a_bad_layout():
-    """The old model.py's faults: Config and shape tables first, `if _trace` blocks, a 19-line MLP.__call__."""
+def test_model_layout_rule_sees_the_old_faults():
+    """The old model.py's faults: Config and shape tables first, `if _trace` blocks, a
+    19-line MLP.__call__."""
     long_forward = "    def __call__(self, x):\n" + "        x = x + 1\n" * 12 + \
         "        return x\n"
     bad = "class Config:\n    x: int = 1\n" + "X = 1\n" * 79 + "class MLP(Module):\n" + \
         long_forward + \
         "def f(x):\n    if _trace is not None:\n        x = _trace.tap('x', x)\n    return x\n"
-    problems = layout_problems(bad)
+    problems = _model_layout_problems(bad)
     assert problems == ["first layer class at line 82, not within 80 lines of the top",
                         "line 98: an `if _trace` block", "MLP.__call__: 14 lines (> 12)"]

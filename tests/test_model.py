@@ -250,9 +250,9 @@ def test_config_rejects_non_positive_or_non_integer_sizes(field, value):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("d_model", 0, "Config.d_model must be an integer >= 1 (positive), got 0"),
-    ("n_kv_heads", True, "Config.n_kv_heads must be an integer >= 1 (positive), got True"),
-    ("d_ff", 3.0, "Config.d_ff must be an integer >= 1 (positive), got 3.0"),
+    ("d_model", 0, "Config.d_model must be an integer >= 1, got 0"),
+    ("n_kv_heads", True, "Config.n_kv_heads must be an integer >= 1, got True"),
+    ("d_ff", 3.0, "Config.d_ff must be an integer >= 1, got 3.0"),
     ("norm_eps", float("nan"), "Config.norm_eps must be a finite positive number, got nan"),
     ("rope_theta", "1e4", "Config.rope_theta must be a finite positive number, got '1e4'"),
 ])

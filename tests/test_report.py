@@ -27,8 +27,11 @@ def model():
 
 
 def page_json(html: str) -> dict:
-    text = re.search(r"const DATA = (.*);\n", html).group(1)
-    return json.loads(text.replace("<\\/", "</"))
+    """The page's data block, parsed as the page's script parses it (JSON.parse)."""
+    blocks = re.findall(r'<script type="application/json" id="report-data">(.*?)</script>',
+                        html, flags=re.S)
+    assert len(blocks) == 1
+    return json.loads(blocks[0])
 
 
 def test_page_data_is_the_analyses(model):
@@ -72,8 +75,30 @@ def test_title_and_data_cannot_break_out_of_the_page(model):
     tok = ByteTokenizer()
     ins = inspect_model(model, tok.encode("</script><b>"), tok, title="<script>x</script>")
     html = render_html(ins)
-    assert html.count("</script>") == 1  # only the page's own
+    assert html.count("</script>") == 2  # only the page's own: the data block, the script
+    assert html.count("<script") == 2 and "<!--<" not in html
+    assert "<title>&lt;script&gt;x&lt;/script&gt;</title>" in html
     assert page_json(html)["tokens"][:2] == ["<", "/"]
+    assert page_json(html)["title"] == "<script>x</script>"
+    # a slot's name in the data is text: one pass fills the slots
+    sneaky = inspect_model(model, tok.encode("__TITLE__ <!--<script>"), tok, title="__DATA__")
+    html = render_html(sneaky)
+    assert "<title>__DATA__</title>" in html
+    assert "".join(page_json(html)["tokens"]) == "__TITLE__ <!--<script>"
+
+
+def test_the_page_is_package_data_with_its_slots():
+    """The three files ship with the package (pyproject.toml); each slot is filled once."""
+    from importlib import resources
+
+    from glassllm.lens.report import PAGE_FILES, page_template
+    folder = resources.files("glassllm.lens") / "page"
+    assert all((folder / name).is_file() for name in PAGE_FILES)
+    page = page_template()
+    script = (folder / "report.js").read_text(encoding="utf-8")
+    css = (folder / "report.css").read_text(encoding="utf-8")
+    assert script in page and css in page and "__SCRIPT__" not in page
+    assert "default-src 'none'" in page
 
 
 def test_cli_inspect(model, tmp_path, capsys):

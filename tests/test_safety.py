@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM, Tensor, amp
-from glassllm.optim import AdamW, lr_schedule
+from glassllm import Config, GlassLM, Tensor, amp, optim
+from glassllm.optim import AdamW, clip_grad_norm, global_grad_norm, lr_schedule
+from glassllm.training import safety
 from glassllm.training.safety import (CSV_COLUMNS, SkipRateExceeded, SkipRateMonitor, StepCSVLog,
                              StepRecord, TrainStep)
 from glassllm.train import get_batch, train
@@ -75,6 +76,70 @@ def test_no_clip_below_the_threshold_reports_equal_norms():
     x, y = get_batch(DATA, 2, 8, np.random.default_rng(0))
     r = step_fn(x, y, 1e-3, 0)
     assert r.grad_l2_pre_clip == r.grad_l2_post_clip > 0
+
+
+@pytest.mark.parametrize("precision, micro_batches", [("fp32", 1), ("fp16", 1), ("fp32", 2)])
+def test_the_norms_of_a_clipped_step_equal_a_measurement(precision, micro_batches):
+    """pre_clip is the norm the clip used; post_clip, derived from it (pre_clip times the
+    clip's factor), equals the norm of the clipped gradients measured again, to float32
+    rounding of those gradients."""
+    x, y = get_batch(DATA, 4, 8, np.random.default_rng(0))
+    unclipped = GlassLM(CFG, seed=0)
+    r0 = TrainStep(unclipped, AdamW(unclipped.parameters()), precision, clip=None,
+                   micro_batches=micro_batches)(x, y, 1e-3, 0)
+    model = GlassLM(CFG, seed=0)
+    r = TrainStep(model, AdamW(model.parameters()), precision, clip=0.25,
+                  micro_batches=micro_batches)(x, y, 1e-3, 0)
+    assert not r.skipped and r.grad_l2_pre_clip > 0.25
+    assert r.grad_l2_pre_clip == r0.grad_l2_pre_clip == r0.grad_l2_post_clip
+    measured = global_grad_norm(model.parameters())  # AdamW leaves the clipped gradients
+    assert measured == pytest.approx(r.grad_l2_post_clip, rel=1e-6, abs=0)
+    assert r.grad_l2_post_clip == pytest.approx(0.25, rel=1e-5)
+    for p, q in zip(model.parameters(), unclipped.parameters()):  # the clip's factor
+        np.testing.assert_allclose(p.grad, q.grad * (0.25 / (r.grad_l2_pre_clip + 1e-6)),
+                                   rtol=1e-6, atol=1e-12)
+
+
+def test_the_global_norm_is_measured_once_per_step(monkeypatch):
+    calls, measure = [], optim.global_grad_norm
+
+    def counted(params):
+        calls.append(1)
+        return measure(params)
+
+    monkeypatch.setattr(optim, "global_grad_norm", counted)  # clip_grad_norm's own
+    monkeypatch.setattr(safety, "global_grad_norm", counted)  # TrainStep's
+    model = GlassLM(CFG, seed=0)
+    step_fn = TrainStep(model, AdamW(model.parameters()), clip=0.25)
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        r = step_fn(*get_batch(DATA, 2, 8, rng), 1e-3, step)
+        assert r.grad_l2_pre_clip > 0.25 and len(calls) == step + 1
+
+
+def test_clip_with_a_known_norm_is_the_clip_that_measures_it():
+    def grads_after(**kw):
+        model = GlassLM(CFG, seed=0)
+        model.loss(*get_batch(DATA, 2, 8, np.random.default_rng(0))).backward()
+        params = model.parameters()
+        known = global_grad_norm(params) if kw.pop("known", False) else None
+        returned = clip_grad_norm(params, 0.5, norm=known)
+        return returned, [p.grad.copy() for p in params]
+
+    norm, measured = grads_after()
+    again, known = grads_after(known=True)
+    assert norm == again > 0.5
+    assert all(np.array_equal(a, b) for a, b in zip(measured, known))
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2", None])
+def test_micro_batches_must_be_a_positive_integer(bad):
+    model = GlassLM(CFG, seed=0)
+    with pytest.raises(ValueError) as info:
+        TrainStep(model, AdamW(model.parameters()), micro_batches=bad)
+    assert str(info.value) == f"TrainStep: micro_batches must be an integer >= 1, got {bad!r}"
+    step_fn = TrainStep(model, AdamW(model.parameters()), micro_batches=np.int64(2))
+    assert type(step_fn.micro_batches) is int and step_fn.micro_batches == 2
 
 
 def test_fp16_overflowing_activation_skips_the_step_and_changes_nothing():

@@ -328,19 +328,25 @@ def test_non_finite_weights_with_a_finite_validation_loss_are_never_saved(tmp_pa
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("batch_size", True, "batch_size must be an integer, got True"),
-    ("steps", 2.5, "steps must be an integer, got 2.5"),
-    ("steps", 3.0, "steps must be an integer"),
-    ("seq_len", "8", "seq_len must be an integer, got '8'"),
-    ("seed", None, "seed must be an integer"),
-    ("checkpoint_every", 1.5, "checkpoint_every must be an integer"),
-    ("lr", "0.01", "lr must be a number, got '0.01'"),
-    ("lr", True, "lr must be a number"),
-    ("lr", float("inf"), "lr must be a finite number"),
-    ("clip", float("nan"), "clip must be a finite number"),
-    ("max_skip_rate", float("nan"), "max_skip_rate must be a finite number"),
-    ("weight_decay", float("inf"), "weight_decay must be a finite number"),
-    ("min_lr_ratio", complex(0.1, 0), "min_lr_ratio must be a number"),
+    ("batch_size", True, "batch_size must be an integer >= 1, got True"),
+    ("steps", 2.5, "steps must be an integer >= 0, got 2.5"),
+    ("steps", 3.0, "steps must be an integer >= 0, got 3.0"),
+    ("steps", -1, "steps must be an integer >= 0, got -1"),
+    ("seq_len", "8", "seq_len must be an integer >= 1, got '8'"),
+    ("seed", None, "seed must be an integer >= 0, got None"),
+    ("checkpoint_every", 1.5, "checkpoint_every must be an integer >= 1, got 1.5"),
+    ("health_every", 0, "health_every must be an integer >= 1, got 0"),
+    ("grad_accum", np.int64(0), "grad_accum must be an integer >= 1, got "),
+    ("lr", "0.01", "lr must be a finite positive number, got '0.01'"),
+    ("lr", True, "lr must be a finite positive number, got True"),
+    ("lr", float("inf"), "lr must be a finite positive number, got inf"),
+    ("lr", 0, "lr must be a finite positive number, got 0"),
+    ("clip", float("nan"), "clip must be a finite positive number, got nan"),
+    ("max_skip_rate", float("nan"), "max_skip_rate must be a finite number >= 0, got nan"),
+    ("max_skip_rate", 1.0, "max_skip_rate must be a finite number in [0, 1), got 1.0"),
+    ("weight_decay", float("inf"), "weight_decay must be a finite number >= 0, got inf"),
+    ("min_lr_ratio", complex(0.1, 0), "min_lr_ratio must be a finite number in [0, 1], got"),
+    ("min_lr_ratio", 1.5, "min_lr_ratio must be a finite number in [0, 1], got 1.5"),
 ])
 def test_settings_reject_wrong_types_naming_the_field(field, value, message):
     with pytest.raises(ValueError) as info:
@@ -507,3 +513,26 @@ def test_a_resume_that_writes_no_better_model_names_none_not_a_missing_file(tmp_
                    checkpoint_path=ckpt)
     summary = same.run(GlassLM(Config(**CFG), seed=0), resume=ckpt)
     assert summary.model_path == str(tmp_path / "a.safetensors")
+
+
+def test_every_event_in_its_order(tmp_path):
+    """The whole sequence of a run with health, evaluations, saves and checkpoints: an
+    update's events come once it is complete (health, Stepped, Evaluated, Saved), then its
+    checkpoint (Checkpointed counts the updates done)."""
+    train_ids, val_ids = corpus()
+    trainer = Trainer(settings(health_every=3, checkpoint_every=3), ArrayBatches(train_ids),
+                      ArrayBatches(val_ids), model_path=tmp_path / "model.safetensors",
+                      checkpoint_path=tmp_path / "run.ckpt")
+    events = []
+    trainer.run(GlassLM(Config(**CFG), seed=0), on_event=events.append)
+    seen = [(type(e).__name__, getattr(e, "step", None)) for e in events
+            if type(e).__name__ != "HealthWarning"]  # warnings depend on the numbers
+    saved = [e.step for e in events if isinstance(e, Saved)]
+    expected = [("Started", None)]
+    for step in range(10):
+        expected += [("HealthChecked", step)] * (step % 3 == 0) + [("Stepped", step)]
+        if step in (0, 4, 8, 9):
+            expected += [("Evaluated", step)] + [("Saved", step)] * (step in saved)
+        expected += [("Checkpointed", step + 1)] * ((step + 1) % 3 == 0)
+    assert seen == expected + [("Finished", None)]
+    assert saved[0] == 0

@@ -26,13 +26,21 @@ def is_real(value) -> bool:
 def _range_words(low, high) -> str:
     if low is not None and high is not None:
         return f" in [{low}, {high}]"
-    if low == 1 and high is None:
-        return " >= 1 (positive)"
     if low is not None:
         return f" >= {low}"
     if high is not None:
         return f" <= {high}"
     return ""
+
+
+def _shown(value, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: a message stays one short line whatever it was
+    given (a damaged file can put a megabyte-long list where a number belongs)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str() (sys.set_int_max_str_digits)
+        text = "an integer too long to print"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def check_int(value, what: str, low: int | None = None, high: int | None = None) -> int:
@@ -43,7 +51,8 @@ def check_int(value, what: str, low: int | None = None, high: int | None = None)
     """
     if not is_int(value) or (low is not None and value < low) or \
             (high is not None and value > high):
-        raise ValueError(f"{what} must be an integer{_range_words(low, high)}, got {value!r}")
+        raise ValueError(f"{what} must be an integer{_range_words(low, high)}, "
+                         f"got {_shown(value)}")
     return int(value)
 
 
@@ -55,11 +64,14 @@ def check_real(value, what: str, low: float | None = None, high: float | None = 
     Raises:
         ValueError: "<what> must be a [finite ][positive ]number[ in range], got <value!r>".
     """
-    ok = is_real(value) and not (finite and not math.isfinite(value)) and \
-        not (math.isnan(value)) and not (positive and value <= 0) and \
-        (low is None or value >= low) and (high is None or value <= high)
+    try:  # an int beyond float's range (10**400) cannot be checked as a float: refused
+        ok = is_real(value) and not (finite and not math.isfinite(value)) and \
+            not (math.isnan(value)) and not (positive and value <= 0) and \
+            (low is None or value >= low) and (high is None or value <= high)
+    except OverflowError:
+        ok = False
     if not ok:
         kind = ("finite " if finite else "") + ("positive " if positive else "")
         raise ValueError(f"{what} must be a {kind}number{_range_words(low, high)}, "
-                         f"got {value!r}")
+                         f"got {_shown(value)}")
     return float(value)

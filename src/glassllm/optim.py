@@ -134,18 +134,27 @@ def _sum_of_squares(g: np.ndarray) -> float:
     return sum(partial[start] for start in sorted(partial))
 
 
-def clip_grad_norm(params: list[Tensor], max_norm: float) -> float:
+def global_grad_norm(params: list[Tensor]) -> float:
+    """The global L2 norm of all present gradients, as `clip_grad_norm` measures it: squares
+    summed in float64 (`_sum_of_squares`, the same to the last bit on any thread count), a
+    Python float; 0.0 if no parameter has a gradient, inf/NaN if an element is inf/NaN."""
+    return math.sqrt(sum(_sum_of_squares(p.grad) for p in params if p.grad is not None))
+
+
+def clip_grad_norm(params: list[Tensor], max_norm: float, norm: float | None = None) -> float:
     """Scale all gradients together so their global L2 norm is at most `max_norm`.
 
     Returns the norm before clipping (a Python float; 0.0 if no parameter has a gradient).
     Squares are summed in float64 so large float32 gradients cannot overflow. Above the
     limit every present gradient is multiplied by max_norm / (norm + 1e-6); None is ignored.
-    max_norm must be > 0 (not validated).
+    max_norm must be > 0 (not validated). norm: `global_grad_norm(params)` when the caller
+    has measured it already (not measured twice); None: measured here.
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    norm = math.sqrt(sum(_sum_of_squares(g) for g in grads))
+    if norm is None:
+        norm = global_grad_norm(params)
     if norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for g in grads:

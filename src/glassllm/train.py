@@ -87,11 +87,18 @@ def evaluate(model: GlassLM, data: np.ndarray, batch_size: int, seq_len: int,
     return total / n_batches
 
 
-def _check_deadline(started: float, step: int) -> None:
-    elapsed = time.monotonic() - started
-    if elapsed > TRAIN_DEADLINE_S:
-        raise TimeoutError(f"train: the {TRAIN_DEADLINE_S:.0f} s deadline expired at step "
-                           f"{step} ({elapsed:.0f} s elapsed)")
+class _Deadline:
+    """A wall-clock limit that starts now: `check(step)` raises TimeoutError once `seconds`
+    have passed. The clock is this module's `time.monotonic()` (tests patch it)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.started = seconds, time.monotonic()
+
+    def check(self, step: int) -> None:
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.seconds:
+            raise TimeoutError(f"train: the {self.seconds:.0f} s deadline expired at step "
+                               f"{step} ({elapsed:.0f} s elapsed)")
 
 
 def train(model: GlassLM, data: np.ndarray, steps: int, batch_size: int = 16,
@@ -129,7 +136,7 @@ def train(model: GlassLM, data: np.ndarray, steps: int, batch_size: int = 16,
         raise ValueError(f"train: warmup must be >= 0, got {warmup}")
     if eval_every <= 0:
         raise ValueError(f"train: eval_every must be positive, got {eval_every}")
-    started = time.monotonic()
+    deadline = _Deadline(TRAIN_DEADLINE_S)  # checked between the NumPy operations
     params = model.parameters()
     optimizer = AdamW(params, lr=lr)
     rng = np.random.default_rng(seed)
@@ -137,21 +144,21 @@ def train(model: GlassLM, data: np.ndarray, steps: int, batch_size: int = 16,
     best_loss, best_state = float("inf"), None
     try:
         for step in range(steps):
-            _check_deadline(started, step)
+            deadline.check(step)
             x, y = get_batch(data, batch_size, seq_len, rng)
             loss = model.loss(x, y)
             optimizer.zero_grad()
             loss.backward()
-            _check_deadline(started, step)
+            deadline.check(step)
             clip_grad_norm(params, CLIP_NORM)
             step_lr = lr_schedule(step, steps, lr, warmup)
             optimizer.step(step_lr)
             entry = {"step": step, "loss": float(loss.item()), "lr": step_lr}
             if val_data is not None and (step % eval_every == 0 or step == steps - 1):
-                _check_deadline(started, step)
+                deadline.check(step)
                 entry["val_loss"] = evaluate(model, val_data, batch_size, seq_len,
                                              EVAL_BATCHES, EVAL_SEED)
-                _check_deadline(started, step)
+                deadline.check(step)
                 if keep_best and entry["val_loss"] < best_loss:
                     best_loss, best_state = entry["val_loss"], model.state_dict()
             history.append(entry)

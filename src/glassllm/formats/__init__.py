@@ -4,5 +4,7 @@
 - `checkpoint`: a training run's resumable state;
 - `tokenizer`: byte, BPE (GPT-2) and SentencePiece tokenizers;
 - `hf`: Hugging Face checkpoints in and out; `llama2c`: llama2.c checkpoints and tokenizers;
-- `integrity`: SHA-256 digests of tensors and metadata; `atomic`: files written atomically.
+- `safetensors_io`: the one safetensors reader (and signed writer) under files and checkpoints;
+- `integrity`: SHA-256 digests of tensors and metadata; `atomic`: files written atomically;
+- `paths`: output paths checked before a long computation writes them.
 """

@@ -18,10 +18,10 @@ A checkpoint is one safetensors file (no pickle, so loading one cannot run code)
               digest = SHA-256 of every tensor and of the other entries
                        (`glassllm.formats.integrity`), checked on load
 
-Loading checks everything before a run may use it, as `glassllm.formats.files` does for models: the
-digest (a flipped bit is an error naming the tensor), then the type and range of every field
-of the JSON state, then tensor names, dtypes (float32) and shapes against the stored config,
-then finiteness (and v >= 0). Each problem is one ValueError line naming the file. Version 1
+Loading checks everything before a run may use it, through the reader model files use
+(`glassllm.formats.safetensors_io`): the digest (a flipped bit is an error naming the tensor),
+then the type and range of every field of the JSON state, then tensor names, dtypes (float32)
+and shapes against the stored config, then finiteness (and v >= 0). Each problem is one ValueError line naming the file. Version 1
 checkpoints (no digest, no data identity) still load, with every check but the digest; a
 `Trainer` refuses to resume one, since it cannot prove the data is the same. Version 2 without
 a digest, or a newer version, is refused.
@@ -42,18 +42,18 @@ import os
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
-from . import integrity
-from .atomic import atomic_replace
+from . import safetensors_io
+from .safetensors_io import check_finite
+from ..checks import check_int, check_real, is_int, is_real
 from ..model import Config, GlassLM, n_parameter_tensors, parameter_shape
 from ..optim import AdamW
 from ..amp import PRECISIONS, SKIP_REASONS
 
-FORMAT = "glassllm-checkpoint"
-VERSION = "2"
-_UNSIGNED_VERSIONS = ("1",)  # read without a digest
+CHECKPOINT = safetensors_io.Kind(format="glassllm-checkpoint", version="2", noun="checkpoint",
+                                 title="glassllm checkpoint")
+FORMAT = CHECKPOINT.format
+VERSION = CHECKPOINT.version  # version 1 checkpoints (no digest) still load
 TENSOR_GROUPS = ("model.", "optimizer.m.", "optimizer.v.")
 
 
@@ -169,10 +169,8 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "the checkpoint path is a directory", str(path))
     tensors, state_json = _encode(ckpt, f"checkpoint {str(path)!r}")
-    metadata = integrity.sign(tensors, {"format": FORMAT, "version": VERSION,
-                                        "state": state_json})
-    atomic_replace(path, lambda tmp: save_file(tensors, tmp, metadata=metadata),
-                   doing="cannot write the checkpoint", make_parents=True)
+    safetensors_io.write(path, CHECKPOINT, tensors, {"state": state_json},
+                         doing="cannot write the checkpoint", make_parents=True)
     return path
 
 
@@ -219,7 +217,8 @@ def _encode(ckpt: Checkpoint, where: str) -> tuple[dict, str]:
     _check_layout(cfg, {k: (a.shape, _DTYPE_NAMES.get(a.dtype, str(a.dtype)))
                         for k, a in tensors.items()}, where)
     for key, array in tensors.items():
-        _check_values(key, array, where)
+        check_finite(key, array, where)
+        _check_second_moment(key, array, where)
     return tensors, state_json
 
 
@@ -227,53 +226,21 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read and check a checkpoint written by `save_checkpoint` (see the module docstring).
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: one line naming the file: not a glassllm checkpoint (foreign
-            safetensors, truncated, corrupt), another version, a damaged tensor or state
+        FileNotFoundError: no such file. IsADirectoryError: a directory.
+        ValueError: one line naming the file: not a regular file (a device, a pipe), not a
+            glassllm checkpoint (foreign safetensors, truncated, corrupt), another version,
+            a damaged tensor or state
             (digest), a state field of the wrong type or range, missing/unexpected tensors,
             a dtype other than float32, a wrong shape, a NaN/inf.
     """
     path = Path(path)
     where = f"checkpoint {str(path)!r}"
-    if not path.exists():
-        raise FileNotFoundError(f"{where} does not exist")
-    if path.is_dir():
-        raise ValueError(f"{where} is a directory, not a file")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            metadata = f.metadata() or {}
-            if metadata.get("format") != FORMAT:
-                raise ValueError(f"{str(path)!r} is not a glassllm checkpoint (format "
-                                 f"{metadata.get('format')!r})")
-            version = metadata.get("version")
-            digests = integrity.verify_metadata(metadata, where)
-            if version not in (VERSION, *_UNSIGNED_VERSIONS):
-                raise ValueError(f"{where} has version {version!r}, this glassllm reads "
-                                 f"{' and '.join(_UNSIGNED_VERSIONS + (VERSION,))}")
-            if version == VERSION and digests is None:
-                raise ValueError(f"{where}: a version {VERSION} checkpoint must carry a digest "
-                                 f"and this one has none; the header is damaged or was edited")
-            if "state" not in metadata:
-                raise ValueError(f"{where} has no state in its metadata")
-            state = json.loads(metadata["state"])
-            cfg = _check_state(state, where, version=version)
-            found = {}
-            for name in f.keys():
-                piece = f.get_slice(name)
-                found[name] = (tuple(piece.get_shape()), piece.get_dtype())
-            if digests is not None:
-                integrity.verify_names(found, digests, where)
-            _check_layout(cfg, found, where)
-            tensors = {}
-            for name in found:
-                array = f.get_tensor(name)
-                if digests is not None:
-                    integrity.verify_tensor(name, array, digests, where)
-                _check_values(name, array, where)
-                tensors[name] = array
-    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeError) as e:
-        raise ValueError(f"{where} is unreadable or corrupt: {type(e).__name__}: "
-                         f"{' '.join(str(e).split())}") from None
+    contents = safetensors_io.read(
+        path, CHECKPOINT, where=where, parse=lambda metadata: _parse_state(metadata, where),
+        check_table=lambda parsed, table: _check_layout(parsed[1], table, where),
+        check_tensor=lambda key, array: _check_second_moment(key, array, where))
+    state, cfg = contents.parsed
+    tensors = contents.tensors
     groups = {prefix: {} for prefix in TENSOR_GROUPS}
     for key, array in tensors.items():
         prefix = next(p for p in TENSOR_GROUPS if key.startswith(p))
@@ -286,6 +253,18 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         best_val_loss=state["best_val_loss"], best_step=state["best_step"],
         history=state["history"], scaler=state["scaler"], extra=state["extra"],
         data=state.get("data"), world_size=state.get("world_size", 1), source=str(path))
+
+
+def _parse_state(metadata: dict, where: str) -> tuple[dict, Config]:
+    """(the checked JSON state, its model Config) from a checkpoint's metadata."""
+    if "state" not in metadata:
+        raise ValueError(f"{where} has no state in its metadata")
+    try:
+        state = json.loads(metadata["state"])
+    except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
+        raise ValueError(f"{where}: the state in the metadata is not valid JSON "
+                         f"({' '.join(str(e).split())})") from None
+    return state, _check_state(state, where, version=metadata.get("version", "1"))
 
 
 # ------------------------------------------------------------------------ checking the state
@@ -358,7 +337,7 @@ def check_identity(identity, where: str) -> None:
                          f"{_short(identity)}")
     for name, part in identity.items():
         if not isinstance(part, dict) or set(part) != {"tokens", "sha256"} or \
-                not (_is_int(part["tokens"]) and part["tokens"] >= 0) or \
+                not (is_int(part["tokens"]) and part["tokens"] >= 0) or \
                 not _is_hex64(part["sha256"]):
             raise ValueError(f"{where}: data.{name} must be {{'tokens': int >= 0, 'sha256': "
                              f"64 hex digits}}, got {_short(part)}")
@@ -384,10 +363,10 @@ def _check_optimizer(opt, cfg: Config, where: str) -> None:
     _number(opt, "lr", where, label=f"{name}.lr", low=0.0)
     betas = opt["betas"]
     if not isinstance(betas, list) or len(betas) != 2 or not all(
-            _is_number(b) and 0.0 <= b < 1.0 for b in betas):
+            is_real(b) and 0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"{where}: {name}.betas must be two numbers in [0, 1), got "
                          f"{_short(betas)}")
-    _number(opt, "eps", where, label=f"{name}.eps", low=0.0, strict=True)
+    _number(opt, "eps", where, label=f"{name}.eps", positive=True)
     _number(opt, "weight_decay", where, label=f"{name}.weight_decay", low=0.0)
 
 
@@ -397,9 +376,9 @@ def _check_rng_state(rng, where: str) -> None:
                                                  "uinteger"}
           and rng["bit_generator"] == "PCG64" and isinstance(rng["state"], dict)
           and set(rng["state"]) == {"state", "inc"}
-          and all(_is_int(v) and 0 <= v < 2**128 for v in rng["state"].values())
-          and rng["has_uint32"] in (0, 1) and _is_int(rng["has_uint32"])
-          and _is_int(rng["uinteger"]) and 0 <= rng["uinteger"] < 2**32)
+          and all(is_int(v) and 0 <= v < 2**128 for v in rng["state"].values())
+          and rng["has_uint32"] in (0, 1) and is_int(rng["has_uint32"])
+          and is_int(rng["uinteger"]) and 0 <= rng["uinteger"] < 2**32)
     if ok:
         try:
             np.random.default_rng().bit_generator.state = rng
@@ -422,7 +401,7 @@ def _check_history(history, step: int, where: str) -> None:
                 not set(entry) <= _HISTORY_FIELDS:
             raise ValueError(f"{where}: {label} must be an object with step, loss, lr (and "
                              f"optionally train_loss, val_loss, skipped), got {_short(entry)}")
-        if entry["step"] != i or not _is_int(entry["step"]):
+        if entry["step"] != i or not is_int(entry["step"]):
             raise ValueError(f"{where}: {label}.step must be {i}, got {entry['step']!r}")
         for key in ("loss", "train_loss"):
             if key in entry and entry[key] is not None:
@@ -459,11 +438,9 @@ def _check_scaler(scaler, precision, where: str) -> None:
         raise ValueError(f"{where}: state.scaler.scaler must have exactly "
                          f"{list(_SCALER_FIELDS)}, got {_short(inner)}")
     label = "state.scaler.scaler"
-    _number(inner, "scale", where, label=f"{label}.scale", low=0.0, strict=True)
-    _number(inner, "growth_factor", where, label=f"{label}.growth_factor", low=0.0,
-            strict=True)
-    _number(inner, "backoff_factor", where, label=f"{label}.backoff_factor", low=0.0,
-            strict=True)
+    _number(inner, "scale", where, label=f"{label}.scale", positive=True)
+    _number(inner, "growth_factor", where, label=f"{label}.growth_factor", positive=True)
+    _number(inner, "backoff_factor", where, label=f"{label}.backoff_factor", positive=True)
     _int(inner, "growth_interval", where, label=f"{label}.growth_interval", low=1)
     _int(inner, "_growth_tracker", where, label=f"{label}._growth_tracker")
 
@@ -493,42 +470,23 @@ def _check_layout(cfg: Config, found: dict, where: str) -> None:
                                                         for p, n in short.items()))
 
 
-def _check_values(key: str, array: np.ndarray, where: str) -> None:
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{where}: tensor {key!r} holds NaN or inf")
+def _check_second_moment(key: str, array: np.ndarray, where: str) -> None:
     if key.startswith("optimizer.v.") and np.any(array < 0):
         raise ValueError(f"{where}: tensor {key!r} (a second moment) holds negative values")
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _int(d: dict, key: str, where: str, label: str | None = None, low: int = 0,
          below: int | None = None) -> int:
-    value = d[key]
-    label = label or f"state.{key}"
-    if not _is_int(value) or value < low or (below is not None and value >= below):
-        bound = f" below {below}" if below is not None else ""
-        raise ValueError(f"{where}: {label} must be an integer >= {low}{bound}, got "
-                         f"{_short(value)}")
-    return value
+    """d[key], an integer in [low, below); ValueError "<where>: <label> must be ..." if not."""
+    return check_int(d[key], f"{where}: {label or 'state.' + key}", low=low,
+                     high=None if below is None else below - 1)
 
 
 def _number(d: dict, key: str, where: str, label: str | None = None,
-            low: float | None = None, strict: bool = False) -> float:
-    value = d[key]
-    label = label or f"state.{key}"
-    if not _is_number(value) or (low is not None and (value <= low if strict
-                                                       else value < low)):
-        bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
-        raise ValueError(f"{where}: {label} must be a finite number{bound}, got "
-                         f"{_short(value)}")
-    return float(value)
+            low: float | None = None, positive: bool = False) -> float:
+    """d[key], a finite number >= low (> 0 when positive); ValueError naming the field if not."""
+    return check_real(d[key], f"{where}: {label or 'state.' + key}", low=low,
+                      positive=positive)
 
 
 def _kind(x) -> str:
@@ -546,4 +504,4 @@ def _get(d, key):
 
 
 def _finite_or_none(x):
-    return None if x is None or not _is_number(x) else float(x)
+    return float(x) if is_real(x) and math.isfinite(x) else None

@@ -1,14 +1,16 @@
 """Model files: save, load and export GlassLM weights as safetensors.
 
-A file is one safetensors container (004: an 8-byte header size, a JSON header, raw tensor
-bytes), read and written only through the `safetensors` package:
+A file is one safetensors container (Hugging Face's format, github.com/huggingface/safetensors:
+an 8-byte header size, a JSON header, raw tensor bytes), read and written only through the
+`safetensors` package, by glassllm's one reader and writer (`glassllm.formats.safetensors_io`):
 
 - tensors: one per parameter, named by `named_parameters()` (`blocks.0.attention.query.weight`,
   ...), float32 (`save`) or float16 (`export_float16`); `load` accepts both.
 - ``__metadata__`` (strings only, by the format's rule):
     "format":    "glassllm" -- marks the file as ours; anything else is refused as foreign;
-    "config":    JSON text of `Config.to_dict()` -- nested description in one string (004), so
-                 the model is rebuilt from the file alone;
+    "config":    JSON text of `Config.to_dict()` -- the format's metadata holds strings only,
+                 so the nested description is one JSON string; the model is rebuilt from the
+                 file alone;
     "tokenizer": the tokenizer's `to_json()`; absent in a weights-only file (`save` without a
                  tokenizer), where `load_tokenizer` returns None. A model's vocabulary need
                  not be a known tokenizer's: weights are the product, a tokenizer is optional
@@ -37,18 +39,25 @@ import json
 import os
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
-from . import integrity
-from .atomic import atomic_replace
+from . import safetensors_io
+from .safetensors_io import check_finite
 from ..model import Config, GlassLM, n_parameter_tensors, parameter_shape, parameter_shapes
 from ..tensor import no_grad
 from .tokenizer import tokenizer_from_json
 
-FORMAT = "glassllm"
-VERSION = "2"              # written by this glassllm
-_UNSIGNED_VERSIONS = ("1",)  # read without a digest (version 1 files have no "version" entry)
+
+def _model_directory_hint(path: str) -> str:
+    has = [n for n in ("config.json", "model.safetensors")
+           if os.path.isfile(os.path.join(path, n))]
+    return (f"; a Hugging Face model directory needs config.json + model.safetensors (this "
+            f"one has {' and '.join(has) or 'neither'})")
+
+
+MODEL_FILE = safetensors_io.Kind(format="glassllm", version="2", noun="model file",
+                                 title="glassllm model", directory_hint=_model_directory_hint)
+FORMAT = MODEL_FILE.format
+VERSION = MODEL_FILE.version  # written by this glassllm; version 1 files (no digest) still load
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504.0
 _LOADABLE_DTYPES = {"F32": np.float32, "F16": np.float16}
 
@@ -74,7 +83,7 @@ def save(model: GlassLM, path, tokenizer=None) -> None:
     _check_tokenizer_fits(tokenizer, model.cfg, where=path)
     tensors = {}
     for name, p in model.named_parameters():
-        _check_finite(name, p.data, where=os.fspath(path))
+        check_finite(name, p.data, where=path)
         tensors[name] = np.ascontiguousarray(p.data, dtype=np.float32)
     _atomic_save_file(tensors, _metadata(model.cfg, tokenizer, "float32"), path)
 
@@ -120,7 +129,7 @@ def export_float16(model: GlassLM, path, probe_ids=None, tolerance: float = 1e-2
     cfg = model.cfg
     tensors = {}
     for name, p in model.named_parameters():
-        _check_finite(name, p.data, where=path)
+        check_finite(name, p.data, where=path)
         peak = float(np.max(np.abs(p.data))) if p.data.size else 0.0
         if peak > FLOAT16_MAX:
             raise ValueError(f"export_float16 {path}: tensor {name!r} has |w| = {peak:g} > "
@@ -164,16 +173,14 @@ def _destination(path) -> str:
 
 
 def _metadata(cfg: Config, tokenizer, dtype: str) -> dict[str, str]:
-    metadata = {"format": FORMAT, "config": json.dumps(cfg.to_dict()), "dtype": dtype}
+    metadata = {"config": json.dumps(cfg.to_dict()), "dtype": dtype}
     if tokenizer is not None:  # none: a weights-only file
         metadata["tokenizer"] = tokenizer.to_json()
-    return metadata
+    return metadata  # safetensors_io.write adds the format, the version and the digest
 
 
 def _atomic_save_file(tensors: dict, metadata: dict, path) -> None:
-    # save_file takes a path, so the temporary-file dance is atomic_replace's.
-    metadata = integrity.sign(tensors, {**metadata, "version": VERSION})
-    atomic_replace(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    safetensors_io.write(path, MODEL_FILE, tensors, metadata)
 
 
 # --------------------------------------------------------------------------- reading
@@ -198,33 +205,16 @@ def load(path) -> GlassLM:
             The message names the file and the problem.
     """
     path = os.fspath(path)
-    with _open(path) as f:
-        metadata = _glassllm_metadata(f, path)
-        digests = _digests(metadata, path)
-        cfg = _config_from(metadata, path)
-        found = {}
-        for name in f.keys():
-            piece = f.get_slice(name)
-            found[name] = (tuple(piece.get_shape()), piece.get_dtype())
-        if digests is not None:
-            integrity.verify_names(found, digests, path)
-        _check_names_shapes_dtypes(cfg, found, path)  # the whole config, before allocating
-        try:
-            model = GlassLM(cfg)
-        except MemoryError:
-            raise ValueError(f"{path}: its config asks for a model too large to build "
-                             f"({cfg.to_dict()})") from None
-        state = {}
-        for name in found:
-            try:
-                array = f.get_tensor(name)
-            except (SafetensorError, TypeError, ValueError) as e:
-                raise ValueError(f"{path}: tensor {name!r} cannot be read: {e}") from None
-            if digests is not None:
-                integrity.verify_tensor(name, array, digests, path)
-            _check_finite(name, array, where=path)
-            state[name] = array
-    model.load_state_dict(state)  # copies into float32 (the F16 upcast happens here)
+    contents = safetensors_io.read(
+        path, MODEL_FILE, parse=lambda metadata: _config_from(metadata, path),
+        check_table=lambda cfg, table: _check_names_shapes_dtypes(cfg, table, path))
+    cfg = contents.parsed
+    try:
+        model = GlassLM(cfg)
+    except MemoryError:
+        raise ValueError(f"{path}: its config asks for a model too large to build "
+                         f"({cfg.to_dict()})") from None
+    model.load_state_dict(contents.tensors)  # copies into float32 (the F16 upcast happens here)
     return model
 
 
@@ -234,7 +224,8 @@ def load_tokenizer(path):
     existed always carry a tokenizer, and load as they did.
 
     Returns:
-        a ByteTokenizer or BPETokenizer (see `glassllm.formats.tokenizer.tokenizer_from_json`), or None.
+        a ByteTokenizer or BPETokenizer (see `glassllm.formats.tokenizer.tokenizer_from_json`),
+        or None.
 
     Raises:
         FileNotFoundError / IsADirectoryError: as `load`.
@@ -242,11 +233,11 @@ def load_tokenizer(path):
             tokenizer with more ids than the model's vocab_size.
     """
     path = os.fspath(path)
-    with _open(path) as f:
-        metadata = _glassllm_metadata(f, path)
-    _digests(metadata, path)  # the tokenizer is metadata: it is covered by the digest
-    cfg = _config_from(metadata, path)
-    text = metadata.get("tokenizer")
+    # the tokenizer is metadata: the metadata digest covers it, no tensor need be read
+    contents = safetensors_io.read(path, MODEL_FILE, tensors=False,
+                                   parse=lambda metadata: _config_from(metadata, path))
+    cfg = contents.parsed
+    text = contents.metadata.get("tokenizer")
     if text is None:
         return None
     try:
@@ -257,62 +248,13 @@ def load_tokenizer(path):
     return tokenizer
 
 
-def _open(path: str):
-    """safe_open with our errors: the library's SafetensorError names no file and no cause a
-    user would recognise."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no such model file: {path}")
-    if os.path.isdir(path):
-        has = [n for n in ("config.json", "model.safetensors")
-               if os.path.isfile(os.path.join(path, n))]
-        raise IsADirectoryError(f"{path} is a directory, not a glassllm model file; a Hugging "
-                                f"Face model directory needs config.json + model.safetensors "
-                                f"(this one has {' and '.join(has) or 'neither'})")
-    if not os.path.isfile(path):  # a device or FIFO: opening one can block for ever
-        raise ValueError(f"{path}: not a regular file (a device, pipe or socket), so not a "
-                         f"glassllm model file")
-    try:
-        return safe_open(path, framework="numpy")
-    except (SafetensorError, UnicodeDecodeError, ValueError) as e:
-        size = os.path.getsize(path)
-        raise ValueError(f"{path}: not a readable safetensors file ({size} bytes; truncated, "
-                         f"corrupt or another format): {e}") from None
-
-
-def _glassllm_metadata(f, path: str) -> dict:
-    metadata = f.metadata() or {}
-    kind = metadata.get("format")
-    if kind != FORMAT:
-        raise ValueError(f"{path}: a safetensors file but not a glassllm model "
-                         f"(metadata format is {kind!r}, expected {FORMAT!r}; a file saved by "
-                         f"another library?)")
-    return metadata
-
-
-def _digests(metadata: dict, path: str) -> dict | None:
-    """The per-tensor digests, after checking the version and the metadata's own digest;
-    None for a version 1 file (no digest to check)."""
-    version = metadata.get("version", "1")
-    digests = integrity.verify_metadata(metadata, path)  # None: the file has no digest
-    if digests is None and version in _UNSIGNED_VERSIONS:
-        return None
-    if version != VERSION:
-        raise ValueError(f"{path}: glassllm model format version {version!r}; this glassllm "
-                         f"reads versions 1 and {VERSION} (a file from a newer glassllm, or a "
-                         f"damaged header)")
-    if digests is None:
-        raise ValueError(f"{path}: a version {VERSION} model file must carry a digest and this "
-                         f"one has none; the header is damaged or was edited")
-    return digests
-
-
 def _config_from(metadata: dict, path: str) -> Config:
     text = metadata.get("config")
     if text is None:
         raise ValueError(f"{path}: the metadata has no model config")
     try:
         fields = json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
         raise ValueError(f"{path}: the model config in the metadata is not valid JSON "
                          f"({e})") from None
     if not isinstance(fields, dict):
@@ -358,11 +300,6 @@ def _check_names_shapes_dtypes(cfg: Config, found: dict, path: str) -> None:
 def _few(names: list[str], n: int = 5, total: int | None = None) -> str:
     total = len(names) if total is None else total
     return str(names[:n]) + (f" and {total - n} more" if total > n else "")
-
-
-def _check_finite(name: str, array: np.ndarray, where: str) -> None:
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{where}: tensor {name!r} holds NaN or inf")
 
 
 def _check_tokenizer_fits(tokenizer, cfg: Config, where: str) -> None:

@@ -6,7 +6,8 @@ A checkpoint is a directory as transformers' `save_pretrained` writes it: `confi
 `max_shard_size` (split as huggingface_hub's `split_state_dict_into_shards_factory` does).
 Tensors are read and written with the `safetensors` package.
 
-The conversion is a renaming plus two layout facts (spec 004, "L'épreuve : charger GPT-2"):
+The conversion is a renaming plus two layout facts (the mapping nanoGPT's
+`GPT.from_pretrained` makes, model.py, and transformers' modeling_gpt2.py / modeling_llama.py):
 
 - GPT-2 stores its projections as `Conv1D` with weight `[in, out]`, glassllm's `Linear`
   layout, so nothing is transposed; only `attn.c_attn` holds query, key and value side by
@@ -24,17 +25,17 @@ bfloat16 through `ml_dtypes`) become float32, glassllm's dtype.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  -- registers bfloat16 with NumPy, so bf16 checkpoints load
 import numpy as np
-from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from . import safetensors_io
 from .atomic import atomic_replace, atomic_write
+from ..checks import check_int, check_real, is_int
 from ..model import Config, GlassLM
 
 CONFIG_FILE = "config.json"
@@ -80,11 +81,9 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
     cfg = config_from_hf(_read_config(directory), where=str(directory / CONFIG_FILE))
     stored_len = cfg.max_len
     if max_len is not None and max_len != stored_len:
-        if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) \
-                or not 0 < max_len <= stored_len:
-            raise ValueError(f"from_hf: max_len={max_len!r} must be an integer in "
-                             f"[1, {stored_len}] (the checkpoint's context length)")
-        cfg = Config.from_dict({**cfg.to_dict(), "max_len": int(max_len)})
+        max_len = check_int(max_len, "from_hf: max_len (at most the checkpoint's context "
+                            "length)", low=1, high=stored_len)
+        cfg = Config.from_dict({**cfg.to_dict(), "max_len": max_len})
     model = GlassLM(cfg)
     state = _state_from_hf(model, read_tensors(directory), directory, stored_len)
     model.load_state_dict(state)
@@ -201,7 +200,7 @@ def shard_size_bytes(size) -> int:
     Raises:
         ValueError: anything else (zero, negative, an unknown unit, not a number).
     """
-    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+    if is_int(size):
         value = int(size)
     elif isinstance(size, str) and size.strip()[-2:].upper() in _SIZE_UNITS:
         text = size.strip()
@@ -323,15 +322,9 @@ def _field(hf: dict, name: str, where: str, kind: type = int, default=_REQUIRED)
         if default is _REQUIRED:
             raise ValueError(f"{where}: field {name!r} is missing")
         return default
-    if kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    else:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and math.isfinite(value) and value > 0
-    if not ok:
-        what = "a positive integer" if kind is int else "a finite positive number"
-        raise ValueError(f"{where}: field {name!r} must be {what}, got {value!r}")
-    return kind(value)
+    what = f"{where}: field {name!r}"
+    return check_int(value, what, low=1) if kind is int else \
+        check_real(value, what, positive=True)
 
 
 def _require(hf: dict, name: str, allowed, default, where: str) -> None:
@@ -608,19 +601,12 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
 
 
 def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
-    """All tensors of one safetensors file as NumPy arrays.
+    """All tensors of one safetensors file as NumPy arrays (`safetensors_io.open_file`).
 
     Raises:
-        ValueError: a damaged file (safetensors' SafetensorError: header, offsets, UTF-8), or a
-            tensor dtype NumPy has no type for (safetensors' NumPy backend raises
-            AttributeError for float8 and float4, e.g. `numpy.float8_e4m3fn`). Anything else
-            (an OSError, MemoryError, Ctrl-C) propagates as it is.
+        ValueError: naming the file: a damaged file (header, offsets, UTF-8), or a tensor
+            dtype NumPy has no type for (float8, float4). A MemoryError or Ctrl-C propagates
+            as it is; an OSError keeps its type and names the file.
     """
-    try:
-        with safe_open(str(file), framework="numpy") as f:
-            return {name: f.get_tensor(name) for name in f.keys()}
-    except SafetensorError as e:
-        raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
-    except (AttributeError, TypeError) as e:
-        raise ValueError(f"{file}: not a readable safetensors file (a tensor dtype NumPy "
-                         f"cannot hold: {e})") from None
+    with safetensors_io.open_file(file, noun="safetensors weights file") as f:
+        return {name: f.tensor(name) for name in f.table()}

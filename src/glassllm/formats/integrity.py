@@ -71,7 +71,7 @@ def verify_metadata(metadata: dict, path: str) -> dict | None:
         return None
     try:
         digest = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, TypeError):  # JSONDecodeError, an integer past the digit limit
         raise ValueError(f"{path}: the digest in the metadata is not valid JSON; the header "
                          f"is damaged") from None
     if not isinstance(digest, dict) or set(digest) != {"algorithm", "metadata", "tensors"}:

@@ -51,6 +51,7 @@ import struct
 import numpy as np
 
 from .atomic import atomic_write
+from ..checks import check_int
 from ..model import Config, GlassLM
 from .tokenizer import SentencePieceTokenizer
 
@@ -171,13 +172,12 @@ def from_llama2c(path, *, max_len: int | None = None) -> GlassLM:
     """
     path = os.fspath(path)
     header = read_header(path)
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(
-            max_len, (int, np.integer)) or not 0 < max_len <= header.seq_len):
-        raise ValueError(f"from_llama2c: max_len={max_len!r} must be an integer in "
-                         f"[1, {header.seq_len}] (the checkpoint's seq_len)")
+    if max_len is not None:
+        max_len = check_int(max_len, "from_llama2c: max_len (at most the checkpoint's "
+                            "seq_len)", low=1, high=header.seq_len)
     cfg = Config(vocab_size=header.vocab_size, d_model=header.dim, n_layers=header.n_layers,
                  n_heads=header.n_heads, n_kv_heads=header.n_kv_heads,
-                 max_len=header.seq_len if max_len is None else int(max_len), family="llama",
+                 max_len=header.seq_len if max_len is None else max_len, family="llama",
                  d_ff=header.hidden_dim, rope_theta=ROPE_THETA, norm_eps=NORM_EPS,
                  tie_embeddings=header.shared_classifier)
     flat = np.fromfile(path, dtype="<f4", offset=HEADER_BYTES)

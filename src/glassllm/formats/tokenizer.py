@@ -30,13 +30,16 @@ import os
 import numpy as np
 
 from .atomic import atomic_write
+from ..checks import check_int, is_real
 
 
 class ByteTokenizer:
     """One id per UTF-8 byte (0-255) plus end-of-text (256): vocab_size 257.
 
     No training, no unknown tokens, any text round-trips. The price is length: a token per
-    byte, so a model spends context spelling words (004 calls this its limit).
+    byte, so a model spends context spelling words (the reason GPT-2 uses byte-level BPE
+    instead: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners",
+    section 2.2).
     """
 
     vocab_size = 257
@@ -161,7 +164,7 @@ def tokenizer_from_json(text: str):
     raise ValueError(f"unknown tokenizer type {kind!r}")
 
 
-# --- Byte-level BPE (issue 4) ------------------------------------------------------------------
+# --- Byte-level BPE, GPT-2's (openai/gpt-2 src/encoder.py) -------------------------------------
 
 EOT_TOKEN = "<|endoftext|>"
 
@@ -450,7 +453,7 @@ def load_tokenizer(path):
     return BPETokenizer.from_json(text)
 
 
-# --- SentencePiece BPE, as llama2.c stores it (issue 10) ---------------------------------------
+# --- SentencePiece BPE, as llama2.c stores it (its tokenizer.py export, run.c's encode) --------
 
 SP_UNK_ID, SP_BOS_ID, SP_EOS_ID = 0, 1, 2  # fixed by llama2.c's run.c and Llama's SentencePiece
 SP_BYTE_OFFSET = 3                          # ids 3..258 are the byte pieces <0x00>..<0xFF>
@@ -682,11 +685,12 @@ class SentencePieceTokenizer:
         except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise ValueError(f"SentencePiece tokenizer JSON is not valid: {e!r}") from None
         if not (isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)
-                and isinstance(scores, list)
-                and all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores)
-                and (max_len is None or (isinstance(max_len, int) and max_len >= 0))):
+                and isinstance(scores, list) and all(is_real(s) for s in scores)):
             raise ValueError("SentencePiece tokenizer JSON: pieces must be strings, scores "
-                             "numbers, max_token_length a non-negative integer")
+                             "numbers")
+        if max_len is not None:
+            max_len = check_int(max_len, "SentencePiece tokenizer JSON: max_token_length",
+                                low=0)
         return cls(pieces, scores, max_len)
 
 

@@ -40,6 +40,7 @@ import os
 
 import numpy as np
 
+from ..checks import check_int, check_real
 from .trace import Trace
 
 # The healthy band of each watched ratio; a warning when one stays outside for PATIENCE
@@ -146,8 +147,7 @@ class HealthMonitor:
     def __init__(self, model, optimizer, every: int, clip: float | None = None, path=None,
                  bands: dict | None = None, patience: int = PATIENCE,
                  keep_from: int | None = None):
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"health every must be a positive integer, got {every!r}")
+        every = check_int(every, "health every", low=1)
         self.model, self.optimizer, self.every, self.clip = model, optimizer, every, clip
         self.bands, self.patience = dict(BANDS if bands is None else bands), patience
         self.names = {id(p): n for n, p in model.named_parameters()}
@@ -326,14 +326,14 @@ def read_health(path) -> list[dict]:
             if last:
                 break
             raise ValueError(f"{path}:{n}: not a UTF-8 text health file") from None
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
             if last:
                 break
             raise ValueError(f"{path}:{n}: not a JSON line: {e}") from None
-        step = row.get("step") if isinstance(row, dict) else None
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or \
-                not math.isfinite(step):
-            raise ValueError(f"{path}:{n}: not a health row (a JSON object with a numeric "
-                             f"step): {raw[:60].decode('utf-8', 'replace')!r}")
+        try:
+            check_real(row.get("step") if isinstance(row, dict) else None, "step")
+        except ValueError:
+            raise ValueError(f"{path}:{n}: not a health row (a JSON object with a finite "
+                             f"numeric step): {raw[:60].decode('utf-8', 'replace')!r}") from None
         rows.append(row)
     return rows

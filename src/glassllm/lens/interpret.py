@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from .. import functional as F
+from ..checks import check_int, is_int
 from ..model import GlassLM
 from ..tensor import Tensor, no_grad
 from .trace import Edit, run_with_cache
@@ -99,8 +100,7 @@ def logit_lens(model: GlassLM, ids, k: int = 5) -> LogitLens:
     """The logit lens on one sequence: residual_in of block 0, then each residual_out,
     through the final norm and unembedding. Raises AttributionError if the last row differs
     from the model's own probabilities by more than 1e-4."""
-    if not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"logit_lens: k must be an integer >= 1, got {k!r}")
+    k = check_int(k, "logit_lens: k", low=1)
     ids = _one_row(model, ids)
     L = model.cfg.n_layers
     names = ["blocks.0.residual_in"] + [f"blocks.{i}.residual_out" for i in range(L)]
@@ -271,6 +271,7 @@ class Surprise:
 def token_surprise(model: GlassLM, ids, k: int = 5) -> Surprise:
     """Token surprise of one sequence of at least 2 tokens. Raises AttributionError if the
     mean differs from `GlassLM.loss` by more than 1e-5 nats."""
+    k = check_int(k, "token_surprise: k", low=1)
     ids = _one_row(model, ids)
     if ids.shape[1] < 2:
         raise ValueError("token_surprise needs at least 2 tokens (one to predict)")
@@ -300,10 +301,10 @@ def ablation_edits(model: GlassLM, heads: Iterable[tuple[int, int]] = (),
     heads, mlps = list(heads), list(mlps)
     cfg = model.cfg
     if not all(isinstance(h, (tuple, list)) and len(h) == 2
-               and all(isinstance(i, (int, np.integer)) for i in h) for h in heads):
+               and all(is_int(i) for i in h) for h in heads):
         raise ValueError(f"heads must be (layer, head) pairs of ints, e.g. [(1, 2)]; got "
                          f"{heads!r}")
-    if not all(isinstance(i, (int, np.integer)) for i in mlps):
+    if not all(is_int(i) for i in mlps):
         raise ValueError(f"mlps must be layer numbers (ints), got {mlps!r}")
     for layer, head in heads:
         if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):

@@ -3,9 +3,10 @@
 `glassllm train --out runs/model.safetensors` writes, beside the model file, the run's
 checkpoint (`checkpoint.safetensors`), its history (`history.csv`) and loss plot
 (`loss.png`); the per-step CSV (`--log-csv`) may go anywhere. `run_paths` names them,
-`check_output_paths` refuses, before any training, every path that would fail or do harm
-later, `make_parent_dirs` creates what is missing, and `write_history_csv` / `write_plot`
-write the end products. `glassllm.training.lock.lock_outputs` keeps two runs off the same paths.
+`check_output_paths` (from `glassllm.formats.paths`) refuses, before any training, every path
+that would fail or do harm later, `make_parent_dirs` creates what is missing, and
+`write_history_csv` / `write_plot` write the end products. `glassllm.training.lock.lock_outputs`
+keeps two runs off the same paths.
 
 A Python user of `glassllm.train.Trainer` gets the same files with the same calls:
 
@@ -21,6 +22,9 @@ import csv
 import os
 
 from ..formats.atomic import atomic_write
+# The checks live with the formats (the report checks its --out with them too); a run's
+# callers keep using them from here.
+from ..formats.paths import check_output_paths, same_file  # noqa: F401
 
 HISTORY_COLUMNS = ("step", "train_loss", "val_loss", "lr")
 
@@ -42,59 +46,6 @@ def run_paths(model_path, checkpoint=None, log_csv=None) -> dict[str, str | None
             "plot": os.path.join(run_dir, "loss.png")}
 
 
-def check_output_paths(outputs: dict, inputs=()) -> None:
-    """Refuse output paths that would fail or do harm, before anything is written.
-
-    Args:
-        outputs: {label: path or None}; the label is what messages call the path (the CLI
-            passes its flag names, e.g. "--out").
-        inputs: paths the run reads (its data files): no output may be one of them.
-
-    Refused: an empty path; a path that names a directory (it exists as one, or ends with a
-    separator, "." or ".."); two outputs on one file (they would overwrite each other mid-run);
-    an output that is an input (training would overwrite its own data); a path whose nearest
-    existing ancestor is a file, or a directory without write permission.
-
-    Raises:
-        ValueError: one line, naming the label and the path.
-    """
-    named = []
-    for label, path in outputs.items():
-        if path is None:
-            continue
-        path = os.fspath(path)
-        _check_file_path(label, path)
-        named.append((label, path))
-    for i, (label_a, a) in enumerate(named):
-        for label_b, b in named[i + 1:]:
-            if same_file(a, b):
-                raise ValueError(f"{label_a} and {label_b} are the same file ({b}); give "
-                                 f"them different paths")
-    for label, path in named:
-        if any(same_file(path, source) for source in inputs or ()):
-            raise ValueError(f"{label} {path} is one of the data files; training would "
-                             f"overwrite its own data")
-
-
-def _check_file_path(label: str, path: str) -> None:
-    if not path:
-        raise ValueError(f"{label} is empty; give a file path such as runs/model.safetensors")
-    seps = tuple({os.sep, os.altsep or os.sep})
-    if path.endswith(seps) or os.path.basename(path) in (".", ".."):
-        raise ValueError(f"{label} {path} names a directory; give a file path such as "
-                         f"{os.path.join(path, 'model.safetensors')}")
-    if os.path.isdir(path):
-        raise ValueError(f"{label} {path} is a directory; give a file path")
-    parent = os.path.dirname(os.path.abspath(path))
-    existing = parent
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ValueError(f"{label} {path}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{label} {path}: no permission to write in {existing}")
-
-
 def make_parent_dirs(paths) -> None:
     """Create the missing parent directories of each path (None entries skipped).
 
@@ -104,11 +55,6 @@ def make_parent_dirs(paths) -> None:
     for path in paths:
         if path is not None:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-
-
-def same_file(a, b) -> bool:
-    """Whether two paths name the same file (after links and `..`; the files need not exist)."""
-    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
 
 
 def write_history_csv(path, history: list[dict]) -> str:

@@ -38,10 +38,11 @@ from collections import deque
 import numpy as np
 
 from .. import amp
+from ..checks import check_int
 from ..amp import PRECISIONS, SKIP_REASONS
 from ..formats.atomic import about
 from .distributed import GradientBuffer, SerialCommunicator
-from ..optim import clip_grad_norm
+from ..optim import clip_grad_norm, global_grad_norm
 
 CSV_COLUMNS = ("step", "lr", "grad_l2_pre_clip", "grad_l2_post_clip", "loss", "skipped",
                "skip_reason", "scaler_scale")
@@ -54,7 +55,9 @@ class StepRecord:
     step: index of the step (as passed by the caller). lr: the learning rate given for it.
     grad_l2_pre_clip / grad_l2_post_clip: global L2 norm of the unscaled gradients before and
         after clipping (NaN when not measured: no backward ran, or the step was skipped).
-        On a "nonfinite_grad" skip pre_clip holds the measured inf/NaN.
+        On a "nonfinite_grad" skip pre_clip holds the measured inf/NaN. post_clip is derived,
+        pre_clip times the clip's factor (the norm measured again would differ only by the
+        float32 rounding of the scaled gradients).
     loss: the batch's loss in nats/token (float32 value, unscaled; may be inf/NaN).
     skipped: True if the optimizer did not step. skip_reason: "" | "nonfinite_loss" |
         "nonfinite_grad". scaler_scale: the loss scale *after* this step's update() (so a
@@ -74,17 +77,6 @@ class StepRecord:
         return [str(int(self.step)), repr(float(self.lr)), repr(float(self.grad_l2_pre_clip)),
                 repr(float(self.grad_l2_post_clip)), repr(float(self.loss)),
                 "1" if self.skipped else "0", self.skip_reason, repr(float(self.scaler_scale))]
-
-
-def global_grad_norm(params) -> float:
-    """Global L2 norm of all present gradients (float64 accumulation); 0.0 if none; inf/NaN
-    if any gradient element is inf/NaN."""
-    total = 0.0
-    for p in params:
-        if p.grad is not None:
-            flat = p.grad.ravel().astype(np.float64)
-            total += float(np.dot(flat, flat))
-    return math.sqrt(total) if total == total else float("nan")
 
 
 class TrainStep:
@@ -121,11 +113,7 @@ class TrainStep:
         self.scaler = scaler if scaler is not None else amp.GradScaler(
             enabled=(precision == "fp16"))
         self._low = PRECISIONS[precision]
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or \
-                micro_batches < 1:
-            raise ValueError(f"TrainStep: micro_batches must be an integer >= 1, got "
-                             f"{micro_batches!r}")
-        self.micro_batches = micro_batches
+        self.micro_batches = check_int(micro_batches, "TrainStep: micro_batches", low=1)
         self.comm = comm if comm is not None else SerialCommunicator()
         self._buffer: GradientBuffer | None = None  # made at the first accumulated step
 
@@ -192,18 +180,18 @@ class TrainStep:
             return StepRecord(step, lr, nan, nan, loss_value, True, "nonfinite_loss",
                               scaler.get_scale())
         scaler.unscale_(opt)
-        pre = global_grad_norm(opt.params)
+        pre = global_grad_norm(opt.params)  # measured once: the clip below uses this number
         if scaler.found_inf(opt) or not math.isfinite(pre):
             opt.zero_grad()  # drop the inf/NaN gradients; weights and moments are untouched
             scaler.skip(opt)  # (already recorded by unscale_ when enabled; needed if disabled)
             scaler.update()
             return StepRecord(step, lr, pre, nan, loss_value, True, "nonfinite_grad",
                               scaler.get_scale())
+        post = pre
         if self.clip is not None:
-            clip_grad_norm(opt.params, self.clip)  # spec 001's clip: same formula as train()
-            post = global_grad_norm(opt.params) if pre > self.clip else pre
-        else:
-            post = pre
+            clip_grad_norm(opt.params, self.clip, norm=pre)  # spec 001's clip, as in train()
+            if pre > self.clip:  # its factor scaled every gradient: the norm scaled with them
+                post = pre * (self.clip / (pre + 1e-6))
         scaler.step(opt, lr)
         scaler.update()
         return StepRecord(step, lr, pre, post, loss_value, False, "", scaler.get_scale())

@@ -2,7 +2,20 @@
 
 Same update as `glassllm.train.train`, plus events instead of printing, the best model written
 to a file, checkpoints with exact resume, Ctrl-C safety and the mixed-precision step
-(`glassllm.training.safety.TrainStep`).
+(`glassllm.training.safety.TrainStep`). Its settings are `glassllm.training.settings`, its
+events `glassllm.training.events`, its errors `glassllm.training.errors`.
+
+`Trainer._train` is the loop; each update goes through five phases, one method each:
+
+    x, y = self._sample(run)              # one global batch from the shared sampler
+    self._step(run, step, x, y)           # TrainStep; CSV row, health, the skip rules
+    if step % eval_every == 0 or step == steps - 1:
+        val = self._validate(run, step)   # validation loss (finite), ranks' weights agree
+        self._save_if_best(run, step, val)  # the model file
+    self._report(run, step)               # history entry, events, checkpoint when due
+
+`run` (a `_Run`) holds what the run changes on the way: weights, optimizer, sampler, history,
+best loss, the open logs and the events of the update in progress.
 """
 from __future__ import annotations
 
@@ -10,7 +23,6 @@ import contextlib
 import csv
 import dataclasses
 import math
-import numbers
 import os
 import signal
 import threading
@@ -24,302 +36,76 @@ from ..formats import checkpoint as ckpt_io
 from . import distributed
 from ..formats.atomic import atomic_write, remove_leftover_temporaries
 from .data import check_same_data, data_identity
-from ..lens.health import HealthChecked, HealthMonitor, HealthWarning  # noqa: F401 (run's events)
+from .errors import NoProgressError, NonFiniteLossError, TrainingInterrupted
+from .events import (Checkpointed, Evaluated, Finished, Resumed, Saved, Started, Stepped,
+                     TrainSummary)
+from ..lens.health import HealthMonitor
 from .lock import lock_outputs
-from ..model import GlassLM, dataclass_from_dict
-from ..optim import AdamW, clip_grad_norm, lr_schedule
-from .safety import PRECISIONS, SkipRateExceeded, SkipRateMonitor, StepCSVLog, TrainStep
+from ..model import GlassLM
+from ..optim import AdamW, lr_schedule
+from .safety import SkipRateExceeded, SkipRateMonitor, StepCSVLog, StepRecord, TrainStep
+from .settings import TrainSettings
 from ..tensor import no_grad
-from ..train import CLIP_NORM, EVAL_BATCHES, EVAL_SEED, evaluate, get_batch
 
 
 @dataclasses.dataclass
-class TrainSettings:
-    """What a training run does not change on the way (004's `settings`).
+class _Throughput:
+    """Training tokens (of all ranks) and seconds, evaluation excluded: in this run() call,
+    and since the last evaluation (the interval)."""
+    tokens: int = 0
+    seconds: float = 0.0
+    interval_tokens: int = 0
+    interval_seconds: float = 0.0
 
-    The defaults are the `glassllm train` defaults: with the default model (llama family,
-    d_model 128, 4 layers, 4 heads, 2 KV heads) they train on tinyshakespeare to a validation
-    loss of 1.75 nats per byte (nanoGPT's CPU recipe: 1.88 after 2000 steps of 12 x 64) in
-    about 2 minutes on two CPU cores (README). 1000 steps rather than 2000 keep a wide time
-    margin on a busy machine; the loss is below 2.0 from step ~400.
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
+        self.interval_tokens += tokens
+        self.interval_seconds += seconds
 
-    Fields:
-        steps: AdamW updates in the whole run (a resumed run counts the earlier ones).
-        batch_size, seq_len: B windows of T tokens per micro-batch of one rank; an update is
-            grad_accum micro-batches on each of N ranks, N * grad_accum * B * T tokens.
-        grad_accum: K, micro-batches per update (nanoGPT's gradient_accumulation_steps):
-            the sampler draws one batch of N*K*B windows (the windows one batch of that size
-            would have), each rank runs its K*B rows as K micro-batches of B, and the mean
-            gradient makes one clip and one AdamW step. Evaluation batches have N*K*B windows
-            too, so the validation loss does not depend on how they are split.
-        lr: peak learning rate of `lr_schedule` (warmup then cosine to lr * min_lr_ratio).
-        warmup: linear warmup steps.
-        clip: max global L2 norm of the (unscaled) gradients, spec 001's 1.0.
-        eval_every: evaluate after update `step` when step % eval_every == 0, and after the
-            last update (spec 001's rhythm).
-        eval_batches: batches per evaluation, of N * grad_accum * batch_size windows of
-            seq_len (N ranks), drawn with the fixed `eval_seed`, so every evaluation sees the
-            same windows.
-        seed: seed of the batch sampler `np.random.default_rng(seed)`.
-        precision: "fp32", "fp16" (autocast + dynamic loss scaling) or "bf16" (autocast).
-        log_csv: path of the per-step CSV of spec 003 (None: no CSV).
-        max_skip_rate: stop with SkipRateExceeded when the rolling skip rate stays above this
-            for 100 steps, or, in a run of fewer than 100 steps, when the skip rate of the
-            whole run is above it at its end (None: no alert).
-        max_consecutive_skips: stop with NoProgressError when this many updates in a row
-            were skipped (inf/NaN loss or gradients), in any precision: the run is making no
-            real update. A run that ends with every one of its updates skipped, one of them
-            for a non-finite loss, fails too, however short (gradient overflows alone are the
-            fp16 loss scale backing off, as it should at the start of a run). The default 25 is beyond any healthy fp16 start: the loss scale
-            halves on each skip, and 2**16 / 2**25 leaves no gradient representable.
-        checkpoint_every: write a checkpoint after every N completed updates (None: only on
-            Ctrl-C). Needs the trainer's checkpoint_path.
-        weight_decay: AdamW's decoupled decay. min_lr_ratio: the schedule's floor.
-        health_every: measure training health every N updates (`glassllm.lens.health`: per-tensor
-            update:data ratio, gradient and weight norms, activation statistics, attention
-            entropy, clip and skip counts) and report `HealthChecked` / `HealthWarning`
-            events; None: never. It does not change the updates (bit-identical).
-        health_log: health.jsonl to append those rows to (None: events only); needs
-            health_every.
+    def per_s(self) -> float:
+        """Tokens/second over this run() call."""
+        return self.tokens / self.seconds
 
-    Raises:
-        ValueError: a field out of range (named in the message).
-    """
-
-    steps: int = 1000
-    batch_size: int = 16
-    seq_len: int = 64
-    lr: float = 2e-3
-    warmup: int = 100
-    clip: float = CLIP_NORM
-    eval_every: int = 100
-    eval_batches: int = 20
-    seed: int = 0
-    precision: str = "fp32"
-    log_csv: str | None = None
-    max_skip_rate: float | None = None
-    max_consecutive_skips: int = 25
-    checkpoint_every: int | None = None
-    weight_decay: float = 0.1
-    min_lr_ratio: float = 0.1
-    eval_seed: int = EVAL_SEED
-    health_every: int | None = None
-    health_log: str | None = None
-    grad_accum: int = 1
-
-    # Field types, checked strictly: int(2.7) == 2 and int(True) == 1 would let a float or a
-    # bool through, and a NumPy integer would not survive the checkpoint's JSON.
-    INT_FIELDS = ("steps", "batch_size", "seq_len", "warmup", "eval_every", "eval_batches",
-                  "seed", "checkpoint_every", "eval_seed", "max_consecutive_skips",
-                  "health_every", "grad_accum")
-    FLOAT_FIELDS = ("lr", "clip", "max_skip_rate", "weight_decay", "min_lr_ratio")
-
-    def __post_init__(self):
-        for name in self.INT_FIELDS + self.FLOAT_FIELDS:
-            value = getattr(self, name)
-            if value is None and name in ("checkpoint_every", "max_skip_rate", "health_every"):
-                continue
-            setattr(self, name, _checked_number(name, value, integer=name in self.INT_FIELDS))
-        for name in ("log_csv", "health_log"):
-            value = getattr(self, name)
-            if value is not None:
-                if not isinstance(value, (str, os.PathLike)):
-                    raise ValueError(f"TrainSettings.{name} must be a path or None, "
-                                     f"got {value!r}")
-                setattr(self, name, os.fspath(value))
-        if self.health_every is not None and self.health_every <= 0:
-            raise ValueError(f"TrainSettings.health_every must be positive, "
-                             f"got {self.health_every}")
-        if self.health_log is not None and self.health_every is None:
-            raise ValueError("TrainSettings.health_log needs health_every")
-        positive = ("batch_size", "seq_len", "eval_every", "eval_batches",
-                    "max_consecutive_skips", "grad_accum")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"TrainSettings.{name} must be positive, "
-                                 f"got {getattr(self, name)}")
-        for name in ("steps", "warmup", "seed", "eval_seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"TrainSettings.{name} must be >= 0, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"TrainSettings.lr must be a positive number, got {self.lr}")
-        if not self.clip > 0:
-            raise ValueError(f"TrainSettings.clip must be positive, got {self.clip}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"TrainSettings.precision must be one of {sorted(PRECISIONS)}, "
-                             f"got {self.precision!r}")
-        if self.max_skip_rate is not None and not 0.0 <= self.max_skip_rate < 1.0:
-            raise ValueError(f"TrainSettings.max_skip_rate must be in [0, 1), "
-                             f"got {self.max_skip_rate}")
-        if self.checkpoint_every is not None and self.checkpoint_every <= 0:
-            raise ValueError(f"TrainSettings.checkpoint_every must be positive, "
-                             f"got {self.checkpoint_every}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"TrainSettings.min_lr_ratio must be in [0, 1], "
-                             f"got {self.min_lr_ratio}")
-        if self.weight_decay < 0:
-            raise ValueError(f"TrainSettings.weight_decay must be >= 0, got {self.weight_decay}")
-
-    # Fields that only say where output goes: a resumed run may change them.
-    OUTPUT_FIELDS = ("log_csv", "checkpoint_every", "health_every", "health_log")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainSettings":
-        """Inverse of to_dict. Raises ValueError on unknown or invalid fields."""
-        return dataclass_from_dict(cls, d)
+    def interval_per_s(self) -> float:
+        """Tokens/second over the interval, which ends here: the next one starts at 0."""
+        rate = self.interval_tokens / max(self.interval_seconds, 1e-9)
+        self.interval_tokens, self.interval_seconds = 0, 0.0
+        return rate
 
 
-# Events: what the loop reports. The loop never prints; the caller decides (004).
-@dataclasses.dataclass(frozen=True)
-class Started:
-    """Before the first update of a fresh run: validation loss of the initial weights (nats)."""
-    val_loss: float
+@dataclasses.dataclass
+class _Run:
+    """What one `Trainer.run` call changes on the way; its phases read and update it."""
+    model: GlassLM
+    optimizer: AdamW
+    train_step: TrainStep
+    rng: np.random.Generator  # the batch sampler, np.random.default_rng(settings.seed)
+    emit: Callable[[object], None]
+    resumed: bool
+    history: list = dataclasses.field(default_factory=list)  # one dict per completed update
+    best_val: float | None = None
+    best_step: int | None = None
+    start: int = 0  # the first update of this call (len(history) after a resume)
+    model_saved: bool = False  # model_path holds the best model
+    skipped_in_a_row: int = 0
+    monitor: SkipRateMonitor | None = None
+    csv_log: StepCSVLog | None = None
+    health: HealthMonitor | None = None
+    speed: _Throughput = dataclasses.field(default_factory=_Throughput)
+    started_at: float = 0.0  # time.monotonic() when the updates began
+    # The update in progress: from _sample to _report the state is not a whole number of
+    # updates, so an interrupt there writes no checkpoint.
+    in_step: bool = False
+    clock: float = 0.0  # time.perf_counter() at its start
+    record: StepRecord | None = None  # its StepRecord (the last one of this call)
+    entry: dict | None = None  # its history entry
+    events: list = dataclasses.field(default_factory=list)  # sent once it is complete
 
-
-@dataclasses.dataclass(frozen=True)
-class Resumed:
-    """A run continues from a checkpoint: `step` updates were already done."""
-    step: int
-    best_val_loss: float | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Stepped:
-    """After every update `step` (0-based): its batch loss before the update (nats/token; inf
-    or NaN on a skipped step; the mean over every micro-batch of every rank), the learning
-    rate, and training throughput in tokens/second of all ranks together, averaged over this
-    run() call (evaluation time excluded)."""
-    step: int
-    loss: float
-    lr: float
-    tokens_per_s: float
-    skipped: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Evaluated:
-    """After update `step`: mean batch loss of the updates since the previous evaluation
-    (train_loss, nats/token, skipped steps excluded; NaN if all skipped), validation loss
-    (nats/token) and the training throughput over those updates (tokens/second)."""
-    step: int
-    train_loss: float
-    val_loss: float
-    tokens_per_s: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Saved:
-    """The model file was (atomically) rewritten: validation improved to val_loss at `step`."""
-    step: int
-    path: str
-    val_loss: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpointed:
-    """A checkpoint of the state after `step` completed updates was written to `path`."""
-    step: int
-    path: str
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSummary:
-    """The outcome of a finished run.
-
-    steps: updates done in total (resumed ones included). best_step / best_val_loss: the
-    evaluation the model file holds (None if there was none). final_val_loss: the last
-    evaluation. history: one dict per update, as in the checkpoint. skipped_steps: updates
-    skipped for non-finite values. tokens: tokens trained on in this run() call. elapsed_s:
-    wall time of this call. model_path: where the best model is (None if not saved: no
-    model_path, no evaluation, or a resume with a new model_path that no later evaluation
-    improved on, when the best model is where the interrupted run wrote it).
-    """
-    steps: int
-    best_step: int | None
-    best_val_loss: float | None
-    final_val_loss: float | None
-    history: list
-    skipped_steps: int
-    tokens: int
-    elapsed_s: float
-    model_path: str | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Finished:
-    """The run completed all its steps."""
-    summary: TrainSummary
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or another KeyboardInterrupt) stopped the run.
-
-    step: updates completed. checkpoint_path: the checkpoint written for them, or None (no
-    checkpoint_path was given, or a second Ctrl-C arrived in the middle of an update, when the
-    state is not one a checkpoint may hold). history: one dict per completed update. A
-    KeyboardInterrupt, so callers that only know Ctrl-C still stop.
-    """
-
-    def __init__(self, step: int, checkpoint_path: str | None, history: list | None = None):
-        where = f"; checkpoint {checkpoint_path}" if checkpoint_path else "; no checkpoint"
-        super().__init__(f"training interrupted after {step} updates{where}")
-        self.step, self.checkpoint_path = step, checkpoint_path
-        self.history = history if history is not None else []
-
-
-class NonFiniteLossError(FloatingPointError, ValueError):
-    """The run diverged: the training loss or gradient norm became inf/NaN in a run that does
-    not skip such steps (fp32 without max_skip_rate), or the validation loss or the weights did
-    (in any run: the weights themselves are broken). Nothing is written when it is raised; a
-    model file saved at an earlier, finite evaluation stays as it was (`kept_path`, the update
-    `kept_step` it holds).
-
-    Attributes: step (the failing update), value (the non-finite quantity that `reason`
-    names: the training loss, the gradient norm before clipping or the validation loss), reason
-    ("nonfinite_loss" | "nonfinite_grad" | "nonfinite_val_loss" | "nonfinite_weights" |
-    "no_progress"), kept_path, kept_step, history (one dict per completed update and one
-    for the failing one, as in `Trainer`'s history; the CLI writes it to history.csv).
-    """
-
-    _WHAT = {"nonfinite_loss": "training loss",
-             "nonfinite_grad": "gradient norm (before clipping)",
-             "nonfinite_val_loss": "validation loss", "nonfinite_weights": "model's weights"}
-
-    def __init__(self, step: int, value: float, reason: str, kept_path: str | None = None,
-                 kept_step: int | None = None, history: list | None = None,
-                 message: str | None = None):
-        kept = (f"{kept_path} keeps the best model, from step {kept_step}"
-                if kept_path is not None else "no model file was written")
-        if message is None:
-            what = self._WHAT[reason]
-            found = "are not finite" if reason == "nonfinite_weights" else \
-                f"is not finite ({value})"
-            message = f"the {what} {found}; the run diverged (a lower learning rate may help)"
-        super().__init__(f"step {step}: {message}; training stopped, {kept}")
-        self.step, self.value, self.reason = step, value, reason
-        self.loss = value  # the name of earlier versions
-        self.kept_path, self.kept_step = kept_path, kept_step
-        self.history = history if history is not None else []
-
-
-class NoProgressError(NonFiniteLossError):
-    """Every update of the last `skipped` steps was skipped (`max_consecutive_skips` in a row,
-    or the whole of a shorter run with a non-finite loss among them): inf/NaN losses or
-    gradients, in any precision. The message names the last step's skip reason and its loss."""
-
-    def __init__(self, step: int, skipped: int, reason: str, loss: float, scale: float,
-                 kept_path=None, kept_step=None, history=None):
-        what = {"nonfinite_loss": f"non-finite training loss ({loss})",
-                "nonfinite_grad": "non-finite gradients"}.get(reason, reason)
-        scaled = f", loss scale {scale:g}" if scale != 1.0 else ""
-        super().__init__(step, loss, "no_progress", kept_path, kept_step, history,
-                         message=f"the last {skipped} updates were all skipped (last: {what}"
-                                 f"{scaled}); the run is making no progress")
-        self.skipped = skipped
-        self.skip_reason = reason
+    def close(self) -> None:
+        if self.csv_log is not None:
+            self.csv_log.close()
+        if self.health is not None:
+            self.health.close()
 
 
 class _DeferredInterrupt:
@@ -347,6 +133,7 @@ class _DeferredInterrupt:
     def __exit__(self, *exc):
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+
 
 
 class Trainer:
@@ -462,6 +249,166 @@ class Trainer:
                 raise
 
     def _run(self, model: GlassLM, resume, emit) -> TrainSummary:
+        """The run inside run()'s locks: its state, the loop with Ctrl-C held until the
+        update in progress is complete, and on Ctrl-C the checkpoint of the updates done."""
+        run = self._prepare(model, resume, emit)
+        try:
+            with _DeferredInterrupt() as interrupt:
+                self._train(run, interrupt)
+        except KeyboardInterrupt as e:
+            if isinstance(e, TrainingInterrupted):
+                raise
+            if self.comm.size > 1 and not isinstance(e, _AgreedStop):
+                raise  # one rank's own interrupt (a second Ctrl-C): run() ends the job
+            path = None  # a checkpoint only of a whole number of updates
+            if not run.in_step and self.checkpoint_path is not None:
+                path = self._write_checkpoint(run)
+            raise TrainingInterrupted(len(run.history), path, run.history) from e
+        finally:
+            run.close()
+        return self._finish(run)
+
+    def _train(self, run: _Run, interrupt) -> None:
+        """The loop: every update not yet done, each in five phases; then the end checks."""
+        s = self.settings
+        if self.comm.size > 1:  # a callback's KeyboardInterrupt is agreed on like Ctrl-C
+            run.emit = _interrupt_on_keyboard_interrupt(run.emit, interrupt)
+        if run.resumed:
+            run.emit(Resumed(run.start, run.best_val))
+        else:
+            run.emit(Started(self._evaluate(run.model)))
+        for step in range(run.start, s.steps):
+            if self._stop_requested(interrupt, step):
+                raise _AgreedStop
+            x, y = self._sample(run)
+            self._step(run, step, x, y)
+            if step % s.eval_every == 0 or step == s.steps - 1:
+                val = self._validate(run, step)
+                self._save_if_best(run, step, val)
+            self._report(run, step)
+        self._judge_the_whole_run(run)
+
+    # ------------------------------------------------------------------ the phases
+    def _sample(self, run: _Run) -> tuple[np.ndarray, np.ndarray]:
+        """The update begins: one global batch of N*K*B windows of seq_len from the shared
+        sampler (the same on every rank; `_step` trains on this rank's rows of it)."""
+        run.in_step, run.events, run.clock = True, [], time.perf_counter()
+        s = self.settings
+        return self.train_data.batch(run.rng, s.grad_accum * s.batch_size * self.comm.size,
+                                     s.seq_len)
+
+    def _step(self, run: _Run, step: int, x: np.ndarray, y: np.ndarray) -> None:
+        """The update (`TrainStep` on this rank's rows), its CSV row and health measurement,
+        then the skip rules, which may stop the run; `Stepped` joins the update's events."""
+        s = self.settings
+        rows = s.grad_accum * s.batch_size  # this rank's windows per update
+        mine = slice(self.comm.rank * rows, (self.comm.rank + 1) * rows)
+        lr = lr_schedule(step, s.steps, s.lr, s.warmup, s.min_lr_ratio)
+        observed = run.health.observe(step) if run.health is not None \
+            else contextlib.nullcontext()
+        with observed:
+            run.record = record = run.train_step(x[mine], y[mine], lr, step)
+        run.speed.add(x.size, time.perf_counter() - run.clock)  # tokens of all ranks
+        if run.csv_log is not None:  # every attempted step, the failing one included
+            run.csv_log.write(record)
+        if run.health is not None:  # its row is written before any divergence stop
+            run.events += run.health.after_step(step, record)
+        run.entry = {"step": step, "loss": _json_float(record.loss), "lr": lr}
+        self._count_skip(run, step)
+        run.events.append(Stepped(step, record.loss, lr, run.speed.per_s(), record.skipped))
+
+    def _count_skip(self, run: _Run, step: int) -> None:
+        """A skipped update stops the run where skips are not allowed, and after
+        max_consecutive_skips in a row; the skip-rate alert sees every update."""
+        record = run.record
+        if record.skipped:
+            run.entry["skipped"] = record.skip_reason
+            run.skipped_in_a_row += 1
+            if not self._skips_allowed():
+                raise self._diverged(step, record, run.best_step, run.history + [run.entry])
+            if run.skipped_in_a_row >= self.settings.max_consecutive_skips:
+                raise self._no_progress(step, run.skipped_in_a_row, record, run.best_step,
+                                        run.history + [run.entry])
+        else:
+            run.skipped_in_a_row = 0
+        if run.monitor is not None:
+            run.monitor.update(record.skipped, step)
+
+    def _validate(self, run: _Run, step: int) -> float:
+        """The validation loss after update `step` (a non-finite one stops the run: it is
+        never saved, never "best"); with N ranks their weights are compared. Adds the losses
+        to the entry and `Evaluated` to the events."""
+        val = self._evaluate(run.model)
+        if self.comm.size > 1:
+            distributed.check_same(
+                self.comm, {"weights sha256": distributed.weights_digest(run.model)},
+                f"weights after step {step}")
+        if not math.isfinite(val):
+            raise self._diverged(step, run.record, run.best_step, run.history + [run.entry],
+                                 "nonfinite_val_loss", val)
+        train_loss = _mean_since_last_eval(run.history, run.entry)
+        run.entry["train_loss"] = _json_float(train_loss)
+        run.entry["val_loss"] = val
+        run.events.append(Evaluated(step, train_loss, val, run.speed.interval_per_s()))
+        return val
+
+    def _save_if_best(self, run: _Run, step: int, val: float) -> None:
+        """A better validation loss is the new best; the model file (if any) is rewritten
+        with it, after a check that the weights are finite, and `Saved` joins the events."""
+        if run.best_val is not None and val >= run.best_val:
+            return  # not better
+        if self.model_path is not None:
+            if not _weights_finite(run.model):
+                raise self._diverged(step, run.record, run.best_step,
+                                     run.history + [run.entry], "nonfinite_weights", val)
+            if self.comm.rank == 0:
+                self._save_model(run.model)
+            run.model_saved = True
+            run.events.append(Saved(step, self.model_path, val))
+        run.best_val, run.best_step = val, step
+
+    def _report(self, run: _Run, step: int) -> None:
+        """The update is complete: its history entry, its events (in order), then the
+        checkpoint after every checkpoint_every updates (`Checkpointed`)."""
+        run.history.append(run.entry)
+        run.in_step = False
+        for event in run.events:
+            run.emit(event)
+        every = self.settings.checkpoint_every
+        if every and (step + 1) % every == 0:
+            run.emit(Checkpointed(step + 1, self._write_checkpoint(run)))
+
+    def _judge_the_whole_run(self, run: _Run) -> None:
+        """A run too short for the alerts' windows is judged as a whole at its end: one
+        that made no update and whose forward pass failed (a non-finite loss, which no loss
+        scale cures) stops with NoProgressError. Skips for overflowing gradients alone are the
+        GradScaler finding its scale (it halves on each), which an fp16 run of a few steps
+        may spend entirely; only max_consecutive_skips of them in a row mean no progress."""
+        history = run.history
+        if run.record is not None and run.skipped_in_a_row == len(history) and any(
+                h.get("skipped") == "nonfinite_loss" for h in history):
+            raise self._no_progress(len(history) - 1, run.skipped_in_a_row, run.record,
+                                    run.best_step, history)
+        if run.monitor is not None:
+            run.monitor.finish(len(history) - 1)
+
+    def _finish(self, run: _Run) -> TrainSummary:
+        """The summary of a completed run, also sent as `Finished`."""
+        history = run.history
+        evaluated = [h["val_loss"] for h in history if "val_loss" in h]
+        summary = TrainSummary(
+            steps=len(history), best_step=run.best_step, best_val_loss=run.best_val,
+            final_val_loss=evaluated[-1] if evaluated else None, history=history,
+            skipped_steps=sum(1 for h in history if h.get("skipped")),
+            tokens=run.speed.tokens, elapsed_s=time.monotonic() - run.started_at,
+            model_path=self.model_path if run.model_saved else None)
+        run.emit(Finished(summary))
+        return summary
+
+    # ------------------------------------------------------------------ before the loop
+    def _prepare(self, model: GlassLM, resume, emit) -> _Run:
+        """The run's state: a new optimizer, step and sampler, or those of the checkpoint
+        `resume` (checked to continue this run, on every rank), and its logs opened."""
         s, comm = self.settings, self.comm
         self._data_identity = None
         if self.checkpoint_path is not None or resume is not None:
@@ -469,9 +416,8 @@ class Trainer:
         optimizer = AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
         train_step = TrainStep(model, optimizer, s.precision, s.clip, comm=comm,
                                micro_batches=s.grad_accum)
-        rng = np.random.default_rng(s.seed)
-        history: list[dict] = []
-        best_val, best_step = None, None
+        run = _Run(model, optimizer, train_step, np.random.default_rng(s.seed), emit,
+                   resumed=resume is not None)
         state = None
         if resume is not None:
             state = resume if isinstance(resume, ckpt_io.Checkpoint) \
@@ -480,155 +426,43 @@ class Trainer:
             self._check_ranks_agree(model, state)
         if state is not None:
             with distributed.agreement(comm):
-                self._restore(state, model, optimizer, train_step, rng)
-            history, best_val, best_step = list(state.history), state.best_val_loss, \
-                state.best_step
+                self._restore(state, model, optimizer, train_step, run.rng)
+            run.history, run.best_val, run.best_step = list(state.history), \
+                state.best_val_loss, state.best_step
         if comm.size > 1:
-            distributed.check_same(comm, {"weights sha256": distributed.weights_digest(model),
-                                          "sampler state": rng.bit_generator.state,
-                                          "optimizer t": optimizer.t,
-                                          "scaler": train_step.state_dict()},
-                                   "state at the start")
-        rows = s.grad_accum * s.batch_size  # this rank's windows per update
-        mine = slice(comm.rank * rows, (comm.rank + 1) * rows)
-        start = len(history)
+            self._check_start_agrees(run)
+        self._open_logs(run)
+        run.started_at = time.monotonic()
+        return run
+
+    def _check_start_agrees(self, run: _Run) -> None:
+        """Every rank starts from the same weights, sampler, optimizer step and loss scale."""
+        distributed.check_same(self.comm, {
+            "weights sha256": distributed.weights_digest(run.model),
+            "sampler state": run.rng.bit_generator.state, "optimizer t": run.optimizer.t,
+            "scaler": run.train_step.state_dict()}, "state at the start")
+
+    def _open_logs(self, run: _Run) -> None:
+        """The counters a resumed run continues, the CSV log and the health monitor."""
+        s = self.settings
+        run.start = len(run.history)
         # Whether model_path holds the best model: after a save in this call, or, resumed,
         # when the interrupted run's file is there (resumed with another model_path and no
         # better evaluation since, nothing is ever written there).
-        model_saved = best_step is not None and self.model_path is not None and \
+        run.model_saved = run.best_step is not None and self.model_path is not None and \
             os.path.exists(self.model_path)
-        monitor = None
         if s.max_skip_rate is not None:
-            monitor = SkipRateMonitor(s.max_skip_rate)
-            for entry in history:  # its window is a function of the skips so far
-                monitor.update(bool(entry.get("skipped")), entry["step"])
-        skipped_in_a_row = _trailing_skips(history)
-        csv_log = self._open_csv(start, resumed=resume is not None)
-        health = None
+            run.monitor = SkipRateMonitor(s.max_skip_rate)
+            for entry in run.history:  # its window is a function of the skips so far
+                run.monitor.update(bool(entry.get("skipped")), entry["step"])
+        run.skipped_in_a_row = _trailing_skips(run.history)
+        run.csv_log = self._open_csv(run.start, resumed=run.resumed)
         # Rank 0 alone measures health and writes its rows; on resume the rows of updates
         # after the checkpoint are redone.
-        if s.health_every is not None and comm.rank == 0:
-            health = HealthMonitor(model, optimizer, s.health_every, s.clip, s.health_log,
-                                   keep_from=start if resume is not None else None)
-        started_at = time.monotonic()
-        train_time, tokens = 0.0, 0
-        interval_time, interval_tokens = 0.0, 0
-        in_step = False
-        record = None  # the last step's StepRecord in this call
-        try:
-            with _DeferredInterrupt() as interrupt:
-                if comm.size > 1:  # a callback's KeyboardInterrupt is agreed on like Ctrl-C
-                    emit = _interrupt_on_keyboard_interrupt(emit, interrupt)
-                if resume is None:
-                    emit(Started(self._evaluate(model)))
-                else:
-                    emit(Resumed(start, best_val))
-                for step in range(start, s.steps):
-                    if self._stop_requested(interrupt, step):
-                        raise _AgreedStop
-                    in_step = True
-                    events = []
-                    t0 = time.perf_counter()
-                    # One global batch from the shared sampler; each rank trains on its rows.
-                    x, y = self.train_data.batch(rng, rows * comm.size, s.seq_len)
-                    n = x.size  # tokens of all ranks
-                    lr = lr_schedule(step, s.steps, s.lr, s.warmup, s.min_lr_ratio)
-                    observed = health.observe(step) if health is not None \
-                        else contextlib.nullcontext()
-                    with observed:
-                        record = train_step(x[mine], y[mine], lr, step)
-                    dt = time.perf_counter() - t0
-                    if csv_log is not None:  # every attempted step, the failing one included
-                        csv_log.write(record)
-                    if health is not None:  # its row is written before any divergence stop
-                        events += health.after_step(step, record)
-                    entry = {"step": step, "loss": _json_float(record.loss), "lr": lr}
-                    if record.skipped:
-                        entry["skipped"] = record.skip_reason
-                        skipped_in_a_row += 1
-                        if not self._skips_allowed():
-                            raise self._diverged(step, record, best_step, history + [entry])
-                        if skipped_in_a_row >= s.max_consecutive_skips:
-                            raise self._no_progress(step, skipped_in_a_row, record, best_step,
-                                                    history + [entry])
-                    else:
-                        skipped_in_a_row = 0
-                    if monitor is not None:
-                        monitor.update(record.skipped, step)
-                    train_time, tokens = train_time + dt, tokens + n
-                    interval_time, interval_tokens = interval_time + dt, interval_tokens + n
-                    events.append(Stepped(step, record.loss, lr, tokens / train_time,
-                                          record.skipped))
-                    if step % s.eval_every == 0 or step == s.steps - 1:
-                        val = self._evaluate(model)
-                        if comm.size > 1:
-                            distributed.check_same(
-                                comm, {"weights sha256": distributed.weights_digest(model)},
-                                f"weights after step {step}")
-                        if not math.isfinite(val):  # never saved, never "best"
-                            raise self._diverged(step, record, best_step, history + [entry],
-                                                 "nonfinite_val_loss", val)
-                        train_loss = _mean_since_last_eval(history, entry)
-                        entry["train_loss"] = _json_float(train_loss)
-                        entry["val_loss"] = val
-                        events.append(Evaluated(step, train_loss, val,
-                                                interval_tokens / max(interval_time, 1e-9)))
-                        interval_time, interval_tokens = 0.0, 0
-                        if best_val is None or val < best_val:
-                            if self.model_path is not None:
-                                if not _weights_finite(model):
-                                    raise self._diverged(step, record, best_step,
-                                                         history + [entry],
-                                                         "nonfinite_weights", val)
-                                if comm.rank == 0:
-                                    self._save_model(model)
-                                model_saved = True
-                                events.append(Saved(step, self.model_path, val))
-                            best_val, best_step = val, step
-                    history.append(entry)
-                    in_step = False
-                    for event in events:
-                        emit(event)
-                    if s.checkpoint_every and (step + 1) % s.checkpoint_every == 0:
-                        path = self._write_checkpoint(model, optimizer, train_step, rng,
-                                                      history, best_val, best_step)
-                        emit(Checkpointed(step + 1, path))
-                # A run too short for the alerts' windows is judged as a whole at its end: one
-                # that made no update and whose forward pass failed (a non-finite loss, which
-                # no loss scale cures) stops with an error. Skips for overflowing gradients
-                # alone are the GradScaler finding its scale (it halves on each), which an
-                # fp16 run of a few steps may spend entirely; only max_consecutive_skips of
-                # them in a row mean no progress.
-                if record is not None and skipped_in_a_row == len(history) and any(
-                        h.get("skipped") == "nonfinite_loss" for h in history):
-                    raise self._no_progress(len(history) - 1, skipped_in_a_row, record,
-                                            best_step, history)
-                if monitor is not None:
-                    monitor.finish(len(history) - 1)
-        except KeyboardInterrupt as e:
-            if isinstance(e, TrainingInterrupted):
-                raise
-            if comm.size > 1 and not isinstance(e, _AgreedStop):
-                raise  # one rank's own interrupt (a second Ctrl-C): run() ends the job
-            path = None
-            if not in_step and self.checkpoint_path is not None:
-                path = self._write_checkpoint(model, optimizer, train_step, rng, history,
-                                              best_val, best_step)
-            raise TrainingInterrupted(len(history), path, history) from e
-        finally:
-            if csv_log is not None:
-                csv_log.close()
-            if health is not None:
-                health.close()
-        evaluated = [h["val_loss"] for h in history if "val_loss" in h]
-        summary = TrainSummary(
-            steps=len(history), best_step=best_step, best_val_loss=best_val,
-            final_val_loss=evaluated[-1] if evaluated else None, history=history,
-            skipped_steps=sum(1 for h in history if h.get("skipped")), tokens=tokens,
-            elapsed_s=time.monotonic() - started_at,
-            model_path=self.model_path if model_saved else None)
-        emit(Finished(summary))
-        return summary
+        if s.health_every is not None and self.comm.rank == 0:
+            run.health = HealthMonitor(run.model, run.optimizer, s.health_every, s.clip,
+                                       s.health_log,
+                                       keep_from=run.start if run.resumed else None)
 
     # ------------------------------------------------------------------ pieces
     def _kept(self, best_step: int | None) -> tuple[str | None, int | None]:
@@ -724,12 +558,13 @@ class Trainer:
             _truncate_csv_rows(path, start)  # rows of updates after the checkpoint are redone
         return StepCSVLog(path, append=resumed)
 
-    def _write_checkpoint(self, model, optimizer, train_step, rng, history, best_val,
-                          best_step) -> str | None:
-        """Write the checkpoint (rank 0; other ranks return None after the same checks)."""
+    def _write_checkpoint(self, run: _Run) -> str | None:
+        """Write the checkpoint of the state after len(run.history) updates (rank 0; other
+        ranks return None after the same checks)."""
+        model, history = run.model, run.history
         if not _weights_finite(model):  # a checkpoint is only ever of a usable state
             raise NonFiniteLossError(len(history) - 1, float("nan"), "nonfinite_weights",
-                                     *self._kept(best_step), history)
+                                     *self._kept(run.best_step), history)
         if self.comm.rank != 0:
             return None
         extra = dict(self.extra)
@@ -737,10 +572,10 @@ class Trainer:
             extra["tokenizer"] = self.tokenizer.to_json()
         state = ckpt_io.Checkpoint(
             step=len(history), config=model.cfg.to_dict(), weights=model.state_dict(),
-            optimizer=ckpt_io.optimizer_state(model, optimizer),
-            rng_state=rng.bit_generator.state, settings=self.settings.to_dict(),
-            best_val_loss=best_val, best_step=best_step, history=history,
-            scaler=train_step.state_dict(), extra=extra, data=self._data_identity,
+            optimizer=ckpt_io.optimizer_state(model, run.optimizer),
+            rng_state=run.rng.bit_generator.state, settings=self.settings.to_dict(),
+            best_val_loss=run.best_val, best_step=run.best_step, history=history,
+            scaler=run.train_step.state_dict(), extra=extra, data=self._data_identity,
             world_size=self.comm.size)
         ckpt_io.save_checkpoint(self.checkpoint_path, state)
         return self.checkpoint_path
@@ -806,20 +641,6 @@ def _interrupt_on_keyboard_interrupt(emit, interrupt):
 def _version() -> str:
     from .. import __version__
     return __version__
-
-
-def _checked_number(name: str, value, integer: bool):
-    """value as a Python int (integer=True) or finite float; ValueError naming the field for a
-    bool, a float where an int belongs, a string, inf or NaN."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-            (integer and not isinstance(value, numbers.Integral)):
-        kind = "an integer" if integer else "a number"
-        raise ValueError(f"TrainSettings.{name} must be {kind}, got {value!r}")
-    if integer:
-        return int(value)
-    if not math.isfinite(value):
-        raise ValueError(f"TrainSettings.{name} must be a finite number, got {value!r}")
-    return float(value)
 
 
 def _weights_finite(model: GlassLM) -> bool:

@@ -1,0 +1,211 @@
+// The page of `glassllm inspect` (glassllm/lens/report.py inlines this file into report.html).
+// DATA: what glassllm.lens.report.page_data computed, from the page's JSON block.
+"use strict";
+const DATA = JSON.parse(document.getElementById("report-data").textContent);
+const $ = (id) => document.getElementById(id);
+const tip = $("tooltip");
+function showTip(ev, text) { tip.textContent = text; tip.style.display = "block";
+  tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 10) + "px"; }
+function hideTip() { tip.style.display = "none"; }
+function vis(t) { return t.replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5") || "\u2205"; }
+function el(tag, attrs, text) { const e = document.createElement(tag);
+  for (const k in (attrs || {})) e.setAttribute(k, attrs[k]);
+  if (text !== undefined) e.textContent = text; return e; }
+function fmt(x, d) { return (x === null || x === undefined) ? "-" : Number(x).toFixed(d === undefined ? 3 : d); }
+function blue(a) { return "rgba(29,111,184," + Math.max(0, Math.min(1, a)).toFixed(3) + ")"; }
+function heat(v) { const x = Math.max(0, Math.min(1, v)); // white -> orange -> red
+  return "rgb(255," + Math.round(255 - 180 * x) + "," + Math.round(255 - 235 * x) + ")"; }
+function diverging(v, scale) { const x = Math.max(-1, Math.min(1, v / (scale || 1)));
+  return x >= 0 ? "rgba(29,111,184," + x.toFixed(3) + ")" : "rgba(200,40,40," + (-x).toFixed(3) + ")"; }
+
+// ------------------------------------------------------------------ navigation
+function show(name) {
+  for (const s of document.querySelectorAll("section.view")) s.classList.toggle("active", s.id === "view-" + name);
+  for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === name);
+}
+function buildNav() {
+  for (const s of document.querySelectorAll("section.view")) {
+    const name = s.id.slice(5);
+    if (name === "training" && !DATA.run) { s.remove(); continue; }
+    const b = el("button", {"data-view": name, "id": "nav-" + name}, s.dataset.title);
+    b.addEventListener("click", () => show(name));
+    $("nav").appendChild(b);
+  }
+  show("attention");
+}
+
+// ------------------------------------------------------------------ attention
+function buildAttention() {
+  const L = DATA.attention.length, H = DATA.attention[0].length, T = DATA.tokens.length;
+  for (let l = 0; l < L; l++) $("att-layer").appendChild(el("option", {value: l}, String(l)));
+  for (let h = 0; h < H; h++) $("att-head").appendChild(el("option", {value: h}, String(h)));
+  const spans = DATA.tokens.map((t, i) => { const s = el("span", {"class": "tok", "data-i": i}, vis(t));
+    $("att-tokens").appendChild(s); return s; });
+  const cell = Math.max(6, Math.min(22, Math.floor(560 / T)));
+  const canvas = $("att-canvas"); canvas.width = cell * T; canvas.height = cell * T;
+  const ctx = canvas.getContext("2d");
+  const rows = () => DATA.attention[+$("att-layer").value][+$("att-head").value];
+  function draw() {
+    const r = rows(); ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    for (let i = 0; i < T; i++) for (let j = 0; j <= i; j++) {
+      ctx.fillStyle = blue(r[i][j]); ctx.fillRect(j * cell, i * cell, cell, cell); }
+    ctx.strokeStyle = "#999"; ctx.strokeRect(0, 0, canvas.width, canvas.height);
+  }
+  function light(i) { const r = rows();
+    spans.forEach((s, j) => { s.style.background = j <= i ? blue(r[i][j]) : "transparent";
+      s.classList.toggle("query", j === i); }); }
+  function clear() { spans.forEach((s) => { s.style.background = "transparent"; s.classList.remove("query"); }); }
+  spans.forEach((s, i) => { s.addEventListener("mouseenter", () => light(i)); s.addEventListener("mouseleave", clear); });
+  canvas.addEventListener("mousemove", (ev) => { const b = canvas.getBoundingClientRect();
+    const j = Math.floor((ev.clientX - b.left) / cell), i = Math.floor((ev.clientY - b.top) / cell);
+    if (i < 0 || i >= T || j < 0 || j > i) { hideTip(); return; }
+    showTip(ev, "query " + i + " " + JSON.stringify(DATA.tokens[i]) + " \u2192 key " + j + " " +
+      JSON.stringify(DATA.tokens[j]) + ": " + fmt(rows()[i][j], 4)); });
+  canvas.addEventListener("mouseleave", hideTip);
+  $("att-layer").addEventListener("change", draw); $("att-head").addEventListener("change", draw);
+  draw();
+}
+
+// ------------------------------------------------------------------ logit lens
+function buildLens() {
+  const lens = DATA.lens, T = DATA.tokens.length, table = el("table", {"class": "grid", "id": "lens-table"});
+  const head = el("tr"); head.appendChild(el("th", {}, "layer \\ after"));
+  DATA.tokens.forEach((t) => head.appendChild(el("th", {}, vis(t)))); table.appendChild(head);
+  lens.layers.forEach((name, l) => { const tr = el("tr"); tr.appendChild(el("th", {}, name));
+    for (let t = 0; t < T; t++) { const [tok, p] = lens.top[l][t][0];
+      const td = el("td", {}, vis(tok).replace(/ /g, "\u2423")); td.style.background = heat(p);
+      let text = name + ", after position " + t + ":\n" + lens.top[l][t].map(([x, q]) => JSON.stringify(x) + " " + fmt(q)).join("\n");
+      if (t < T - 1) text += "\nnext token " + JSON.stringify(DATA.tokens[t + 1]) + ": p " + fmt(lens.target_prob[l][t], 4) + ", rank " + lens.target_rank[l][t];
+      td.addEventListener("mousemove", (ev) => showTip(ev, text)); td.addEventListener("mouseleave", hideTip);
+      tr.appendChild(td); }
+    table.appendChild(tr); });
+  $("lens-grid").appendChild(table);
+}
+
+// ------------------------------------------------------------------ surprise
+function buildSurprise() {
+  const s = DATA.surprise, cap = Math.max(8, ...s.bits);
+  $("surprise-note").textContent = "Each token coloured by the surprise of predicting it (white 0 bits, red " + cap.toFixed(0) +
+    " bits). Mean " + fmt(s.mean_nats) + " nats = " + fmt(s.mean_nats === null ? null : s.mean_nats / Math.LN2) + " bits per token. Hover for rank and alternatives.";
+  DATA.tokens.forEach((t, i) => { const span = el("span", {"class": "tok"}, vis(t));
+    if (i > 0) { span.style.background = heat(s.bits[i - 1] / cap);
+      const text = "token " + i + " " + JSON.stringify(t) + ": " + fmt(s.nats[i - 1]) + " nats, " + fmt(s.bits[i - 1]) +
+        " bits, rank " + s.rank[i - 1] + "\nmodel's top guesses:\n" + s.top[i - 1].map(([x, p]) => JSON.stringify(x) + " " + fmt(p)).join("\n");
+      span.addEventListener("mousemove", (ev) => showTip(ev, text)); span.addEventListener("mouseleave", hideTip); }
+    $("surprise-tokens").appendChild(span); });
+}
+
+// ------------------------------------------------------------------ attribution
+function buildAttribution() {
+  const sel = $("attr-pos"), T = DATA.tokens.length;
+  DATA.attributions.forEach((a, t) => sel.appendChild(el("option", {value: t}, t + " " + vis(DATA.tokens[t]))));
+  sel.value = T - 1;
+  function draw() {
+    const a = DATA.attributions[+sel.value];
+    $("attr-note").textContent = "logit of " + JSON.stringify(a.token) + (+sel.value < T - 1 ? " (the next token)" : " (the model's top guess)") +
+      " = " + fmt(a.total) + "; the parts sum to it (checked).";
+    const box = $("attr-bars"); box.textContent = "";
+    const scale = Math.max(...a.values.map(Math.abs)) || 1;
+    a.labels.forEach((label, i) => { const v = a.values[i], row = el("div", {"class": "bar-row"});
+      row.appendChild(el("div", {"class": "bar-label"}, label));
+      const track = el("div", {"class": "bar-track"}), bar = el("div", {"class": "bar"});
+      const w = 50 * Math.abs(v) / scale; bar.style.width = w + "%";
+      bar.style.left = (v >= 0 ? 50 : 50 - w) + "%"; bar.style.background = v >= 0 ? "#1d6fb8" : "#c82828";
+      track.appendChild(bar); row.appendChild(track); row.appendChild(el("div", {"class": "bar-value"}, (v >= 0 ? "+" : "") + fmt(v)));
+      box.appendChild(row); });
+    const grid = $("attr-heads"); grid.textContent = "";
+    const table = el("table", {"class": "grid"}), hs = a.heads, m = Math.max(...hs.flat().map(Math.abs)) || 1;
+    const head = el("tr"); head.appendChild(el("th", {}, "layer"));
+    hs[0].forEach((_, h) => head.appendChild(el("th", {}, "H" + h))); table.appendChild(head);
+    hs.forEach((row, l) => { const tr = el("tr"); tr.appendChild(el("th", {}, "L" + l));
+      row.forEach((v) => { const td = el("td", {}, fmt(v, 2)); td.style.background = diverging(v, m); tr.appendChild(td); });
+      table.appendChild(tr); });
+    grid.appendChild(table);
+  }
+  sel.addEventListener("change", draw); draw();
+}
+
+// ------------------------------------------------------------------ head types
+function buildHeads() {
+  for (const kind in DATA.heads) { const scores = DATA.heads[kind], box = el("div", {"class": "chart"});
+    box.appendChild(el("h3", {}, kind.replace(/_/g, "-")));
+    const table = el("table", {"class": "grid"}), head = el("tr"); head.appendChild(el("th", {}, "layer"));
+    scores[0].forEach((_, h) => head.appendChild(el("th", {}, "H" + h))); table.appendChild(head);
+    scores.forEach((row, l) => { const tr = el("tr"); tr.appendChild(el("th", {}, "L" + l));
+      row.forEach((v) => { const td = el("td", {}, fmt(v, 2)); td.style.background = heat(v); tr.appendChild(td); });
+      table.appendChild(tr); });
+    box.appendChild(table); $("heads-tables").appendChild(box); }
+}
+
+// ------------------------------------------------------------------ training
+const NS = "http://www.w3.org/2000/svg";
+const COLORS = ["#1d6fb8", "#e07b00", "#2a9d4b", "#c82828", "#7b52ab", "#8c564b", "#d6619e", "#6b6b6b", "#b5b800", "#17becf"];
+function svg(tag, attrs) { const e = document.createElementNS(NS, tag); for (const k in attrs) e.setAttribute(k, attrs[k]); return e; }
+function lineChart(parent, title, series, opts) {
+  opts = opts || {}; const W = 430, Hh = 230, m = {l: 52, r: 10, t: 8, b: 30};
+  const box = el("div", {"class": "chart"}); box.appendChild(el("h3", {}, title));
+  const s = svg("svg", {width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh});
+  const pts = series.flatMap((d) => d.x.map((x, i) => [x, d.y[i]])).filter(([x, y]) => y !== null && isFinite(y) && (!opts.log || y > 0));
+  if (!pts.length) return;
+  const tr = (y) => opts.log ? Math.log10(y) : y;
+  let x0 = Math.min(...pts.map((p) => p[0])), x1 = Math.max(...pts.map((p) => p[0]));
+  let y0 = Math.min(...pts.map((p) => tr(p[1]))), y1 = Math.max(...pts.map((p) => tr(p[1])));
+  if (opts.band) { y0 = Math.min(y0, opts.band[0]); y1 = Math.max(y1, opts.band[1]); }
+  if (x1 === x0) x1 = x0 + 1; if (y1 === y0) { y1 += 1; y0 -= 1; }
+  const X = (x) => m.l + (x - x0) / (x1 - x0) * (W - m.l - m.r), Y = (y) => Hh - m.b - (tr(y) - y0) / (y1 - y0) * (Hh - m.t - m.b);
+  const Yraw = (v) => Hh - m.b - (v - y0) / (y1 - y0) * (Hh - m.t - m.b);
+  if (opts.band) s.appendChild(svg("rect", {x: m.l, width: W - m.l - m.r, y: Yraw(opts.band[1]), height: Yraw(opts.band[0]) - Yraw(opts.band[1]), fill: "#e8f4e8"}));
+  s.appendChild(svg("line", {x1: m.l, x2: W - m.r, y1: Hh - m.b, y2: Hh - m.b, stroke: "#888"}));
+  s.appendChild(svg("line", {x1: m.l, x2: m.l, y1: m.t, y2: Hh - m.b, stroke: "#888"}));
+  for (let k = 0; k <= 4; k++) { const v = y0 + (y1 - y0) * k / 4, t = svg("text", {x: m.l - 4, y: Yraw(v) + 4, "text-anchor": "end", "font-size": 10});
+    t.textContent = opts.log ? "1e" + v.toFixed(1) : Number(v.toPrecision(3)); s.appendChild(t);
+    const u = x0 + (x1 - x0) * k / 4, tx = svg("text", {x: X(u), y: Hh - m.b + 14, "text-anchor": "middle", "font-size": 10});
+    tx.textContent = Math.round(u); s.appendChild(tx); }
+  series.forEach((d, n) => { let path = "";
+    d.x.forEach((x, i) => { const y = d.y[i]; if (y === null || !isFinite(y) || (opts.log && y <= 0)) return;
+      path += (path ? "L" : "M") + X(x).toFixed(1) + "," + Y(y).toFixed(1); });
+    if (path) s.appendChild(svg("path", {d: path, fill: "none", stroke: d.color || COLORS[n % COLORS.length], "stroke-width": 1.5})); });
+  box.appendChild(s);
+  const legend = el("div", {"class": "legend"});
+  series.slice(0, 12).forEach((d, n) => { const item = el("span", {}, "\u25a0 " + d.name + "  "); item.style.color = d.color || COLORS[n % COLORS.length]; legend.appendChild(item); });
+  if (series.length > 12) legend.appendChild(el("span", {}, "(+" + (series.length - 12) + " more)"));
+  box.appendChild(legend); parent.appendChild(box);
+}
+function buildTraining() {
+  if (!DATA.run) return;
+  const h = DATA.run.history;
+  if (h && h.step && h.step.length) {
+    lineChart($("train-charts"), "loss (nats per token)", [{name: "train", x: h.step, y: h.train_loss}, {name: "val", x: h.step, y: h.val_loss}]);
+    lineChart($("train-charts"), "learning rate", [{name: "lr", x: h.step, y: h.lr}]);
+  }
+  const rows = DATA.run.health || [];
+  if (!rows.length) { $("health-charts").appendChild(el("p", {"class": "note"}, "no health.jsonl in this run (train with --health-every N)")); return; }
+  const steps = rows.map((r) => r.step);
+  const bands = DATA.run.bands || {};
+  const panels = [["params", "update_to_data_log10", "update:data ratio (log10) per tensor", false],
+                  ["params", "grad_norm", "gradient norm per tensor", true], ["params", "grad_to_data", "grad:data ratio per tensor", true],
+                  ["params", "weight_norm", "weight norm per tensor", false],
+                  ["activations", "std", "activation std per layer", false], ["activations", "saturated", "saturated fraction per layer", false],
+                  ["activations", "dead", "dead-unit fraction per layer", false], ["attention", "entropy", "attention entropy per head (nats)", false]];
+  for (const [group, key, title, log] of panels) {
+    const band = bands[key];
+    const names = [...new Set(rows.flatMap((r) => Object.keys(r[group] || {})))];
+    if (!names.length) continue;
+    const series = names.map((n) => ({name: n, x: steps, y: rows.map((r) => (r[group] && r[group][n] && r[group][n][key] !== undefined) ? r[group][n][key] : null)}));
+    if (series.every((d) => d.y.every((y) => y === null))) continue;
+    lineChart($("health-charts"), title + (band ? " (healthy band shaded)" : ""), series, {log: log, band: band});
+  }
+  const totals = [["global_grad_norm", "global gradient norm"], ["clipped", "clip events"], ["nonfinite", "non-finite values"]];
+  for (const [key, title] of totals) { const y = rows.map((r) => r[key] === undefined ? null : Number(r[key]));
+    if (y.some((v) => v !== null)) lineChart($("health-charts"), title, [{name: key, x: steps, y: y}]); }
+}
+
+function main() {
+  $("title").textContent = DATA.title;
+  const m = DATA.model;
+  $("meta").textContent = m.family + " model: d_model " + m.d_model + ", " + m.n_layers + " layers, " + m.n_heads +
+    " heads (" + m.n_kv_heads + " kv), vocab " + m.vocab_size + "; " + DATA.tokens.length + " tokens";
+  buildNav(); buildAttention(); buildLens(); buildSurprise(); buildAttribution(); buildHeads(); buildTraining();
+  document.body.dataset.ready = "1";
+}
+main();

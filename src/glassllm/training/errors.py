@@ -1,0 +1,71 @@
+"""How a training run stops early: Ctrl-C, divergence (inf/NaN), no progress."""
+from __future__ import annotations
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or another KeyboardInterrupt) stopped the run.
+
+    step: updates completed. checkpoint_path: the checkpoint written for them, or None (no
+    checkpoint_path was given, or a second Ctrl-C arrived in the middle of an update, when the
+    state is not one a checkpoint may hold). history: one dict per completed update. A
+    KeyboardInterrupt, so callers that only know Ctrl-C still stop.
+    """
+
+    def __init__(self, step: int, checkpoint_path: str | None, history: list | None = None):
+        where = f"; checkpoint {checkpoint_path}" if checkpoint_path else "; no checkpoint"
+        super().__init__(f"training interrupted after {step} updates{where}")
+        self.step, self.checkpoint_path = step, checkpoint_path
+        self.history = history if history is not None else []
+
+
+class NonFiniteLossError(FloatingPointError, ValueError):
+    """The run diverged: the training loss or gradient norm became inf/NaN in a run that does
+    not skip such steps (fp32 without max_skip_rate), or the validation loss or the weights did
+    (in any run: the weights themselves are broken). Nothing is written when it is raised; a
+    model file saved at an earlier, finite evaluation stays as it was (`kept_path`, the update
+    `kept_step` it holds).
+
+    Attributes: step (the failing update), value (the non-finite quantity that `reason`
+    names: the training loss, the gradient norm before clipping or the validation loss), reason
+    ("nonfinite_loss" | "nonfinite_grad" | "nonfinite_val_loss" | "nonfinite_weights" |
+    "no_progress"), kept_path, kept_step, history (one dict per completed update and one
+    for the failing one, as in `Trainer`'s history; the CLI writes it to history.csv).
+    """
+
+    _WHAT = {"nonfinite_loss": "training loss",
+             "nonfinite_grad": "gradient norm (before clipping)",
+             "nonfinite_val_loss": "validation loss", "nonfinite_weights": "model's weights"}
+
+    def __init__(self, step: int, value: float, reason: str, kept_path: str | None = None,
+                 kept_step: int | None = None, history: list | None = None,
+                 message: str | None = None):
+        kept = (f"{kept_path} keeps the best model, from step {kept_step}"
+                if kept_path is not None else "no model file was written")
+        if message is None:
+            what = self._WHAT[reason]
+            found = "are not finite" if reason == "nonfinite_weights" else \
+                f"is not finite ({value})"
+            message = f"the {what} {found}; the run diverged (a lower learning rate may help)"
+        super().__init__(f"step {step}: {message}; training stopped, {kept}")
+        self.step, self.value, self.reason = step, value, reason
+        self.loss = value  # the name of earlier versions
+        self.kept_path, self.kept_step = kept_path, kept_step
+        self.history = history if history is not None else []
+
+
+class NoProgressError(NonFiniteLossError):
+    """Every update of the last `skipped` steps was skipped (`max_consecutive_skips` in a row,
+    or the whole of a shorter run with a non-finite loss among them): inf/NaN losses or
+    gradients, in any precision. The message names the last step's skip reason and its loss."""
+
+    def __init__(self, step: int, skipped: int, reason: str, loss: float, scale: float,
+                 kept_path=None, kept_step=None, history=None):
+        what = {"nonfinite_loss": f"non-finite training loss ({loss})",
+                "nonfinite_grad": "non-finite gradients"}.get(reason, reason)
+        scaled = f", loss scale {scale:g}" if scale != 1.0 else ""
+        super().__init__(step, loss, "no_progress", kept_path, kept_step, history,
+                         message=f"the last {skipped} updates were all skipped (last: {what}"
+                                 f"{scaled}); the run is making no progress")
+        self.skipped = skipped
+        self.skip_reason = reason
+

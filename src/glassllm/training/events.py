@@ -1,0 +1,96 @@
+"""The events of a training run: what `Trainer.run` reports, in this order.
+
+The loop never prints; the caller decides (004). A fresh run starts with `Started`, a resumed
+one with `Resumed`. Each update, once it is complete, sends: on a health step `HealthChecked`
+and any `HealthWarning` (`glassllm.lens.health`), then `Stepped`, then on an evaluation step
+`Evaluated` and, when validation improved and there is a model file, `Saved`; after them
+`Checkpointed` when a checkpoint was written. A run that did all its steps ends with
+`Finished`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..lens.health import HealthChecked, HealthWarning  # noqa: F401 (a run's events too)
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """Before the first update of a fresh run: validation loss of the initial weights (nats)."""
+    val_loss: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """A run continues from a checkpoint: `step` updates were already done."""
+    step: int
+    best_val_loss: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stepped:
+    """After every update `step` (0-based): its batch loss before the update (nats/token; inf
+    or NaN on a skipped step; the mean over every micro-batch of every rank), the learning
+    rate, and training throughput in tokens/second of all ranks together, averaged over this
+    run() call (evaluation time excluded)."""
+    step: int
+    loss: float
+    lr: float
+    tokens_per_s: float
+    skipped: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluated:
+    """After update `step`: mean batch loss of the updates since the previous evaluation
+    (train_loss, nats/token, skipped steps excluded; NaN if all skipped), validation loss
+    (nats/token) and the training throughput over those updates (tokens/second)."""
+    step: int
+    train_loss: float
+    val_loss: float
+    tokens_per_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Saved:
+    """The model file was (atomically) rewritten: validation improved to val_loss at `step`."""
+    step: int
+    path: str
+    val_loss: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointed:
+    """A checkpoint of the state after `step` completed updates was written to `path`."""
+    step: int
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSummary:
+    """The outcome of a finished run.
+
+    steps: updates done in total (resumed ones included). best_step / best_val_loss: the
+    evaluation the model file holds (None if there was none). final_val_loss: the last
+    evaluation. history: one dict per update, as in the checkpoint. skipped_steps: updates
+    skipped for non-finite values. tokens: tokens trained on in this run() call. elapsed_s:
+    wall time of this call. model_path: where the best model is (None if not saved: no
+    model_path, no evaluation, or a resume with a new model_path that no later evaluation
+    improved on, when the best model is where the interrupted run wrote it).
+    """
+    steps: int
+    best_step: int | None
+    best_val_loss: float | None
+    final_val_loss: float | None
+    history: list
+    skipped_steps: int
+    tokens: int
+    elapsed_s: float
+    model_path: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """The run completed all its steps."""
+    summary: TrainSummary
+
