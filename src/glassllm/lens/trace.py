@@ -14,12 +14,14 @@
 The names are frozen in `NAMES` (one table, below; `tests/test_trace.py` fails if one changes)
 and are the same for both families where the concept exists. The model passes each named value
 through `glassllm.taps.tap`; a `Trace` is a `taps.Hook` bound to ONE model in the thread that
-opens it, so a forward of another model, or of the same model in another thread, runs
-untouched inside its `with` block, and nothing here costs anything when unused. The design follows
-TransformerLens' `run_with_cache` / `ActivationCache` (one name per intermediate), with the
-lessons of its users: the names are one tested table, a cache can be filtered (exact names or
-`fnmatch` patterns, baukit-style `stop_at` to skip the rest of the forward), and its size is
-estimated before anything is kept (`estimate_bytes`, `max_bytes`).
+opens it (a forward of another model, or of the same model in another thread, runs untouched
+inside its `with` block), and nothing here costs anything when unused. Under a trace,
+`generate(model, ...)` records every step: the cache holds what one forward of the whole
+sequence gives (`Trace`). The design follows TransformerLens' `run_with_cache` /
+`ActivationCache` (one name per intermediate), with the lessons of its users: the names are one
+tested table, a cache can be filtered (exact names or `fnmatch` patterns, baukit-style `stop_at`
+to skip the rest of the forward), and its size is estimated before anything is kept
+(`estimate_bytes`, `max_bytes`).
 
 Values are the model's own float arrays, not copies (cheap; never write into them). Scores and
 pattern are not formed by the fused attention op (`functional.causal_attention` works in query
