@@ -1,17 +1,19 @@
-"""What the glass box's hooks cost when no trace is active: GlassLM with them vs without.
+"""What the glass box's taps cost when no trace is open: GlassLM with them vs without.
 
     python bench/trace_overhead.py                  # config M, forward and training step
     python bench/trace_overhead.py --config S --repeats 5
 
-The hook-free model is glassllm/model.py itself with every `_trace` check taken out by an AST
-rewrite (`if _trace is not None: ...` dropped, `if _trace is None: A else: B` -> A), loaded
-as a second module: the same code, minus the hooks. Both models get the same weights (their
-logits are checked to be bit-identical), and their steps are interleaved A/B/A/B in one
-process so a busy machine slows both alike. Prints the median time of each and the median
-of the per-pair ratios, plus a bound that does not depend on noise: the number of hook
-checks one forward makes times the measured cost of one check, over the forward's time.
-On a busy machine the timed ratios scatter by several percent either way; instructions do
-not: `--one hooked` / `--one plain` run one side alone, for
+The tap-free model is glassllm/model.py itself with its taps taken out by an AST rewrite
+(`tap(name, value)` -> `value`, `attend(i, q, k, v, start)` -> `F.causal_attention(q, k, v,
+q_start=start)`, `with watch(...): body` -> `body`, `hook_for(...)` -> `None`), loaded as a
+second module: the same code, minus the taps. Both models get the same weights (their logits
+are checked to be bit-identical), and their steps are interleaved A/B/A/B in one process so a
+busy machine slows both alike. Prints the median time of each and the median of the per-pair
+ratios, plus a bound that does not depend on noise: the taps one forward passes (counted by a
+hook) times the measured cost of one untraced tap (its f-string name included), plus one
+`watch`, over the forward's time. On a busy machine the timed ratios scatter by several
+percent either way; instructions do not: `--one hooked` / `--one plain` run one side alone,
+for
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python bench/trace_overhead.py \
         --one hooked --repeats 1 --threads 1      # and --one plain: compare the totals
@@ -34,75 +36,86 @@ import numpy as np
 
 import glassllm
 from glassllm import model as traced_module
+from glassllm import taps
 from glassllm.tensor import no_grad
 
+TAP_NAMES = {"tap", "attend", "watch", "hook_for"}
 
-class _DropHooks(ast.NodeTransformer):
-    @staticmethod
-    def _hook_test(node):
-        """True for `_trace is None`, False for `_trace is not None`, else None."""
-        if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Name)
-                and node.left.id == "_trace" and len(node.ops) == 1
-                and isinstance(node.comparators[0], ast.Constant)
-                and node.comparators[0].value is None):
-            return isinstance(node.ops[0], ast.Is)
-        return None
 
-    def visit_If(self, node):
-        value = self._hook_test(node.test)  # before generic_visit rewrites the test
+class _DropTaps(ast.NodeTransformer):
+    def visit_Call(self, node):
         self.generic_visit(node)
-        if value is None:
-            return node
-        return (node.body if value else node.orelse) or None
+        name = getattr(node.func, "id", None)
+        if name == "tap":
+            return node.args[1]
+        if name == "attend":
+            _, q, k, v, start = node.args
+            func = ast.Attribute(ast.Name("F", ast.Load()), "causal_attention", ast.Load())
+            return ast.copy_location(ast.Call(func, [q, k, v], [ast.keyword("q_start", start)]),
+                                     node)
+        if name == "hook_for":
+            return ast.copy_location(ast.Constant(None), node)
+        return node
 
-    def visit_Compare(self, node):
-        value = self._hook_test(node)
-        return node if value is None else ast.copy_location(ast.Constant(value), node)
+    def visit_With(self, node):
+        self.generic_visit(node)
+        calls = [item.context_expr for item in node.items]
+        if len(calls) == 1 and getattr(calls[0].func, "id", None) == "watch":
+            return node.body
+        return node
 
 
 def untraced_model_module():
-    """glassllm.model rebuilt without its trace hooks."""
-    module = rewritten_model_module(_DropHooks(), "_model_without_hooks")
-    if "_trace" in {n for n in module.GlassLM.forward.__code__.co_names}:
-        raise RuntimeError("the rewrite left a `_trace` check in GlassLM.forward")
-    return module
-
-
-class _CountHooks(_DropHooks):
-    """Each `_trace` check becomes `_hook_count(value)`: counts, and answers "no trace"."""
-
-    def visit_If(self, node):
-        self.generic_visit(node)
-        return node
-
-    def visit_Compare(self, node):
-        value = self._hook_test(node)
-        if value is None:
-            return node
-        call = ast.Call(ast.Name("_hook_count", ast.Load()), [ast.Constant(value)], [])
-        return ast.copy_location(call, node)
-
-
-def rewritten_model_module(transformer, name):
-    """glassllm.model with `transformer` applied to its source, as module glassllm.<name>."""
-    tree = transformer.visit(ast.parse(inspect.getsource(traced_module)))
+    """glassllm.model rebuilt without its taps."""
+    tree = _DropTaps().visit(ast.parse(inspect.getsource(traced_module)))
     ast.fix_missing_locations(tree)
-    spec = importlib.util.spec_from_loader(f"glassllm.{name}", loader=None)
+    spec = importlib.util.spec_from_loader("glassllm._model_without_taps", loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = "glassllm"
     sys.modules[spec.name] = module
-    exec(compile(tree, f"<model.py: {name}>", "exec"), module.__dict__)
+    exec(compile(tree, "<model.py without taps>", "exec"), module.__dict__)
+    for cls in (module.Attention, module.MLP, module.Block, module.GlassLM):
+        for method in ("__call__", "forward", "embed", "loss"):
+            code = getattr(getattr(cls, method, None), "__code__", None)
+            if code is not None and TAP_NAMES & set(code.co_names):
+                raise RuntimeError(f"the rewrite left a tap in {cls.__name__}.{method}")
     return module
 
 
-def hook_checks_per_forward(spec, x) -> int:
-    """How many `_trace` checks one forward makes (a rewritten copy counts them)."""
-    counted = rewritten_model_module(_CountHooks(), "_model_counting_hooks")
-    calls = []
-    counted._hook_count = lambda value: calls.append(1) or value
-    with no_grad():
-        counted.GlassLM(counted.Config(**spec["model"]))(x[:, :8])
-    return len(calls)
+class _CountTaps(taps.Hook):
+    def __init__(self, model):
+        super().__init__(model)
+        self.calls = 0
+
+    def tap(self, name, value):
+        self.calls += 1
+        return value
+
+    def attend(self, layer, q, k, v, q_start):
+        self.calls += 1
+        return super().attend(layer, q, k, v, q_start)
+
+
+def taps_per_forward(model, x) -> int:
+    """How many tap/attend calls one forward makes (a counting hook bound to the model)."""
+    counter = _CountTaps(model)
+    taps.install(counter)
+    try:
+        with no_grad():
+            model(x[:, :8])
+    finally:
+        taps.uninstall(counter)
+    return counter.calls
+
+
+def untraced_costs(model, x) -> tuple[float, float]:
+    """Seconds of one tap with no hook (f-string name included) and of one `watch`."""
+    names = dict(tap=taps.tap, watch=taps.watch, model=model, x=x, i=3)
+    tap_s = min(timeit.repeat('tap(f"blocks.{i}.mlp.hidden_post", x)', globals=names,
+                              number=200_000, repeat=5)) / 200_000
+    watch_s = min(timeit.repeat("with watch(model, x, 0, None): pass", globals=names,
+                                number=50_000, repeat=5)) / 50_000
+    return tap_s, watch_s
 
 
 def main() -> None:
@@ -156,14 +169,13 @@ def main() -> None:
         results[label] = dict(hooked_s=common.median(times["hooked"]),
                               plain_s=common.median(times["plain"]),
                               overhead_pct=100 * (float(np.median(ratios)) - 1))
-    # the noise-free bound: checks per forward x cost of one check
-    traced_module._trace = None
-    per_check = min(timeit.repeat("_trace is not None", globals=vars(traced_module),
-                                  number=1_000_000, repeat=5)) / 1_000_000
-    checks = hook_checks_per_forward(spec, x)
-    results["checks_per_forward"] = checks
-    results["ns_per_check"] = per_check * 1e9
-    results["bound_pct"] = 100 * checks * per_check / results["forward"]["plain_s"]
+    # the noise-free bound: taps per forward x cost of one untraced tap, + one watch
+    tap_s, watch_s = untraced_costs(hooked, x)
+    checks = taps_per_forward(hooked, x)
+    results["taps_per_forward"] = checks
+    results["ns_per_tap"] = tap_s * 1e9
+    results["ns_per_watch"] = watch_s * 1e9
+    results["bound_pct"] = 100 * (checks * tap_s + watch_s) / results["forward"]["plain_s"]
     results["load_after"] = os.getloadavg()[0]
     print(f"config {args.config}: B={spec['batch']} T={spec['seq']}, {args.repeats} A/B pairs, "
           f"load {results['load_before']:.2f} -> {results['load_after']:.2f}")
@@ -171,8 +183,8 @@ def main() -> None:
         r = results[label]
         print(f"  {label:17s} hooks {r['hooked_s'] * 1e3:8.1f} ms, without {r['plain_s'] * 1e3:8.1f}"
               f" ms, median ratio {r['overhead_pct']:+.2f}%")
-    print(f"  {checks} hook checks per forward x {results['ns_per_check']:.0f} ns = "
-          f"{results['bound_pct']:.5f}% of the forward")
+    print(f"  {checks} taps per forward x {results['ns_per_tap']:.0f} ns + one watch "
+          f"{results['ns_per_watch']:.0f} ns = {results['bound_pct']:.5f}% of the forward")
     print(json.dumps(results))
 
 

@@ -91,3 +91,46 @@ def test_trainer_layout_rule_measures_what_it_says():
     length = {fn.name: _trainer_function_length(fn) for fn in tree.body}
     assert depth == {"flat": 1, "three": 3, "chain": 3, "nested": 5}
     assert length == {"flat": 2, "three": 4, "chain": 8, "nested": 8}
+
+
+# ============================================================ model.py
+# It reads like nanoGPT's: the layers come first, each forward fits on a screen, and a traced
+# value is one `tap(...)` line, not an `if` block around the computation.
+MODEL_FORWARDS = {"__call__", "forward"}
+
+
+def _model_layout_problems(source: str) -> list[str]:
+    """What keeps model.py from reading top-down: the first layer class (a Module subclass)
+    past line 80, `if _trace` blocks, a __call__/forward over 12 lines."""
+    tree = ast.parse(source)
+    problems = []
+    first = min((node.lineno for node in tree.body if isinstance(node, ast.ClassDef)
+                 and "Module" in map(ast.unparse, node.bases)), default=None)
+    if first is None or first > 80:
+        problems.append(f"first layer class at line {first}, not within 80 lines of the top")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "_trace" in ast.unparse(node.test):
+            problems.append(f"line {node.lineno}: an `if _trace` block")
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for f in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+            lines = _trainer_function_length(f)
+            if f.name in MODEL_FORWARDS and lines > 12:  # docstring not counted
+                problems.append(f"{cls.name}.{f.name}: {lines} lines (> 12)")
+    return problems
+
+
+def test_model_layers_come_first_and_forwards_are_short():
+    assert _model_layout_problems((SRC / "model.py").read_text(encoding="utf-8")) == []
+
+
+def test_model_layout_rule_sees_the_old_faults():
+    """The old model.py's faults: Config and shape tables first, `if _trace` blocks, a
+    19-line MLP.__call__."""
+    long_forward = "    def __call__(self, x):\n" + "        x = x + 1\n" * 12 + \
+        "        return x\n"
+    bad = "class Config:\n    x: int = 1\n" + "X = 1\n" * 79 + "class MLP(Module):\n" + \
+        long_forward + \
+        "def f(x):\n    if _trace is not None:\n        x = _trace.tap('x', x)\n    return x\n"
+    problems = _model_layout_problems(bad)
+    assert problems == ["first layer class at line 82, not within 80 lines of the top",
+                        "line 98: an `if _trace` block", "MLP.__call__: 14 lines (> 12)"]

@@ -249,6 +249,19 @@ def test_config_rejects_non_positive_or_non_integer_sizes(field, value):
         small_config(**{field: value})
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("d_model", 0, "Config.d_model must be an integer >= 1, got 0"),
+    ("n_kv_heads", True, "Config.n_kv_heads must be an integer >= 1, got True"),
+    ("d_ff", 3.0, "Config.d_ff must be an integer >= 1, got 3.0"),
+    ("norm_eps", float("nan"), "Config.norm_eps must be a finite positive number, got nan"),
+    ("rope_theta", "1e4", "Config.rope_theta must be a finite positive number, got '1e4'"),
+])
+def test_config_number_errors_are_one_line_naming_the_field(field, value, message):
+    with pytest.raises(ValueError) as error:
+        small_config(**{field: value})
+    assert str(error.value) == message
+
+
 def test_odd_head_dim_is_fine_without_rope():
     cfg = small_config(family="gpt2", d_model=12, n_heads=4)
     assert cfg.head_dim == 3
@@ -379,7 +392,8 @@ def test_config_rejects_wrong_types_with_value_error_naming_the_field(field, val
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(), dict(family="gpt2"), dict(tie_embeddings=False, n_kv_heads=1, n_layers=3)])
+    dict(), dict(family="gpt2"), dict(tie_embeddings=False), dict(n_kv_heads=2),
+    dict(tie_embeddings=False, n_kv_heads=1, n_layers=3), dict(family="gpt2", d_ff=40)])
 def test_parameter_shapes_lists_named_parameters_without_building(overrides):
     from glassllm.model import n_parameter_tensors, parameter_shape, parameter_shapes
     cfg = small_config(**overrides)
@@ -396,6 +410,57 @@ def test_parameter_shapes_lists_named_parameters_without_building(overrides):
     assert n_parameter_tensors(huge) > 10 ** 12
     assert parameter_shape(huge, f"blocks.{10 ** 12 - 1}.mlp.up.weight") == (cfg.d_model,
                                                                              cfg.d_ff)
+    assert parameter_shape(cfg, "blocks.\u0663.mlp.up.weight") is None  # a non-ASCII digit
+
+
+def test_parameter_shapes_cost_nothing_whatever_the_sizes():
+    """n_layers = 10**9 and a 2**40-row embedding: the shapes come from a one-block model built
+    shapes only (zero-stride parameters), in well under a second and a megabyte."""
+    import itertools
+    import math
+    import time
+    import tracemalloc
+    from glassllm.model import n_parameter_tensors, parameter_shape, parameter_shapes
+    cfg = Config(vocab_size=2 ** 40, d_model=2 ** 14, n_layers=10 ** 9, n_heads=2 ** 7,
+                 n_kv_heads=2 ** 5, max_len=2 ** 30, tie_embeddings=False)
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    last = f"blocks.{10 ** 9 - 1}.attention.key.weight"
+    assert parameter_shape(cfg, last) == (2 ** 14, 2 ** 5 * 2 ** 7)
+    assert parameter_shape(cfg, "lm_head.weight") == (2 ** 14, 2 ** 40)
+    assert n_parameter_tensors(cfg) == 10 ** 9 * 9 + 3
+    block = itertools.takewhile(lambda item: not item[0].startswith("blocks.1."),
+                                parameter_shapes(cfg))
+    assert cfg.n_params() == 2 * 2 ** 54 + 2 ** 14 + 10 ** 9 * sum(
+        math.prod(shape) for name, shape in block if name.startswith("blocks.0."))
+    elapsed = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert elapsed < 1.0 and peak < 2 ** 20, (elapsed, peak)
+    with pytest.raises(MemoryError, match="parameters needs"):
+        GlassLM(cfg)  # the same check, before anything is allocated
+
+
+def test_parameter_shapes_are_read_off_the_layer_constructors(monkeypatch):
+    """Described once: a parameter added to a layer appears in the shapes with no other edit."""
+    from glassllm import model as model_module
+    from glassllm.nn import Linear
+    built = model_module.MLP.__init__
+
+    def with_extra(self, cfg, rng):
+        built(self, cfg, rng)
+        self.extra = Linear(cfg.d_ff, 3, rng)
+
+    monkeypatch.setattr(model_module.MLP, "__init__", with_extra)
+    model_module._layout_of.cache_clear()
+    cfg = small_config(n_layers=3)
+    try:
+        real = [(n, tuple(p.shape)) for n, p in GlassLM(cfg).named_parameters()]
+        assert ("blocks.2.mlp.extra.weight", (cfg.d_ff, 3)) in real
+        assert list(model_module.parameter_shapes(cfg)) == real
+        assert model_module.parameter_shape(cfg, "blocks.1.mlp.extra.weight") == (cfg.d_ff, 3)
+    finally:
+        model_module._layout_of.cache_clear()
 
 
 def test_a_model_bigger_than_the_machine_is_a_memory_error_before_allocating(monkeypatch):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from glassllm import functional as F
-from glassllm import model as model_module
+from glassllm import taps
 from glassllm.model import Config, GlassLM
 from glassllm.tensor import Tensor
 from glassllm.lens.trace import (NAMES, Edit, Trace, TraceTooLarge, estimate_bytes, mix_op,
@@ -70,7 +70,7 @@ def test_full_trace_has_every_name_and_the_models_logits(name):
     assert len(cache) == model.cfg.n_layers * (15 + (name != "gpt2")) + 3 + (name == "gpt2")
     np.testing.assert_array_equal(logits, model(x).data)  # bit-identical: same fused ops
     np.testing.assert_array_equal(cache["logits"], logits)
-    assert model_module._trace is None
+    assert taps.hook_for(model) is None
     for n in cache:
         shape = tuple(dict(B=2, T=9, C=16, H=model.cfg.n_heads, K=model.cfg.n_kv_heads,
                            D=model.cfg.head_dim, F=model.cfg.d_ff, V=13)[c]
@@ -302,7 +302,7 @@ def test_stop_at_skips_the_rest_of_the_forward():
         model(x)
         raise AssertionError("the with block ends at stop_at")
     assert spy.calls == 0 and list(tr.cache) == ["token_embedding", "blocks.0.residual_out"]
-    assert model_module._trace is None
+    assert taps.hook_for(model) is None
     with pytest.raises(ValueError, match="stop_at"):
         Trace(model, grads=True, stop_at="logits")
     model(x)
@@ -372,7 +372,7 @@ def run_with_cache_cached(model, ids, kv):
 
 def test_untraced_forward_has_no_trace():
     model = model_for("gpt2")
-    assert model_module._trace is None
+    assert taps.hook_for(model) is None
     x, _ = batch(model.cfg)
     a = model(x).data
     run_with_cache(model, x)
@@ -395,3 +395,122 @@ def test_stop_at_is_one_exact_name_and_edit_patterns_edit_every_match():
         Edit(f"blocks.{i}.mlp.output", ..., 0.0) for i in range(model.cfg.n_layers)])
     assert np.abs(clean - one_by_one).max() > 1e-4
     np.testing.assert_array_equal(by_pattern, one_by_one)
+
+
+# --------------------------------------------------------------------------- bound to one model
+ZERO_MLP = Edit("blocks.*.mlp.output", ..., 0.0)
+
+
+def test_a_trace_neither_records_nor_edits_another_model():
+    a, b = model_for("llama", seed=0), model_for("llama", seed=1)
+    x, _ = batch(a.cfg)
+    clean_a, clean_b = a(x).data, b(x).data
+    with Trace(a, names=["logits"], edits=[ZERO_MLP]) as tr:
+        inside_b = b(x).data
+        assert len(tr.cache) == 0  # b's forward left no value in a's trace
+        edited_a = a(x).data
+    np.testing.assert_array_equal(inside_b, clean_b)  # nor was it edited
+    assert list(tr.cache) == ["logits"]
+    np.testing.assert_array_equal(tr.cache["logits"], edited_a)
+    assert np.abs(edited_a - clean_a).max() > 1e-3  # the edit acts on a's forward
+
+
+def test_a_trace_neither_records_nor_edits_its_model_in_another_thread():
+    import threading
+    a = model_for("llama")
+    x, _ = batch(a.cfg)
+    clean = a(x).data
+    seen = {}
+
+    def other_thread():
+        try:
+            seen["logits"] = a(x).data
+        except BaseException as e:  # handed to the test below
+            seen["error"] = e
+
+    with Trace(a, names=["logits"], edits=[ZERO_MLP]) as tr:
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        assert len(tr.cache) == 0
+        edited = a(x).data  # this thread's forward is traced
+    assert "error" not in seen, seen.get("error")
+    np.testing.assert_array_equal(seen["logits"], clean)
+    assert np.abs(edited - clean).max() > 1e-3 and list(tr.cache) == ["logits"]
+
+
+# --------------------------------------------------------------------------- generation
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_generation_under_a_trace_records_every_step_as_one_forward(name):
+    """Prefill then one position per step (llama's one-token fast path is left for forward
+    while traced): the trace holds what one forward of the whole sequence gives."""
+    from glassllm.generate import Sampling, generate
+    model = model_for(name)
+    prompt, greedy = [1, 2, 3], Sampling(temperature=0)
+    plain = generate(model, prompt, 6, greedy)
+    with Trace(model) as tr:
+        traced = generate(model, prompt, 6, greedy)
+    assert traced == plain
+    seq = np.array([prompt + traced[:-1]])  # the last token drawn is never forwarded
+    np.testing.assert_array_equal(tr.cache.tokens, seq)
+    _, full = run_with_cache(model, seq)
+    assert list(tr.cache) == list(full)
+    for n in full:
+        assert tr.cache[n].shape == full[n].shape, n
+        np.testing.assert_allclose(tr.cache[n], full[n], rtol=1e-5, atol=1e-5, err_msg=n)
+
+
+def test_generation_under_a_trace_edits_every_step():
+    from glassllm.generate import Sampling, generate
+    model = model_for("llama")
+    prompt = [1, 2, 3]
+    with Trace(model, names=["logits"], edits=[ZERO_MLP]) as tr:
+        traced = generate(model, prompt, 6, Sampling(temperature=0))
+    seq = prompt + traced[:-1]
+    edited, _ = run_with_cache(model, seq, names=["logits"], edits=[ZERO_MLP])
+    np.testing.assert_allclose(tr.cache["logits"], edited, rtol=1e-5, atol=1e-5)
+    assert traced == np.argmax(edited[0, len(prompt) - 1:], axis=-1).tolist()
+    # every decoding step was edited, not the prompt only
+    assert np.abs(edited - model(seq).data)[0, len(prompt):].max(axis=-1).min() > 1e-3
+
+
+def test_generation_under_a_trace_refuses_what_it_cannot_record():
+    from glassllm.generate import Sampling, generate
+    from glassllm.model import KVCache
+    model = model_for("gpt2")  # max_len 12
+    with pytest.raises(RuntimeError, match="outgrew max_len=12"):
+        with Trace(model, names=["logits"]):
+            generate(model, [1] * 10, 5, Sampling(temperature=0))
+    generate(model, [1] * 10, 5, Sampling(temperature=0))  # untraced: crops, as nanoGPT
+    x, y = batch(model.cfg, B=1)
+    kv = KVCache(model.cfg)
+    with pytest.raises(ValueError, match="grads=False"):
+        with Trace(model, grads=["logits"]):
+            model(x[:, :4], cache=kv)
+            model(x[:, 4:5], cache=kv)  # continues the record: one forward's gradients only
+    need = estimate_bytes(model.cfg, names_for(model.cfg), 1, 4)
+    kv = KVCache(model.cfg)
+    with pytest.raises(TraceTooLarge, match=r"\(1, 5\) batch"):  # the steps count together
+        with Trace(model, max_bytes=need):
+            model(x[:, :4], cache=kv)
+            model(x[:, 4:5], cache=kv)
+
+
+def test_fresh_forwards_replace_the_record_and_a_trace_after_prefill_starts_there():
+    from glassllm.model import KVCache
+    model = model_for("llama")
+    x, _ = batch(model.cfg)
+    with Trace(model, names=["logits"]) as tr:
+        model(x[:, :3])
+        model(x[:, 3:7])  # from position 0 again: a new sequence (a micro-batch)
+    np.testing.assert_array_equal(tr.cache.tokens, x[:, 3:7])
+    np.testing.assert_array_equal(tr.cache["logits"], model(x[:, 3:7]).data)
+    kv = KVCache(model.cfg, batch_size=2)
+    model(x[:, :5], cache=kv)
+    with Trace(model, names=["logits", "blocks.0.attention.pattern"]) as tr:
+        model(x[:, 5:7], cache=kv)
+        model(x[:, 7:8], cache=kv)
+    assert tr.cache.start == 5 and tr.cache["logits"].shape == (2, 3, 13)
+    _, full = run_with_cache(model, x[:, :8], names=["blocks.0.attention.pattern"])
+    np.testing.assert_allclose(tr.cache["blocks.0.attention.pattern"],
+                               full["blocks.0.attention.pattern"][:, :, 5:], atol=1e-6)

@@ -4,8 +4,9 @@ Root exports: `Tensor`, `no_grad`, `Config`, `GlassLM`. The package is laid out 
 is built:
 
 - the glass, at the top: `tensor` (autograd), `functional` (every op's reference forward and
-  backward), `nn`, `model`, `amp` (mixed precision), `optim`, `train` (the loop of spec 001),
-  `generate` (sampling), `kernels` (the switch between references and the engine);
+  backward), `nn`, `config` (`Config`), `model`, `taps` (where a trace listens), `amp` (mixed
+  precision), `optim`, `train` (the loop of spec 001), `generate` (sampling), `kernels` (the
+  switch between references and the engine);
 - `glassllm.engine`: the fast forms of the ops, the thread pool, BLAS, CPU;
 - `glassllm.lens`: trace, interpret, graph, health, report;
 - `glassllm.formats`: model files, checkpoints, tokenizers, Hugging Face, llama2.c;

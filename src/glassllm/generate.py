@@ -17,6 +17,7 @@ import dataclasses
 
 import numpy as np
 
+from . import taps
 from .engine import decode
 from .model import GlassLM, KVCache
 from .tensor import no_grad
@@ -249,19 +250,27 @@ class Generator:
 
     def _score(self) -> np.ndarray:
         max_len = self.cfg.max_len
+        traced = taps.hook_for(self.model) is not None  # a trace records every step
         with no_grad():
             if len(self.tokens) <= max_len:
                 # Fits: feed only what the cache has not seen (the whole prompt at first,
                 # then one token per step, or several after push()es).
                 fresh = np.asarray(self.tokens[self._fed:], dtype=np.int64)[None, :]
-                if fresh.shape[1] == 1 and self._cache.length and \
+                if fresh.shape[1] == 1 and self._cache.length and not traced and \
                         decode.supports(self.model, self._cache):
                     # one token: the same logits, without the per-op overhead of forward
+                    # (and without its taps: a trace takes the forward)
                     self._fed = len(self.tokens)
                     return decode.step(self.model, self._cache, int(fresh[0, 0]))
                 logits = self.model(fresh, cache=self._cache)
                 self._fed = len(self.tokens)
             else:
+                if traced:
+                    raise RuntimeError(
+                        f"generate under a trace: the sequence ({len(self.tokens)} tokens) "
+                        f"outgrew max_len={max_len}; past it each token re-forwards a sliding "
+                        f"window from position 0, which one trace cannot record as one "
+                        f"sequence (trace at most max_len tokens: prompt + new - 1)")
                 # nanoGPT's crop: the window slides, so cached keys (computed at older
                 # positions) no longer apply; re-forward the last max_len tokens.
                 window = np.asarray(self.tokens[-max_len:], dtype=np.int64)[None, :]

@@ -6,7 +6,9 @@ registration boilerplate. Lists of modules are walked with their index as the na
 """
 from __future__ import annotations
 
-from typing import Iterator
+import contextlib
+import threading
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -71,8 +73,44 @@ class Module:
             p.grad = None
 
 
-def _param(array: np.ndarray) -> Tensor:
-    return Tensor(array.astype(np.float32), requires_grad=True)
+class _Mode(threading.local):
+    shapes_only = False
+
+
+_mode = _Mode()
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Inside, layers built in this thread get parameters that hold no memory: zero-stride
+    views of one float (`np.broadcast_to`), of the right shape. `glassllm.model.parameter_shapes`
+    builds a model this way to read its parameters' names and shapes, whatever its size."""
+    outer, _mode.shapes_only = _mode.shapes_only, True
+    try:
+        yield
+    finally:
+        _mode.shapes_only = outer
+
+
+def building_shapes_only() -> bool:
+    """True inside `shapes_only()` (in this thread)."""
+    return _mode.shapes_only
+
+
+def parameter(shape: tuple[int, ...], init: Callable[[tuple], np.ndarray]) -> Tensor:
+    """A float32 parameter of `shape` holding init(shape); inside `shapes_only()` a read-only
+    zero-stride view instead (init is not called).
+
+    Raises:
+        ValueError: (shapes only) more elements than a NumPy array can hold.
+    """
+    if not _mode.shapes_only:
+        return Tensor(init(shape).astype(np.float32), requires_grad=True)
+    try:
+        return Tensor(np.broadcast_to(np.float32(0), shape), requires_grad=True)
+    except ValueError:  # NumPy's "array is too big" does not say which shape
+        raise ValueError(f"a parameter of shape {shape} has more elements than a NumPy array "
+                         f"can hold") from None
 
 
 class Linear(Module):
@@ -83,8 +121,8 @@ class Linear(Module):
 
     def __init__(self, d_in: int, d_out: int, rng: np.random.Generator, bias: bool = False,
                  std: float = 0.02):
-        self.weight = _param(rng.normal(0.0, std, size=(d_in, d_out)))
-        self.bias = _param(np.zeros(d_out)) if bias else None
+        self.weight = parameter((d_in, d_out), lambda shape: rng.normal(0.0, std, shape))
+        self.bias = parameter((d_out,), np.zeros) if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -94,7 +132,7 @@ class Embedding(Module):
     """Lookup table: ids (...) -> rows of weight (V, C)."""
 
     def __init__(self, n: int, d: int, rng: np.random.Generator, std: float = 0.02):
-        self.weight = _param(rng.normal(0.0, std, size=(n, d)))
+        self.weight = parameter((n, d), lambda shape: rng.normal(0.0, std, shape))
 
     def __call__(self, ids: np.ndarray) -> Tensor:
         return F.embedding(ids, self.weight)
@@ -104,7 +142,7 @@ class RMSNorm(Module):
     """RMSNorm with a learned gain initialised to 1 (no bias)."""
 
     def __init__(self, d: int, eps: float = 1e-5):
-        self.weight = _param(np.ones(d))
+        self.weight = parameter((d,), np.ones)
         self.eps = eps
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -115,8 +153,8 @@ class LayerNorm(Module):
     """LayerNorm with learned gain (1) and bias (0)."""
 
     def __init__(self, d: int, eps: float = 1e-5):
-        self.weight = _param(np.ones(d))
-        self.bias = _param(np.zeros(d))
+        self.weight = parameter((d,), np.ones)
+        self.bias = parameter((d,), np.zeros)
         self.eps = eps
 
     def __call__(self, x: Tensor) -> Tensor:

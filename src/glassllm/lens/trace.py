@@ -12,13 +12,16 @@
     tr.cache["logits"]
 
 The names are frozen in `NAMES` (one table, below; `tests/test_trace.py` fails if one changes)
-and are the same for both families where the concept exists. The model calls `Trace.tap(name,
-value)` at each named site only while a trace is active (`glassllm.model._trace`; otherwise a
-single `if` per site), so nothing here costs anything when unused. The design follows
-TransformerLens' `run_with_cache` / `ActivationCache` (one name per intermediate), with the
-lessons of its users: the names are one tested table, a cache can be filtered (exact names or
-`fnmatch` patterns, baukit-style `stop_at` to skip the rest of the forward), and its size is
-estimated before anything is kept (`estimate_bytes`, `max_bytes`).
+and are the same for both families where the concept exists. The model passes each named value
+through `glassllm.taps.tap`; a `Trace` is a `taps.Hook` bound to ONE model in the thread that
+opens it (a forward of another model, or of the same model in another thread, runs untouched
+inside its `with` block), and nothing here costs anything when unused. Under a trace,
+`generate(model, ...)` records every step: the cache holds what one forward of the whole
+sequence gives (`Trace`). The design follows TransformerLens' `run_with_cache` /
+`ActivationCache` (one name per intermediate), with the lessons of its users: the names are one
+tested table, a cache can be filtered (exact names or `fnmatch` patterns, baukit-style `stop_at`
+to skip the rest of the forward), and its size is estimated before anything is kept
+(`estimate_bytes`, `max_bytes`).
 
 Values are the model's own float arrays, not copies (cheap; never write into them). Scores and
 pattern are not formed by the fused attention op (`functional.causal_attention` works in query
@@ -43,7 +46,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from .. import functional as F
-from .. import model as model_module
+from .. import taps
 from ..model import Config, GlassLM
 from ..tensor import Tensor, no_grad
 
@@ -205,7 +208,9 @@ class Cache(Mapping):
     Attributes:
         grads: dict name -> d loss / d value (same shape), filled by the backward pass.
         loss: mean cross-entropy in nats, when `run_with_cache` had targets (else None).
-        cfg: the model's Config. tokens: the (B, T) ids, when known.
+        cfg: the model's Config. tokens: the (B, T) ids recorded (every step's, for a
+        generation). start: the position of tokens[:, 0] (0 unless the trace began after a
+        KV cache was filled).
     """
 
     def __init__(self, cfg: Config):
@@ -214,6 +219,7 @@ class Cache(Mapping):
         self.grads: dict[str, np.ndarray] = {}
         self.loss: float | None = None
         self.tokens: np.ndarray | None = None
+        self.start = 0
 
     def __getitem__(self, name: str) -> np.ndarray:
         try:
@@ -238,33 +244,48 @@ class Cache(Mapping):
             sum(a.nbytes for a in self.grads.values())
 
 
-class Trace:
-    """Context manager: while active, the model's forward records its named values.
+class Trace(taps.Hook):
+    """Context manager: while open, the forwards of `model` in this thread record their
+    named values (and apply `edits`).
+
+    Bound to one model in one thread (`glassllm.taps`): inside the `with` block, a forward of
+    another model, or of `model` in another thread, is neither recorded nor edited.
+
+    One sequence per trace. A forward from position 0 starts the record afresh (a second one
+    replaces the first's values: the last micro-batch of a gradient-accumulation step is what
+    health sees). A forward that continues the KV cache of the recorded one -- generation
+    (`glassllm.generate.generate`, `Generator`), or `model(ids, cache=kv)` step by step --
+    appends its values along T, the earlier rows of scores/pattern widened with -inf/0 for the
+    keys that were then in the future: the cache then holds what ONE forward of the whole
+    sequence (`cache.tokens`) gives, every step recorded. Edits apply to each forward's own
+    value (a decoding step's value has one position).
 
     Args:
         model: the GlassLM to trace.
         names: None (all), or exact names / fnmatch patterns (`select_names`).
         grads: False, True (gradients of every traced value), or names/patterns: gradients of
             those (they are traced too). Filled when the caller runs `backward()` inside the
-            block (`run_with_cache` does it with targets).
+            block (`run_with_cache` does it with targets). For one forward: a forward
+            continuing the recorded one's KV cache is refused with grads.
         stop_at: one exact name (no pattern): record it, then skip the rest of the forward
             (the `with` block ends there; the model call raises an internal exception that
             `__exit__` swallows).
         edits: `Edit`s applied as the forward passes their names (an Edit whose name is a
             pattern applies to every value it matches: "blocks.*.mlp.output").
-        max_bytes: refuse (TraceTooLarge, before keeping anything) a cache estimated larger;
-            None for no limit.
+        max_bytes: refuse (TraceTooLarge, before keeping anything of that forward) a cache
+            estimated larger, the steps of a generation counted together; None for no limit.
 
     Raises:
-        ValueError: unknown names (see `select_names`), stop_at unknown or a pattern, or
-            stop_at together with grads. RuntimeError: a trace is already active (they do not nest).
-        TraceTooLarge: at the first forward, if `estimate_bytes` exceeds max_bytes.
+        ValueError: unknown names (see `select_names`), stop_at unknown or a pattern, stop_at
+            together with grads, grads with a forward continuing the record's KV cache.
+        RuntimeError: a trace is already open in this thread (they do not nest).
+        TraceTooLarge: at a forward, if `estimate_bytes` of the record exceeds max_bytes.
     """
 
     def __init__(self, model: GlassLM, names=None, grads=False, stop_at: str | None = None,
                  edits: Iterable[Edit] = (), max_bytes: int | None = DEFAULT_MAX_BYTES):
+        super().__init__(model)
         cfg = model.cfg
-        self.model = model
         if grads is False:
             grad_names = []
         elif grads is True:  # the gradient of every traced value
@@ -293,17 +314,17 @@ class Trace:
                 self.edits.setdefault(name, []).append(edit)
         self.max_bytes = max_bytes
         self.cache = Cache(cfg)
-        self._checked = False
+        self._kv = None         # the KVCache of the recorded forward (None: none used)
+        self._end = 0           # the position after the recorded forward's last token
+        self._appending = False  # the running forward continues the record
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> "Trace":
-        if model_module._trace is not None:
-            raise RuntimeError("a glassllm trace is already active (traces do not nest)")
-        model_module._trace = self
+        taps.install(self)
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:
-        model_module._trace = None
+        taps.uninstall(self)
         return kind is _StopForward
 
     def estimate(self, B: int, T: int) -> int:
@@ -311,22 +332,39 @@ class Trace:
         return estimate_bytes(self.model.cfg, self.names, B, T, self._grad_names)
 
     # ------------------------------------------------------------------ called by the model
+    def begin(self, ids: np.ndarray, start: int, kv_cache) -> None:
+        """A forward of the model starts (ids (B, T) at positions start..start+T): record it
+        afresh, or after the recorded one when it continues that one's KV cache."""
+        recorded = self.cache.tokens
+        self._appending = (kv_cache is not None and kv_cache is self._kv
+                           and start == self._end and recorded is not None)
+        if self._appending and self._grad_names:
+            raise ValueError("trace: gradients are kept for one forward; this forward continues "
+                             "the recorded one's KV cache (generation): trace it with "
+                             "grads=False")
+        tokens = np.concatenate([recorded, ids], axis=1) if self._appending else ids
+        self._check_size(*tokens.shape)
+        self.cache.tokens = tokens
+        if not self._appending:
+            self.cache.start = start
+        self._kv, self._end = kv_cache, start + ids.shape[1]
+
     def tap(self, name: str, x: Tensor) -> Tensor:
-        """The model passes each named value here (only while this trace is active); the
-        returned tensor (edited, or wrapped to catch its gradient) replaces it."""
-        if not self._checked:
-            self._check_size(x.shape[0], x.shape[1])
+        """The model passes each named value here (only during a forward of this trace's model
+        in its thread); the returned tensor (edited, or wrapped to catch its gradient)
+        replaces it."""
         for edit in self.edits.get(name, ()):
             x = edit.apply(x)
         if name in self._wanted:
-            self.cache.values[name] = x.data
+            old = self.cache.values.get(name) if self._appending else None
+            self.cache.values[name] = x.data if old is None else _join(name, old, x.data)
             if name in self._grad_names and x.requires_grad:
                 x = self._catch_grad(name, x)
         if name == self.stop_at:
             raise _StopForward
         return x
 
-    def attention(self, layer: int, q: Tensor, k: Tensor, v: Tensor, q_start: int) -> Tensor:
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, q_start: int) -> Tensor:
         """The attention of block `layer` (B, T, H, D), with its scores/pattern traced when
         asked for: computed apart from the fused op, or, for their gradients or edits, made
         the path the output takes."""
@@ -348,7 +386,6 @@ class Trace:
 
     # ------------------------------------------------------------------ internals
     def _check_size(self, B: int, T: int) -> None:
-        self._checked = True
         need = self.estimate(B, T)
         if self.max_bytes is not None and need > self.max_bytes:
             raise TraceTooLarge(
@@ -364,6 +401,17 @@ class Trace:
             return (g,)
 
         return Tensor.from_op(x.data, (x,), backward)
+
+
+def _join(name: str, old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The values of `name` in two consecutive forwards of one sequence, joined along T. The
+    earlier rows of scores/pattern (B, H, Tq, Tk) are first widened to the new Tk with what
+    one forward holds for a key in a query's future: a -inf score, a 0 probability."""
+    letters = _template_of(name).shape.split()
+    if letters[-2:] == ["T", "T"]:
+        widths = [(0, 0)] * (old.ndim - 1) + [(0, new.shape[-1] - old.shape[-1])]
+        old = np.pad(old, widths, constant_values=-np.inf if name.endswith("scores") else 0)
+    return np.concatenate([old, new], axis=letters.index("T"))
 
 
 def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
@@ -386,7 +434,6 @@ def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
                max_bytes=max_bytes)
     ids = model.check_ids(ids)
     tr._check_size(*ids.shape)  # raises TraceTooLarge before anything runs
-    tr.cache.tokens = ids
     logits = None
     with tr:
         if grads is False:
