@@ -77,8 +77,9 @@ def extremes(rng, dtype, *shape):
 
 # name -> (reference forward, inputs(rng, dtype), forward exact?, backward exact?)
 PAIRS = {
-    "linear": (F.linear_forward, lambda g, d: (rand(g, 3, 70, 37, dtype=d), rand(g, 37, 29, dtype=d),
-                                                 rand(g, 29, dtype=d)), True, True),
+    "linear": (F.linear_forward, lambda g, d: (rand(g, 3, 70, 37, dtype=d),
+                                                 rand(g, 37, 29, dtype=d), rand(g, 29, dtype=d)),
+               True, True),
     "linear_no_bias": (F.linear_forward, lambda g, d: (rand(g, 5, 37, dtype=d),
                                                          rand(g, 37, 29, dtype=d)), True, True),
     "unembed": (F.unembed_forward, lambda g, d: (rand(g, 3, 70, 37, dtype=d),

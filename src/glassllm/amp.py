@@ -216,9 +216,9 @@ def keep_autocast(backward):
     """Wrap an op's backward closure so it runs in the autocast dtype active *now*.
 
     Called by the ops at forward time (through `glassllm.kernels.keep_context`). Outside
-    autocast it returns `backward` itself (zero cost in float32); inside, a closure that sets the recorded dtype while `backward`
-    runs and restores the caller's state afterwards, as PyTorch runs an autocast op's
-    backward in the forward's dtype.
+    autocast it returns `backward` itself (zero cost in float32); inside, a closure that sets
+    the recorded dtype while `backward` runs and restores the caller's state afterwards, as
+    PyTorch runs an autocast op's backward in the forward's dtype.
     """
     low = _state.dtype
     if low is None:
