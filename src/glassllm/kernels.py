@@ -18,7 +18,8 @@ reference everywhere. A forward/backward pair is registered as a pair (two tuple
 swapped together, and an op picks both when its forward runs.
 
 The one matrix product of the library is here too, `matmul(a, b, out=None)`, in two layers
-that plug in from outside, so that the core (`tensor`, `functional`) imports neither:
+that plug in from outside, so that the core (`tensor`, `functional`) imports neither the
+engine nor autocast:
 
 - the GEMM: `np.matmul`, until the engine registers its BLAS backend (`register_gemm`); it
   computes the same product, so it stays in reference mode too ("matrix products stay on
@@ -52,7 +53,7 @@ _fast: dict[Callable, Callable] = {}  # reference -> the engine's fast form
 
 
 def mode() -> str:
-    """"engine" (fast forms where registered) or "reference" (the references everywhere)."""
+    """The mode ops run in now: "engine" (fast forms where registered) or "reference"."""
     return _mode
 
 
@@ -91,15 +92,15 @@ def register(reference, fast) -> None:
         TypeError: a tuple against a single function, tuples of different lengths, or
             something that is not callable.
     """
-    pairs = tuple(reference) if isinstance(reference, tuple) else (reference,)
+    references = tuple(reference) if isinstance(reference, tuple) else (reference,)
     fasts = tuple(fast) if isinstance(fast, tuple) else (fast,)
-    if len(pairs) != len(fasts) or isinstance(reference, tuple) != isinstance(fast, tuple):
-        raise TypeError(f"kernels.register: {len(pairs)} reference form(s) against "
+    if len(references) != len(fasts) or isinstance(reference, tuple) != isinstance(fast, tuple):
+        raise TypeError(f"kernels.register: {len(references)} reference form(s) against "
                         f"{len(fasts)} fast form(s)")
-    for ref, f in zip(pairs, fasts):
+    for ref, f in zip(references, fasts):
         if not (callable(ref) and callable(f)):
             raise TypeError(f"kernels.register: {ref!r} and {f!r} must both be functions")
-    _fast.update(zip(pairs, fasts))
+    _fast.update(zip(references, fasts))
 
 
 def pick(reference: Callable) -> Callable:
