@@ -1,14 +1,22 @@
-"""glassllm.engine.decode: one decoding step over plain arrays gives GlassLM.forward's logits exactly."""
+"""glassllm.engine.decode: one decoding step over plain arrays gives the engine's GlassLM.forward
+logits exactly. Every test here is about the engine's forms, so the module runs in engine mode
+whatever GLASSLLM_KERNELS says (tests/test_kernels.py compares step with the reference forward)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conftest import shared_data_path
 
-from glassllm import amp, generate
+from glassllm import amp, generate, kernels
 from glassllm.engine import decode
 from glassllm.model import Config, GlassLM, KVCache
 from glassllm.tensor import no_grad
+
+
+@pytest.fixture(autouse=True)
+def engine_mode():
+    with kernels.use("engine"):
+        yield
 
 
 def perturbed(cfg: Config, seed: int = 0) -> GlassLM:

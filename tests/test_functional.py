@@ -1,4 +1,8 @@
-"""Fused ops of glassllm.functional: float64 central differences, torch autograd, properties.
+"""The ops of glassllm.functional: float64 central differences, torch autograd, properties.
+
+Every test runs twice, once in each mode of glassllm.kernels: "reference" checks the forms
+written as the formulas read, "engine" the fast forms the engine registers (the same tests on
+both; tests/test_kernels.py compares the two forms directly).
 
 The torch side uses torch's own ops (F.rms_norm, F.layer_norm, F.gelu(approximate="tanh"),
 F.scaled_dot_product_attention with repeat_interleave'd K/V, F.cross_entropy), never
@@ -11,10 +15,17 @@ import math
 import numpy as np
 import pytest
 
-from glassllm import Tensor
+from glassllm import Tensor, kernels
 from glassllm import functional as F
 
 rng = np.random.default_rng(1)
+
+
+@pytest.fixture(autouse=True, params=kernels.MODES)
+def mode(request):
+    """Each test of this file in each mode (engine forms, then the references)."""
+    with kernels.use(request.param):
+        yield request.param
 
 
 def r(*shape, scale=1.0):
@@ -51,6 +62,22 @@ def torch_attention(q, k, v, q_start=0):
     allowed = torch.arange(Tk)[None, :] <= (q_start + torch.arange(Tq))[:, None]
     out = tf().scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed)
     return out.transpose(1, 2)
+
+
+def torch_pattern(q, k, q_start=0):
+    """softmax of the masked scores, (B, T, H, D) in, torch's (B, H, Tq, Tk) out."""
+    import torch
+    Tq, Tk, D = q.shape[1], k.shape[1], q.shape[3]
+    kh = k.transpose(1, 2).repeat_interleave(q.shape[2] // k.shape[2], dim=1)
+    scores = q.transpose(1, 2) @ kh.transpose(-1, -2) / math.sqrt(D)
+    future = torch.arange(Tk)[None, :] > (q_start + torch.arange(Tq))[:, None]
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+
+
+def torch_mix(pattern, v):
+    """pattern (B, H, Tq, Tk) @ v (B, Tk, K, D) repeated per group -> (B, Tq, H, D)."""
+    vh = v.transpose(1, 2).repeat_interleave(pattern.shape[1] // v.shape[2], dim=1)
+    return (pattern @ vh).transpose(1, 2)
 
 
 def torch_cross_entropy(logits, targets):
@@ -108,6 +135,15 @@ CASES = {
                                  lambda q, k, v: torch_attention(q, k, v, q_start=70),
                                  [r(1, 70, 3, 2, scale=2.0), r(1, 140, 1, 2),
                                   r(1, 140, 1, 2)]),
+    # the pieces of the reference attention (the scores' -inf entries are only meaningful
+    # through the softmax, so the scores are checked as softmax(scores))
+    "softmax": (F.softmax, lambda x: x.softmax(-1), [r(2, 3, 5, scale=2.0)]),
+    "attention_pattern_gqa_q_start": (
+        lambda q, k: F.softmax(F.attention_scores(q, k, q_start=2)),
+        lambda q, k: torch_pattern(q, k, q_start=2), [r(2, 3, 4, 3), r(2, 5, 2, 3)]),
+    "attention_mix_gqa": (lambda p, v: F.attention_mix(F.softmax(p), v),
+                          lambda p, v: torch_mix(p.softmax(-1), v),
+                          [r(2, 4, 3, 5), r(2, 5, 2, 3)]),
     "cross_entropy": (lambda z: F.cross_entropy(z, TARGETS),
                       lambda z: torch_cross_entropy(z, TARGETS), [r(2, 3, 5, scale=2.0)]),
     "cross_entropy_2d": (lambda z: F.cross_entropy(z, TARGETS[0]),

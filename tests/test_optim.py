@@ -143,7 +143,10 @@ def test_sliced_adamw_is_bit_identical_to_the_whole_array_update(dtype, threads)
     """Parameters from far below one slice to several slices (SLICE_ELEMENTS = 2**18, and
     above MIN_PARALLEL_ELEMENTS so the thread pool runs them), matrices (decayed) and vectors
     (not), a parameter without a gradient at some steps, an lr override: every weight and
-    both moments equal the whole-array update bit for bit after each of 6 steps."""
+    both moments equal the whole-array update bit for bit after each of 6 steps. About the
+    engine's sliced form, so it runs in engine mode (test_kernels holds the reference form
+    equal to it to rounding)."""
+    from glassllm import kernels
     from glassllm.engine import parallel
     shapes = [(700, 1001), (3, 5), (300_001,), (64,), (2, 300, 500)]
     rng = np.random.default_rng(7)
@@ -161,7 +164,8 @@ def test_sliced_adamw_is_bit_identical_to_the_whole_array_update(dtype, threads)
                      for i, s in enumerate(shapes)]
             for p, g in zip(params, grads):
                 p.grad = None if g is None else g.copy()
-            opt.step(lr)
+            with kernels.use("engine"):
+                opt.step(lr)
             ref.step(arrays, grads, lr)
             for i, (p, want) in enumerate(zip(params, arrays)):
                 assert np.array_equal(bits(p.data), bits(want)), (step, i, "weights")

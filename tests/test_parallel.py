@@ -1,5 +1,6 @@
 """glassllm.engine.parallel and the speed paths of the core: same numbers on any thread count, no
-aliased gradients, intermediate results freed during backward."""
+aliased gradients, intermediate results freed during backward. About the engine's fast forms,
+which run the pool: the module runs in engine mode whatever GLASSLLM_KERNELS says."""
 from __future__ import annotations
 
 import gc
@@ -11,10 +12,16 @@ import pytest
 
 from conftest import require_mkl, skip_or_fail
 
-from glassllm import Config, GlassLM, Tensor
+from glassllm import Config, GlassLM, Tensor, kernels
 from glassllm.engine import blas, cpu, parallel
 from glassllm import functional as F
 from glassllm.optim import AdamW, clip_grad_norm
+
+
+@pytest.fixture(autouse=True)
+def engine_mode():
+    with kernels.use("engine"):
+        yield
 
 
 @pytest.fixture

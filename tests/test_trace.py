@@ -179,14 +179,16 @@ def test_values_recomputed_by_hand(name):
 
 
 def _fused_pattern(q, k):
-    """The probabilities inside functional.causal_attention_forward, as (B, H, T, T)."""
-    _, saved = F.causal_attention_forward(q, k, k, 0)
+    """The probabilities inside the engine's blocked attention
+    (glassllm.engine.attention.causal_attention_forward), as (B, H, T, T)."""
+    from glassllm.engine import attention
+    _, saved = attention.causal_attention_forward(q, k, k, 0)
     probs = saved[3]
     B, T, H, _ = q.shape
     K = k.shape[2]
     G = H // K
     full = np.zeros((B, K, T, G, T), dtype=q.dtype)
-    for (first, end, keys), p in zip(F._query_blocks(T, 0), probs):
+    for (first, end, keys), p in zip(attention._query_blocks(T, 0), probs):
         full[:, :, first:end, :, :keys] = p.reshape(B, K, end - first, G, keys)
     return full.transpose(0, 1, 3, 2, 4).reshape(B, H, T, T)
 

@@ -16,6 +16,9 @@ is built:
 from . import _moved
 from .model import Config, GlassLM
 from .tensor import Tensor, no_grad
+# After the glass: autocast installs its rounding into `kernels.matmul`, and the engine
+# registers its BLAS backend and the fast forms of the ops (GLASSLLM_KERNELS picks the forms).
+from . import amp, engine  # noqa: E402,F401  (imported for their registrations)
 
 _moved.install()
 

@@ -5,10 +5,12 @@ inside `torch.autocast`: the two inputs of a matrix product are rounded to the l
 dtype, the products are accumulated in float32, and the result is rounded to the low-precision
 dtype again (stored back in a float32 array). The values therefore carry exactly the rounding
 and the range of the low dtype -- in float16 anything above 65504 becomes inf, as on a GPU --
-while the arithmetic stays NumPy float32. `matmul()` below is the single place where this
-rounding happens; every matrix product goes through it: those of `glassllm.functional`'s
-fused ops and `Tensor @ Tensor` of `glassllm.tensor` (any batch shape, 1-D operands too), so
-a user's own layer written with `@` is autocast as in PyTorch.
+while the arithmetic stays NumPy float32. `_autocast_product` below is the single place where
+this rounding happens. The core does not import this module: when `glassllm` is imported,
+autocast installs itself into `glassllm.kernels.matmul`, the library's one matrix product,
+which every product goes through: those of `glassllm.functional`'s ops (and the engine's fast
+forms) and `Tensor @ Tensor` of `glassllm.tensor` (any batch shape, 1-D operands too), so a
+user's own layer written with `@` is autocast as in PyTorch.
 
 Precision table (inside `autocast(dtype)`; outside it everything is float32):
 
@@ -35,8 +37,9 @@ arithmetic trick bit-identical to NumPy's float16 cast and ~3x faster (`_round_f
 
 Backward follows the forward: as in PyTorch, the backward of an op that ran under autocast
 runs in the precision the forward used, even though `loss.backward()` is called after the
-`with autocast(...)` block has closed. The fused ops and `Tensor.__matmul__` record the
-autocast dtype when they run (`keep_autocast`) and their backward closures restore it. So in
+`with autocast(...)` block has closed. The ops and `Tensor.__matmul__` record the autocast
+dtype when they run (`keep_autocast`, installed as `glassllm.kernels.keep_context`) and their
+backward closures restore it. So in
 float16 the backward matrix products can overflow too; that is what `GradScaler` is for.
 
 The autocast state is per thread (`threading.local`), as torch's: `autocast` in one thread
@@ -58,7 +61,7 @@ import threading
 import ml_dtypes
 import numpy as np
 
-from .engine import blas
+from . import kernels
 
 
 # The precisions a training step can run in (`--precision`), each with its autocast dtype, and
@@ -156,23 +159,35 @@ def _round_float16(x: np.ndarray) -> np.ndarray:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """a @ b (np.matmul shapes and broadcasting), float32 in and out.
+    """a @ b (np.matmul shapes and broadcasting), float32 in and out: `glassllm.kernels.matmul`,
+    the library's one product, into which autocast is installed (`_autocast_product`).
 
-    The product itself is `glassllm.engine.blas.matmul` (NumPy's BLAS, or MKL where installed).
-    Outside autocast: the plain float32 product, no overhead. Inside `autocast(low)`: the
-    tensor-core emulation of the module doc -- round(a) @ round(b) accumulated in float32,
-    then the result rounded to `low` (so float16 outputs above 65504 are inf).
-    `out`, if given, receives the product (as np.matmul's out=) and is returned.
+    Outside autocast: the plain float32 product. Inside `autocast(low)`: the tensor-core
+    emulation of the module doc -- round(a) @ round(b) accumulated in float32, then the result
+    rounded to `low` (so float16 outputs above 65504 are inf). `out`, if given, receives the
+    product (as np.matmul's out=) and is returned.
     """
+    return kernels.matmul(a, b, out)
+
+
+def _autocast_product(gemm, a, b, out):
+    """`matmul` under this thread's autocast state, the product itself by `gemm` (NumPy's
+    np.matmul, or the engine's BLAS backend `glassllm.engine.blas.matmul`)."""
     low = _state.dtype
     if low is None:
-        return blas.matmul(a, b, out=out)
+        return gemm(a, b, out=out)
     with np.errstate(invalid="ignore"):  # inf * 0 after an overflow: NaN is the honest result
-        product = round_to(blas.matmul(round_to(a, low), round_to(b, low)), low)
+        product = round_to(gemm(round_to(a, low), round_to(b, low)), low)
     if out is None:
         return product
     out[...] = product
     return out
+
+
+def _round_product(x: np.ndarray) -> np.ndarray:
+    """x rounded as a product's output is in this thread (x itself outside autocast)."""
+    low = _state.dtype
+    return x if low is None else round_to(x, low)
 
 
 @contextlib.contextmanager
@@ -200,10 +215,10 @@ def autocast(dtype):
 def keep_autocast(backward):
     """Wrap an op's backward closure so it runs in the autocast dtype active *now*.
 
-    Called by the fused ops at forward time. Outside autocast it returns `backward` itself
-    (zero cost in float32); inside, a closure that sets the recorded dtype while `backward`
-    runs and restores the caller's state afterwards, as PyTorch runs an autocast op's
-    backward in the forward's dtype.
+    Called by the ops at forward time (through `glassllm.kernels.keep_context`). Outside
+    autocast it returns `backward` itself (zero cost in float32); inside, a closure that sets
+    the recorded dtype while `backward` runs and restores the caller's state afterwards, as
+    PyTorch runs an autocast op's backward in the forward's dtype.
     """
     low = _state.dtype
     if low is None:
@@ -219,6 +234,10 @@ def keep_autocast(backward):
             state.dtype = previous
 
     return backward_in_forward_precision
+
+
+# autocast plugs itself into the library's one matrix product (the core never imports amp)
+kernels.install_autocast(_autocast_product, keep_autocast, _round_product)
 
 
 # --------------------------------------------------------------------------- GradScaler

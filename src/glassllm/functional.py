@@ -1,19 +1,23 @@
-"""Fused ops: each a forward and a hand-written backward over plain NumPy arrays, side by side.
-
-A transformer built from elementwise `Tensor` ops would create dozens of graph nodes and
-temporaries per layer; here each op below is one node. The pattern (from llm.c's
-`*_forward` / `*_backward` pairs) is:
+"""The ops of the transformer as their formulas read: each a forward and a backward over plain
+NumPy arrays, side by side, and the autograd op the model calls.
 
     y, saved = op_forward(x, ...)       # plain arrays in, plain arrays out
     dx, ... = op_backward(dy, saved)    # gradients of the inputs
-    op(x: Tensor, ...) -> Tensor        # the autograd wrapper the model calls
+    op(x: Tensor, ...) -> Tensor        # the autograd op: one graph node
 
-Every op's backward is checked against central finite differences in float64 and against
-torch autograd in `tests/test_functional.py`. Shapes use B batch, T time, C channels
-(d_model), H heads, D head_dim, V vocabulary, N = B*T rows.
+(the pattern of llm.c's `*_forward` / `*_backward` pairs). These are the REFERENCE forms: the
+definitions, a few lines each, with the paper they come from. The engine registers fast forms
+of most pairs (`glassllm.engine.ops`: sliced over threads, in place, attention in blocks of
+queries); an op runs `kernels.pick(...)` of its forward and its backward, which is the
+engine's pair unless GLASSLLM_KERNELS=reference (`glassllm.kernels`). Both halves are picked
+when the forward runs, since `saved` is the pair's own format. `tests/test_kernels.py` holds
+every fast form equal to its reference; `tests/test_functional.py` checks every op against
+central finite differences in float64 and against torch autograd, in both modes.
 
-Matrix products run on all cores inside NumPy's BLAS; the elementwise passes of the ops are
-written per slice of rows and run on all cores by `glassllm.engine.parallel.for_slices`.
+Shapes in the comments: B batch, T time, C channels (d_model), H query heads, K key/value
+heads, D head_dim, V vocabulary, N rows (B*T, or any leading axes flattened). Every matrix
+product goes through `kernels.matmul` (BLAS, and autocast's rounding inside
+`glassllm.amp.autocast`).
 """
 from __future__ import annotations
 
@@ -21,333 +25,217 @@ import math
 
 import numpy as np
 
-from . import amp
-from .engine import parallel
+from . import kernels
 from .tensor import Tensor
 
-_mm = amp.matmul  # every matrix product goes through the autocast hook
 
-# A product with fewer output rows than this per thread runs whole, on the calling thread.
-MIN_ROWS_PER_THREAD = 16
+def _node(y, parents, backward, saved, *extra) -> Tensor:
+    """One graph node: y, whose parents' gradients are backward(dy, saved, *extra). The
+    backward runs in the autocast precision of this moment (`kernels.keep_context`)."""
+    return Tensor.from_op(y, parents, kernels.keep_context(
+        lambda dy: backward(dy, saved, *extra)), fresh_grads=True)
 
 
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b for 2-D a and b, through amp.matmul. In split mode (`glassllm.engine.parallel`) the
-    output's rows are cut into one slice per thread of the pool, each a product of a's rows
-    with the whole of b (same bits as one product: no row's sum is split)."""
-    n_rows = a.shape[0]
-    if not parallel.split_matmuls() or n_rows < MIN_ROWS_PER_THREAD * parallel.get_num_threads():
-        return _mm(a, b)
-    out = np.empty((n_rows, b.shape[1]), dtype=np.result_type(a, b))
-    parallel.for_thread_slices(lambda rows: _mm(a[rows], b, out=out[rows]), n_rows)
-    return out
+def _sum_rows(a):
+    """Sum over every axis but the last: [..., C] -> [C] (a gradient of a per-channel vector)."""
+    return a.reshape(-1, a.shape[-1]).sum(axis=0)
 
 
 # --------------------------------------------------------------------------- linear
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """y = x @ weight + bias.
-
-    Shapes: x (..., C_in), weight (C_in, C_out) -- input-major, as GPT-2's Conv1D and the
-    004 design; bias (C_out,) or None -> y (..., C_out). Leading axes are flattened into one
-    matrix so each direction is a single GEMM.
-    """
-    lead, c_in = x.shape[:-1], x.shape[-1]
-    x2 = x.data.reshape(-1, c_in)
-    y = _matmul(x2, weight.data)
+def linear_forward(x, weight, bias=None):
+    """y = x @ W + b. x [..., C_in], W [C_in, C_out] (input-major, as GPT-2's Conv1D), b [C_out]
+    or None -> y [..., C_out]. The leading axes are flattened into rows: one product."""
+    x2 = x.reshape(-1, x.shape[-1])              # [N, C_in]
+    y = kernels.matmul(x2, weight)               # [N, C_out]
     if bias is not None:
-        y += bias.data
-    y = y.reshape(*lead, weight.shape[1])
+        y += bias
+    return y.reshape(*x.shape[:-1], weight.shape[1]), (x2, weight, x.shape, bias is not None)
 
-    def backward(dy):
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        dx = _matmul(dy2, weight.data.T).reshape(x.shape) if x.requires_grad else None
-        dw = _matmul(x2.T, dy2) if weight.requires_grad else None
-        db = dy2.sum(axis=0) if bias is not None and bias.requires_grad else None
-        return dx, dw, db
 
+def linear_backward(dy, saved, needs=(True, True, True)):
+    """dx = dy @ W^T, dW = x^T @ dy, db = dy summed over rows; None where `needs` (one flag per
+    input) says the gradient is not wanted."""
+    x2, weight, x_shape, has_bias = saved
+    dy2 = dy.reshape(-1, dy.shape[-1])           # [N, C_out]
+    dx = kernels.matmul(dy2, weight.T).reshape(x_shape) if needs[0] else None
+    dw = kernels.matmul(x2.T, dy2) if needs[1] else None
+    db = dy2.sum(axis=0) if has_bias and needs[2] else None
+    return dx, dw, db
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y = x @ weight + bias: x (..., C_in), weight (C_in, C_out), bias (C_out,) or None ->
+    y (..., C_out). See `linear_forward`."""
+    forward, backward = kernels.pick(linear_forward), kernels.pick(linear_backward)
+    y, saved = forward(x.data, weight.data, None if bias is None else bias.data)
+    needs = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
     parents = (x, weight) if bias is None else (x, weight, bias)
-    # keep_autocast: the backward runs in the precision this forward ran in (as torch.autocast)
-    return Tensor.from_op(y, parents, amp.keep_autocast(backward), fresh_grads=True)
+    return _node(y, parents, backward, saved, needs)
+
+
+def unembed_forward(x, weight):
+    """Logits against a tied embedding: y = x @ E^T. x [..., C], E [V, C] -> y [..., V]."""
+    x2 = x.reshape(-1, x.shape[-1])              # [N, C]
+    y = kernels.matmul(x2, weight.T)             # [N, V]
+    return y.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
+
+
+def unembed_backward(dy, saved, needs=(True, True)):
+    """dx = dy @ E, dE = dy^T @ x; None where `needs` says the gradient is not wanted."""
+    x2, weight, x_shape = saved
+    dy2 = dy.reshape(-1, weight.shape[0])        # [N, V]
+    dx = kernels.matmul(dy2, weight).reshape(x_shape) if needs[0] else None
+    dw = kernels.matmul(dy2.T, x2) if needs[1] else None
+    return dx, dw
 
 
 def unembed(x: Tensor, weight: Tensor) -> Tensor:
-    """Logits against a tied embedding: y = x @ weight.T.
-
-    Shapes: x (..., C), weight (V, C) -- the token embedding itself -> y (..., V).
-    """
-    lead, c = x.shape[:-1], x.shape[-1]
-    x2 = x.data.reshape(-1, c)
-    y = _matmul(x2, weight.data.T).reshape(*lead, weight.shape[0])
-
-    def backward(dy):
-        dy2 = dy.reshape(-1, weight.shape[0])
-        dx = _matmul(dy2, weight.data).reshape(x.shape) if x.requires_grad else None
-        dw = _matmul(dy2.T, x2) if weight.requires_grad else None
-        return dx, dw
-
-    return Tensor.from_op(y, (x, weight), amp.keep_autocast(backward), fresh_grads=True)
+    """Logits against the tied embedding: x (..., C), weight (V, C) -> (..., V)."""
+    forward, backward = kernels.pick(unembed_forward), kernels.pick(unembed_backward)
+    y, saved = forward(x.data, weight.data)
+    return _node(y, (x, weight), backward, saved, (x.requires_grad, weight.requires_grad))
 
 
 # --------------------------------------------------------------------------- embedding
-def _scatter_add_rows(ids: np.ndarray, rows: np.ndarray, like: np.ndarray) -> np.ndarray:
-    """out = zeros_like(like); out[ids[j]] += rows[j] for every j, repeated ids adding up.
+def embedding_forward(ids, weight):
+    """Rows of the table picked by id: ids [...] ints, W [V, C] -> y [..., C]."""
+    return weight[ids], (ids, weight)
 
-    Sorting the ids and summing each run of equal ids with one `np.add.reduceat` is about 3x
-    faster than `np.add.at` (element-by-element); the sums are the same, in the same order.
-    """
-    out = np.zeros_like(like)
-    if ids.size == 0:
-        return out
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-    starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
-    out[sorted_ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
-    return out
+
+def embedding_backward(dy, saved):
+    """dW[v] = the sum of dy over the positions whose id is v (a repeated id adds up)."""
+    ids, weight = saved
+    dw = np.zeros_like(weight)                   # [V, C]
+    np.add.at(dw, ids.reshape(-1), dy.reshape(-1, weight.shape[1]))
+    return (dw,)
 
 
 def embedding(ids: np.ndarray, weight: Tensor) -> Tensor:
     """Rows of `weight` picked by integer `ids`: (...,) ints, weight (V, C) -> (..., C).
-
-    Backward scatters-adds the output gradient into the picked rows (a token that appears
-    twice gets both contributions). Ids are not range-checked here: the model does that.
-    """
-    ids = np.asarray(ids)
-
-    def backward(dy):
-        return (_scatter_add_rows(ids.reshape(-1), dy.reshape(-1, weight.shape[1]),
-                                  weight.data),)
-
-    return Tensor.from_op(weight.data[ids], (weight,), backward, fresh_grads=True)
+    Ids are not range-checked here: the model does that."""
+    forward, backward = kernels.pick(embedding_forward), kernels.pick(embedding_backward)
+    y, saved = forward(np.asarray(ids), weight.data)
+    return _node(y, (weight,), backward, saved)
 
 
 # --------------------------------------------------------------------------- norms
-# The row statistics and the weight gradients of the norms are dot products; einsum computes
-# them without materialising the elementwise product (2-3x faster than (a * b).sum()).
-def _row_dot(a, b):
-    """sum(a * b, axis=-1, keepdims=True): (..., C), (..., C) -> (..., 1)."""
-    return np.einsum("...i,...i->...", a, b)[..., None]
-
-
-def _column_dot(a, b):
-    """sum(a * b) over every axis but the last: (..., C), (..., C) -> (C,)."""
-    c = a.shape[-1]
-    return np.einsum("ij,ij->j", a.reshape(-1, c), b.reshape(-1, c))
-
-
-def _rows(a):
-    """a as a 2-D (rows, last axis) array: a view for the contiguous arrays ops make."""
-    return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-
-
 def rms_norm_forward(x, weight, eps):
-    """y = x / sqrt(mean(x^2) + eps) * weight over the last axis (Zhang & Sennrich 2019)."""
-    x2 = _rows(x)
-    C = x2.shape[1]
-    xhat = np.empty_like(x2)
-    rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
-    y = np.empty(x2.shape, dtype=np.result_type(x2, weight))
-
-    def rows(r):
-        np.divide(1.0, np.sqrt(_row_dot(x2[r], x2[r]) / C + eps), out=rstd[r])
-        np.multiply(x2[r], rstd[r], out=xhat[r])
-        np.multiply(xhat[r], weight, out=y[r])
-
-    parallel.for_slices(rows, *x2.shape)
-    return y.reshape(x.shape), (xhat, rstd, weight)
+    """RMSNorm (Zhang & Sennrich 2019; Llama): y = x / sqrt(mean(x^2) + eps) * w.
+    x [..., C], w [C] -> y [..., C]; the statistics in x's dtype."""
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)   # [..., 1]
+    xhat = x * rstd                                                       # [..., C]
+    return xhat * weight, (xhat, rstd, weight)
 
 
 def rms_norm_backward(dy, saved):
+    """With g = dy * w: dx = rstd * (g - xhat * mean(g * xhat)); dw = sum of dy * xhat."""
     xhat, rstd, weight = saved
-    dy2 = _rows(dy)
-    C = xhat.shape[1]
-    dw = _column_dot(dy2, xhat)
-    dx = np.empty(xhat.shape, dtype=np.result_type(dy2, weight))
-
-    def rows(r):
-        d = np.multiply(dy2[r], weight, out=dx[r])  # dxhat, turned into dx in place:
-        # d/dx of x*rstd: rstd * (dxhat - xhat * mean(dxhat * xhat))
-        d -= xhat[r] * (_row_dot(d, xhat[r]) / C)
-        d *= rstd[r]
-
-    parallel.for_slices(rows, *xhat.shape)
-    return dx.reshape(dy.shape), dw
+    g = dy * weight                                                       # d loss / d xhat
+    dx = rstd * (g - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
+    return dx, _sum_rows(dy * xhat)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
-    """RMSNorm (Llama): x (..., C), weight (C,) -> (..., C). Statistics in x's dtype."""
-    y, saved = rms_norm_forward(x.data, weight.data, eps)
-    return Tensor.from_op(y, (x, weight), lambda dy: rms_norm_backward(dy, saved),
-                          fresh_grads=True)
+    """RMSNorm: x (..., C), weight (C,) -> (..., C). See `rms_norm_forward`."""
+    forward, backward = kernels.pick(rms_norm_forward), kernels.pick(rms_norm_backward)
+    y, saved = forward(x.data, weight.data, eps)
+    return _node(y, (x, weight), backward, saved)
 
 
 def layer_norm_forward(x, weight, bias, eps):
-    """y = (x - mean) / sqrt(var + eps) * weight + bias (Ba et al. 2016; GPT-2 uses eps 1e-5)."""
-    x2 = _rows(x)
-    C = x2.shape[1]
-    xhat = np.empty_like(x2)
-    rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
-    y = np.empty(x2.shape, dtype=np.result_type(x2, weight, bias))
-
-    def rows(r):
-        xc = np.subtract(x2[r], x2[r].mean(axis=-1, keepdims=True), out=xhat[r])
-        np.divide(1.0, np.sqrt(_row_dot(xc, xc) / C + eps), out=rstd[r])
-        xc *= rstd[r]
-        np.multiply(xc, weight, out=y[r])
-        y[r] += bias
-
-    parallel.for_slices(rows, *x2.shape)
-    return y.reshape(x.shape), (xhat, rstd, weight)
+    """LayerNorm (Ba et al. 2016; GPT-2 uses eps 1e-5): y = (x - mean) / sqrt(var + eps) * w + b.
+    x [..., C], w and b [C] -> y [..., C]."""
+    xc = x - np.mean(x, axis=-1, keepdims=True)                          # [..., C]
+    rstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)  # [..., 1]
+    xhat = xc * rstd
+    return xhat * weight + bias, (xhat, rstd, weight)
 
 
 def layer_norm_backward(dy, saved):
+    """With g = dy * w: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dw = sum of
+    dy * xhat; db = sum of dy."""
     xhat, rstd, weight = saved
-    dy2 = _rows(dy)
-    C = xhat.shape[1]
-    dw = _column_dot(dy2, xhat)
-    db = dy2.sum(axis=0)
-    dx = np.empty(xhat.shape, dtype=np.result_type(dy2, weight))
-
-    def rows(r):
-        d = np.multiply(dy2[r], weight, out=dx[r])  # dxhat, turned into dx in place:
-        # rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-        projection = xhat[r] * (_row_dot(d, xhat[r]) / C)
-        d -= d.mean(axis=-1, keepdims=True)
-        d -= projection
-        d *= rstd[r]
-
-    parallel.for_slices(rows, *xhat.shape)
-    return dx.reshape(dy.shape), dw, db
+    g = dy * weight
+    dx = rstd * (g - np.mean(g, axis=-1, keepdims=True)
+                 - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
+    return dx, _sum_rows(dy * xhat), _sum_rows(dy)
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
-    """LayerNorm: x (..., C), weight (C,), bias (C,) -> (..., C)."""
-    y, saved = layer_norm_forward(x.data, weight.data, bias.data, eps)
-    return Tensor.from_op(y, (x, weight, bias), lambda dy: layer_norm_backward(dy, saved),
-                          fresh_grads=True)
+    """LayerNorm: x (..., C), weight (C,), bias (C,) -> (..., C). See `layer_norm_forward`."""
+    forward, backward = kernels.pick(layer_norm_forward), kernels.pick(layer_norm_backward)
+    y, saved = forward(x.data, weight.data, bias.data, eps)
+    return _node(y, (x, weight, bias), backward, saved)
 
 
 # --------------------------------------------------------------------------- activations
-def _sigmoid(x, out):
-    """out = 1 / (1 + exp(-x)); out may be x itself. Returns out.
-
-    One exp per element: NumPy's exp is about twice as fast as its tanh, and the passes run
-    in place, with no temporaries. exp(-x) overflows to inf for x < -88 (float32), where
-    1 / (1 + inf) = 0 is the right value, hence the silenced warning. Unlike
-    0.5 * (1 + tanh(x / 2)), this keeps full relative precision for very negative x.
-    """
-    np.negative(x, out=out)
+def sigmoid(x):
+    """1 / (1 + exp(-x)), any shape. exp(-x) overflows to inf for x < -88 (float32), where
+    1 / (1 + inf) = 0 is the right value, hence the silenced warning."""
     with np.errstate(over="ignore"):
-        np.exp(out, out=out)
-    out += 1.0
-    return np.reciprocal(out, out=out)
+        return 1.0 / (1.0 + np.exp(-x))
 
 
-def _silu_grad(x, s, dy, out):
-    """out = dy * d/dx[x * sigmoid(x)] = dy * s * (1 + x * (1 - s)), with s = sigmoid(x)."""
-    d = np.subtract(1.0, s, out=out)
-    d *= x
-    d += 1.0
-    d *= s
-    d *= dy
-    return d
+def silu_forward(x):
+    """SiLU / swish (Elfwing et al. 2017): y = x * sigmoid(x), any shape."""
+    s = sigmoid(x)
+    return x * s, (x, s)
+
+
+def silu_backward(dy, saved):
+    """d/dx x s(x) = s + x s (1 - s) = s (1 + x (1 - s))."""
+    x, s = saved
+    return (s * (1.0 + x * (1.0 - s)) * dy,)
 
 
 def silu(x: Tensor) -> Tensor:
-    """SiLU / swish: x * sigmoid(x) (Elfwing et al. 2017). Any shape."""
-    x2 = _rows(x.data)
-    s, y = np.empty_like(x2), np.empty_like(x2)
+    """SiLU: x * sigmoid(x). Any shape."""
+    forward, backward = kernels.pick(silu_forward), kernels.pick(silu_backward)
+    y, saved = forward(x.data)
+    return _node(y, (x,), backward, saved)
 
-    def forward(r):
-        _sigmoid(x2[r], out=s[r])
-        np.multiply(x2[r], s[r], out=y[r])
 
-    def backward(dy):
-        dy2, dx = _rows(dy), np.empty(x2.shape, dtype=np.result_type(x2, dy))
-        parallel.for_slices(lambda r: _silu_grad(x2[r], s[r], dy2[r], out=dx[r]), *x2.shape)
-        return (dx.reshape(x.shape),)
+def swiglu_forward(gate, up):
+    """SwiGLU's gating (Shazeer 2020, as Llama's MLP): y = silu(gate) * up, same shapes."""
+    s = sigmoid(gate)
+    return gate * s * up, (gate, up, s)
 
-    parallel.for_slices(forward, *x2.shape)
-    return Tensor.from_op(y.reshape(x.shape), (x,), backward, fresh_grads=True)
+
+def swiglu_backward(dy, saved):
+    """d gate = silu'(gate) * up * dy (silu' as in `silu_backward`); d up = silu(gate) * dy."""
+    gate, up, s = saved
+    return s * (1.0 + gate * (1.0 - s)) * dy * up, gate * s * dy
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    """SwiGLU's gating: silu(gate) * up (Shazeer 2020, as in Llama's MLP). Same shapes in/out.
-
-    Saves only sigmoid(gate) for the backward pass; silu(gate) = gate * sigmoid(gate) is one
-    multiply to recompute there, cheaper than keeping another (N, d_ff) array alive.
-    """
-    g, u = _rows(gate.data), _rows(up.data)
-    dtype = np.result_type(g, u)
-    s, y = np.empty_like(g), np.empty(g.shape, dtype=dtype)
-
-    def forward(r):
-        _sigmoid(g[r], out=s[r])
-        np.multiply(g[r], s[r], out=y[r])
-        y[r] *= u[r]
-
-    def backward(dy):
-        dy2 = _rows(dy)
-        dgate = np.empty(g.shape, dtype=np.result_type(dtype, dy2))
-        dup = np.empty_like(dgate)
-
-        def rows(r):
-            _silu_grad(g[r], s[r], dy2[r], out=dgate[r])
-            dgate[r] *= u[r]
-            np.multiply(g[r], s[r], out=dup[r])
-            dup[r] *= dy2[r]
-
-        parallel.for_slices(rows, *g.shape)
-        return dgate.reshape(gate.shape), dup.reshape(up.shape)
-
-    parallel.for_slices(forward, *g.shape)
-    return Tensor.from_op(y.reshape(gate.shape), (gate, up), backward, fresh_grads=True)
+    """silu(gate) * up: gate, up (..., F) -> (..., F)."""
+    forward, backward = kernels.pick(swiglu_forward), kernels.pick(swiglu_backward)
+    y, saved = forward(gate.data, up.data)
+    return _node(y, (gate, up), backward, saved)
 
 
-_GELU_C = math.sqrt(2.0 / math.pi)
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu_forward(x):
+    """GELU, tanh approximation (Hendrycks & Gimpel 2016), GPT-2's `gelu_new`, any shape:
+    y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)."""
+    t = np.tanh(GELU_C * (x + 0.044715 * x ** 3))
+    return 0.5 * x * (1.0 + t), (x, t)
+
+
+def gelu_backward(dy, saved):
+    """dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u', u' = sqrt(2/pi) (1 + 3 0.044715 x^2)."""
+    x, t = saved
+    du = GELU_C * (1.0 + 3 * 0.044715 * x * x)
+    return ((0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du) * dy,)
 
 
 def gelu(x: Tensor) -> Tensor:
-    """GELU, tanh approximation, as GPT-2's `gelu_new` (Hendrycks & Gimpel 2016). Any shape.
-
-    0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3) is computed as the identical
-    x * sigmoid(2u): one exp instead of NumPy's slower tanh, and no cancellation in 1 + tanh
-    for negative x. Only s = sigmoid(2u) is saved for the backward pass.
-    """
-    x2 = _rows(x.data)
-    s, y = np.empty_like(x2), np.empty_like(x2)
-
-    def forward(r):
-        xr, sr = x2[r], s[r]
-        np.multiply(xr, xr, out=sr)  # becomes u, then sigmoid(2u), in place
-        sr *= 0.044715
-        sr += 1.0
-        sr *= xr
-        sr *= 2.0 * _GELU_C
-        _sigmoid(sr, out=sr)
-        np.multiply(xr, sr, out=y[r])
-
-    def backward(dy):
-        dy2 = _rows(dy)
-        dx = np.empty(x2.shape, dtype=np.result_type(x2, dy2))
-
-        def rows(r):
-            # d/dx x s = s + 2 x s (1 - s) u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-            xr, sr = x2[r], s[r]
-            d = np.multiply(xr, xr, out=dx[r])
-            d *= 3 * 0.044715
-            d += 1.0
-            d *= 2.0 * _GELU_C
-            d *= xr
-            d *= 1.0 - sr
-            d += 1.0
-            d *= sr
-            d *= dy2[r]
-
-        parallel.for_slices(rows, *x2.shape)
-        return (dx.reshape(x.shape),)
-
-    parallel.for_slices(forward, *x2.shape)
-    return Tensor.from_op(y.reshape(x.shape), (x,), backward, fresh_grads=True)
+    """GELU (tanh form, as GPT-2). Any shape."""
+    forward, backward = kernels.pick(gelu_forward), kernels.pick(gelu_backward)
+    y, saved = forward(x.data)
+    return _node(y, (x,), backward, saved)
 
 
 # --------------------------------------------------------------------------- rotary embedding
@@ -364,216 +252,187 @@ def rope_tables(max_len: int, head_dim: int, theta: float = 10000.0, dtype=np.fl
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 
-def _rotate_half(x):
+def rotate_half(x):
+    """(a, b) -> (-b, a) over the two halves of the last axis: each pair (a_i, b_i) turned by
+    90 degrees. Its transpose is the turn back, -rotate_half."""
     half = x.shape[-1] // 2
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def _rotate_half_transposed(x):  # the adjoint of _rotate_half: (a, b) -> (b, -a)
-    half = x.shape[-1] // 2
-    return np.concatenate([x[..., half:], -x[..., :half]], axis=-1)
+def rope_forward(x, cos, sin):
+    """Rotary position embedding (Su et al. 2021): y = x cos + rotate_half(x) sin.
+    x [B, T, H, D]; cos, sin [T, D] (rows for the positions of x's T steps) -> y [B, T, H, D]."""
+    c, s = cos[:, None, :], sin[:, None, :]      # [T, 1, D]: every head turns alike
+    return x * c + rotate_half(x) * s, (c, s)
+
+
+def rope_backward(dy, saved):
+    """A rotation's gradient is the rotation back: dx = dy cos - rotate_half(dy sin)."""
+    c, s = saved
+    return (dy * c - rotate_half(dy * s),)
 
 
 def rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
-    """Rotary position embedding: x * cos + rotate_half(x) * sin.
+    """Rotary position embedding: x (B, T, H, D), cos and sin (T, D) -> (B, T, H, D)."""
+    forward, backward = kernels.pick(rope_forward), kernels.pick(rope_backward)
+    y, saved = forward(x.data, cos, sin)
+    return _node(y, (x,), backward, saved)
 
-    Shapes: x (B, T, H, D); cos, sin (T, D) -- rows for the positions of x's T steps.
-    """
-    c, s = cos[:, None, :], sin[:, None, :]  # broadcast over heads
-    xd = x.data
-    B, T = xd.shape[:2]
-    y = np.empty(xd.shape, dtype=np.result_type(xd, c))
 
-    def forward(t):  # a slice of time steps, all batch rows; products land in y directly
-        rotated = _rotate_half(xd[:, t])
-        rotated *= s[t]
-        np.add(np.multiply(xd[:, t], c[t], out=y[:, t]), rotated, out=y[:, t])
+# --------------------------------------------------------------------------- softmax
+def softmax_rows(x):
+    """The softmax of the library, over the last axis: exp(x - max) / sum(exp(x - max)).
+    Any shape, same shape out. Subtracting the row's max changes nothing mathematically and
+    keeps exp from overflowing; -inf entries get probability 0."""
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
 
-    def backward(dy):
-        dx = np.empty(dy.shape, dtype=np.result_type(dy, c))
 
-        def rows(t):
-            rotated = _rotate_half_transposed(dy[:, t] * s[t])
-            np.add(np.multiply(dy[:, t], c[t], out=dx[:, t]), rotated, out=dx[:, t])
+def log_softmax_rows(x):
+    """log(softmax_rows(x)) without its rounding to 0: (x - max) - log(sum(exp(x - max)))."""
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
 
-        parallel.for_slices(rows, T, xd.size // max(1, T))
-        return (dx,)
 
-    parallel.for_slices(forward, T, xd.size // max(1, T))
-    return Tensor.from_op(y, (x,), backward, fresh_grads=True)
+def softmax_forward(x):
+    """p = softmax_rows(x), any shape [..., N]; saves p."""
+    p = softmax_rows(x)
+    return p, p
+
+
+def softmax_backward(dp, p):
+    """dx = p (dp - sum(dp p)) over the row: the softmax's Jacobian diag(p) - p p^T, applied."""
+    return (p * (dp - np.sum(dp * p, axis=-1, keepdims=True)),)
+
+
+def softmax(x: Tensor) -> Tensor:
+    """Softmax over the last axis as an autograd op: (..., N) -> (..., N)."""
+    forward, backward = kernels.pick(softmax_forward), kernels.pick(softmax_backward)
+    p, saved = forward(x.data)
+    return _node(p, (x,), backward, saved)
 
 
 # --------------------------------------------------------------------------- attention
-# Queries are processed in blocks of this many positions. A block's queries see only the keys up
-# to its last position, so the scores above the diagonal blocks -- almost half of the T x T
-# square in training -- are never computed, exponentiated, stored or differentiated.
-ATTENTION_BLOCK = 64
+# Causal scaled dot-product attention (Vaswani et al. 2017) with grouped-query heads (Ainslie
+# et al. 2023) in three pieces: scores = q k^T / sqrt(D) with the causal mask, pattern =
+# softmax(scores), y = pattern @ v. Query head h reads key/value head h // (H/K), as Hugging
+# Face's `repeat_kv`. Query i sits at absolute position q_start + i and sees keys 0..q_start+i
+# (q_start > 0: decoding against a KV cache).
+def repeat_kv(x, n_heads: int):
+    """Each key/value head repeated for the H/K query heads that read it: [B, T, K, D] ->
+    [B, T, H, D], head h = x's head h // (H/K)."""
+    return np.repeat(x, n_heads // x.shape[2], axis=2)
 
 
-def _causal_bias(n: int, G: int, dtype) -> np.ndarray:
-    """Additive mask of a diagonal block: (n*G, n), row t*G+g (time t, group head g) has
-    -inf on the keys after t, 0 elsewhere."""
-    upper = np.triu(np.full((n, n), -np.inf, dtype=dtype), 1)
-    return np.repeat(upper, G, axis=0)
+def sum_kv_groups(dx, n_kv_heads: int):
+    """The transpose of `repeat_kv`: [B, T, H, D] -> [B, T, K, D], summing each group of H/K."""
+    B, T, H, D = dx.shape
+    return dx.reshape(B, T, n_kv_heads, H // n_kv_heads, D).sum(axis=3)
 
 
-def _softmax_inplace(scores):
-    """Row softmax over the last axis, in scores' buffer, with the max shift; returns it."""
-    s2 = _rows(scores)
-
-    def rows(r):
-        block = s2[r]
-        block -= block.max(axis=-1, keepdims=True)
-        np.exp(block, out=block)
-        block /= block.sum(axis=-1, keepdims=True)
-
-    parallel.for_slices(rows, *s2.shape)
-    return scores
+def causal_mask(Tq: int, Tk: int, q_start: int = 0) -> np.ndarray:
+    """[Tq, Tk] bool: True where key j is in the future of query i (j > q_start + i)."""
+    return np.arange(Tk)[None, :] > (q_start + np.arange(Tq))[:, None]
 
 
-def _softmax_backward_inplace(dprobs, probs):
-    """dprobs <- dscores = P * (dP - rowsum(dP * P)); masked entries have P = 0."""
-    d2, p2 = _rows(dprobs), _rows(probs)
-
-    def rows(r):
-        d = d2[r]
-        d -= _row_dot(d, p2[r])
-        d *= p2[r]
-
-    parallel.for_slices(rows, *d2.shape)
-
-
-def _query_blocks(Tq: int, q_start: int):
-    """(first, end, keys) per block: query positions [first, end) see keys [0, keys)."""
-    return [(i, min(i + ATTENTION_BLOCK, Tq), q_start + min(i + ATTENTION_BLOCK, Tq))
-            for i in range(0, Tq, ATTENTION_BLOCK)]
+def attention_scores_forward(q, k, q_start: int = 0):
+    """scores = q k^T / sqrt(D), -inf on future keys. q [B, Tq, H, D], k [B, Tk, K, D] with
+    H a multiple of K and Tk = q_start + Tq -> scores [B, H, Tq, Tk]."""
+    D, H = q.shape[3], q.shape[2]
+    qh = q.transpose(0, 2, 1, 3)                                 # [B, H, Tq, D]
+    kh = repeat_kv(k, H).transpose(0, 2, 1, 3)                   # [B, H, Tk, D]
+    scores = kernels.matmul(qh, kh.swapaxes(-1, -2)) / math.sqrt(D)   # [B, H, Tq, Tk]
+    future = causal_mask(q.shape[1], k.shape[1], q_start)
+    scores[..., future] = -np.inf
+    return scores, (qh, kh, future, k.shape[2])
 
 
-def _over_batch(fn, B: int) -> None:
-    """fn(rows) over batch rows: in split mode one slice per thread of the pool (each slice's
-    products then run on one BLAS thread), else all rows at once on the calling thread."""
-    if parallel.split_matmuls():
-        parallel.for_thread_slices(fn, B)
-    else:
-        fn(slice(0, B))
+def attention_scores_backward(dscores, saved):
+    """The masked scores are constants; elsewhere dq = ds k / sqrt(D), dk = ds^T q / sqrt(D),
+    dk summed over the query heads of its group."""
+    qh, kh, future, K = saved
+    ds = np.where(future, 0.0, dscores) / math.sqrt(qh.shape[3])   # [B, H, Tq, Tk]
+    dq = kernels.matmul(ds, kh)                                    # [B, H, Tq, D]
+    dkh = kernels.matmul(ds.swapaxes(-1, -2), qh)                  # [B, H, Tk, D]
+    return dq.transpose(0, 2, 1, 3), sum_kv_groups(dkh.transpose(0, 2, 1, 3), K)
+
+
+def attention_scores(q: Tensor, k: Tensor, q_start: int = 0) -> Tensor:
+    """Masked attention scores as an autograd op: q (B, Tq, H, D), k (B, Tk, K, D) ->
+    (B, H, Tq, Tk). See `attention_scores_forward`."""
+    scores, saved = attention_scores_forward(q.data, k.data, q_start)
+    return _node(scores, (q, k), attention_scores_backward, saved)
+
+
+def attention_mix_forward(pattern, v):
+    """y = pattern @ v per head: pattern [B, H, Tq, Tk], v [B, Tk, K, D] -> y [B, Tq, H, D]."""
+    vh = repeat_kv(v, pattern.shape[1]).transpose(0, 2, 1, 3)    # [B, H, Tk, D]
+    y = kernels.matmul(pattern, vh)                               # [B, H, Tq, D]
+    return np.ascontiguousarray(y.transpose(0, 2, 1, 3)), (pattern, vh, v.shape[2])
+
+
+def attention_mix_backward(dy, saved):
+    """dpattern = dy v^T, dv = pattern^T dy (summed over the query heads of its group)."""
+    pattern, vh, K = saved
+    dyh = dy.transpose(0, 2, 1, 3)                                # [B, H, Tq, D]
+    dpattern = kernels.matmul(dyh, vh.swapaxes(-1, -2))           # [B, H, Tq, Tk]
+    dvh = kernels.matmul(pattern.swapaxes(-1, -2), dyh)           # [B, H, Tk, D]
+    return dpattern, sum_kv_groups(dvh.transpose(0, 2, 1, 3), K)
+
+
+def attention_mix(pattern: Tensor, v: Tensor) -> Tensor:
+    """pattern (B, H, Tq, Tk) @ v (B, Tk, K, D) per head, as an autograd op -> (B, Tq, H, D)."""
+    y, saved = attention_mix_forward(pattern.data, v.data)
+    return _node(y, (pattern, v), attention_mix_backward, saved)
 
 
 def causal_attention_forward(q, k, v, q_start: int = 0):
-    """softmax(q k^T / sqrt(D) + causal mask) v, with grouped-query heads.
-
-    q (B, Tq, Hq, D); k, v (B, Tk, Hkv, D) with Hq a multiple of Hkv and Tk = q_start + Tq
-    -> (B, Tq, Hq, D). Query i sits at absolute position q_start + i and sees keys
-    0..q_start+i (q_start > 0 is decoding against a KV cache). Query head h reads KV head
-    h // (Hq/Hkv), as Hugging Face's `repeat_kv`; instead of copying K/V per query head, the
-    G = Hq/Hkv query heads of a group are stacked into one (Tq*G)-row matrix (row t*G + g),
-    so each KV head is one batched GEMM, and a block of query positions is a slab of rows.
-    Each slice of batch rows goes through the whole op (layout, every query block's scores,
-    mask, softmax and values, layout back) before the next: in split mode the slices run in
-    parallel, one per thread, and a block's scores are still in cache for their softmax.
-    """
-    B, Tq, Hq, D = q.shape
-    Hkv = k.shape[2]
-    G = Hq // Hkv
-    scale = 1.0 / math.sqrt(D)
-    dtype = np.result_type(q, k, v)
-    # q as (B, Hkv, Tq*G, D), scaled by 1/sqrt(D) in the same pass (T*D values are cheaper
-    # to scale than T*T scores).
-    q5 = q.reshape(B, Tq, Hkv, G, D)
-    qg = np.empty((B, Hkv, Tq * G, D), dtype=q.dtype)
-    qg5 = qg.reshape(B, Hkv, Tq, G, D)
-    # K and V are used in place: (B, Hkv, Tk, D) views whose rows are D contiguous values
-    # Hkv*D apart, a layout BLAS reads directly (no copy; in decoding, none of the cache).
-    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    blocks = _query_blocks(Tq, q_start)
-    probs = [np.empty((B, Hkv, (end - first) * G, keys), dtype=dtype)
-             for first, end, keys in blocks]  # kept for the backward pass
-    out = np.empty((B, Hkv, Tq * G, D), dtype=dtype)
-    y = np.empty((B, Tq, Hkv, G, D), dtype=dtype)
-
-    def batch_rows(b):
-        np.multiply(q5[b].transpose(0, 2, 1, 3, 4), scale, out=qg5[b])
-        for (first, end, keys), p in zip(blocks, probs):
-            rows = slice(first * G, end * G)
-            _mm(qg[b, :, rows], kh[b, :, :keys].swapaxes(-1, -2), out=p[b])
-            diagonal = q_start + first  # keys from here on are in the future for some rows
-            if diagonal + 1 < keys:
-                p[b, ..., diagonal:] += _causal_bias(end - first, G, dtype)
-            _softmax_inplace(p[b])
-            _mm(p[b], vh[b, :, :keys], out=out[b, :, rows])
-        y[b] = out[b].reshape(-1, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4)
-
-    _over_batch(batch_rows, B)
-    return y.reshape(B, Tq, Hq, D), (qg, kh, vh, probs, scale, q_start)
+    """softmax(q k^T / sqrt(D) + causal mask) v: the three pieces above, one after the other.
+    q [B, Tq, H, D]; k, v [B, Tk, K, D] -> y [B, Tq, H, D]."""
+    scores, scores_saved = attention_scores_forward(q, k, q_start)
+    pattern, pattern_saved = softmax_forward(scores)
+    y, mix_saved = attention_mix_forward(pattern, v)
+    return y, (scores_saved, pattern_saved, mix_saved)
 
 
 def causal_attention_backward(dy, saved):
-    qg, kh, vh, probs, scale, q_start = saved
-    B, Hkv, rows_total, D = qg.shape
-    Tq = dy.shape[1]
-    G = rows_total // Tq
-    dy5 = dy.reshape(B, Tq, Hkv, G, D)
-    dtype = np.result_type(qg, dy)
-    dout = np.empty((B, Hkv, rows_total, D), dtype=dtype)
-    dqg = np.empty((B, Hkv, rows_total, D), dtype=dtype)
-    # dk, dv are made in the (B, Tk, Hkv, D) layout they are returned in; the loop adds into
-    # their (B, Hkv, Tk, D) views
-    dk = np.zeros((B, kh.shape[2], Hkv, D), dtype=dtype)
-    dv = np.zeros_like(dk)
-    dkh, dvh = dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
-    dq = np.empty((B, Tq, Hkv, G, D), dtype=qg.dtype)
-
-    def batch_rows(b):
-        dout[b].reshape(-1, Hkv, Tq, G, D)[...] = dy5[b].transpose(0, 2, 1, 3, 4)
-        for (first, end, keys), p in zip(_query_blocks(Tq, q_start), probs):
-            rows = slice(first * G, end * G)
-            do = dout[b, :, rows]
-            dvh[b, :, :keys] += _mm(p[b].swapaxes(-1, -2), do)  # sums over a group's G heads
-            dscores = _mm(do, vh[b, :, :keys].swapaxes(-1, -2))
-            _softmax_backward_inplace(dscores, p[b])
-            _mm(dscores, kh[b, :, :keys], out=dqg[b, :, rows])
-            dkh[b, :, :keys] += _mm(dscores.swapaxes(-1, -2), qg[b, :, rows])  # qg: q*scale
-        # back to (B, Tq, Hq, D), with the chain rule's 1/sqrt(D) in the same pass
-        np.multiply(dqg[b].reshape(-1, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4), scale,
-                    out=dq[b])
-
-    _over_batch(batch_rows, B)
-    return dq.reshape(B, Tq, Hkv * G, D), dk, dv
+    """The chain rule through the three pieces, last to first."""
+    scores_saved, pattern_saved, mix_saved = saved
+    dpattern, dv = attention_mix_backward(dy, mix_saved)
+    (dscores,) = softmax_backward(dpattern, pattern_saved)
+    dq, dk = attention_scores_backward(dscores, scores_saved)
+    return dq, dk, dv
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0) -> Tensor:
-    """Causal scaled dot-product attention with GQA; see `causal_attention_forward`.
+    """Causal scaled dot-product attention with grouped-query heads, one graph node.
 
-    Shapes: q (B, Tq, Hq, D), k and v (B, Tk, Hkv, D) -> (B, Tq, Hq, D).
-    Source: Vaswani et al. 2017 (attention), Ainslie et al. 2023 (grouped-query attention).
+    Shapes: q (B, Tq, Hq, D), k and v (B, Tk, Hkv, D), Hq a multiple of Hkv, Tk = q_start + Tq
+    -> (B, Tq, Hq, D). Source: Vaswani et al. 2017 (attention), Ainslie et al. 2023
+    (grouped-query attention). The engine's form never holds the Tq x Tk square.
     """
-    y, saved = causal_attention_forward(q.data, k.data, v.data, q_start)
-    return Tensor.from_op(y, (q, k, v),
-                          amp.keep_autocast(lambda dy: causal_attention_backward(dy, saved)),
-                          fresh_grads=True)
+    forward = kernels.pick(causal_attention_forward)
+    backward = kernels.pick(causal_attention_backward)
+    y, saved = forward(q.data, k.data, v.data, q_start)
+    return _node(y, (q, k, v), backward, saved)
 
 
 # --------------------------------------------------------------------------- loss
-def _softmax_and_target_logprob(z: np.ndarray, targets: np.ndarray, out=None):
-    """softmax(z) (N, V) and log_softmax(z)[row, target] (N,), with the log-sum-exp shift.
+def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
+    """loss = -mean over rows of log softmax(z)[target]. logits [N, V], targets [N] ints in
+    [0, V) -> (loss, a 0-d array of logits' dtype). `overwrite_logits` lets a form keep its
+    buffers in logits (the engine's memory trick); this one never writes there."""
+    logp = log_softmax_rows(logits)                                  # [N, V]
+    loss = -np.mean(logp[np.arange(len(targets)), targets])
+    return np.asarray(loss, dtype=logits.dtype), (logp, targets)
 
-    Works through slices of rows that fit in cache: each slice's shift, exp, row sum and
-    normalisation happen in the output buffer, so the logits are read once and no N x V
-    temporaries are made (the direct form makes two, `shifted` and `exp`: 0.2 GB each for a
-    GPT-2-sized vocabulary and 1024 positions). `out` may be z itself.
-    """
-    probs = np.empty_like(z) if out is None else out
-    logprob_target = np.empty(z.shape[0], dtype=z.dtype)
 
-    def rows(r):
-        ps = np.subtract(z[r], z[r].max(axis=-1, keepdims=True), out=probs[r])
-        shifted_target = ps[np.arange(len(ps)), targets[r]]
-        np.exp(ps, out=ps)
-        sumexp = ps.sum(axis=-1, keepdims=True)
-        logprob_target[r] = shifted_target - np.log(sumexp[:, 0])
-        ps /= sumexp
-
-    parallel.for_slices(rows, *z.shape)
-    return probs, logprob_target
+def cross_entropy_backward(dloss, saved):
+    """dz = (softmax(z) - onehot(target)) / N, times d loss."""
+    logp, targets = saved
+    dz = np.exp(logp)                                                # softmax(z)
+    dz[np.arange(len(targets)), targets] -= 1.0
+    return (dz * (dloss / len(targets)),)
 
 
 def cross_entropy(logits: Tensor, targets: np.ndarray, overwrite_logits: bool = False) -> Tensor:
@@ -581,11 +440,10 @@ def cross_entropy(logits: Tensor, targets: np.ndarray, overwrite_logits: bool = 
 
     Shapes: logits (..., V) float, targets (...) ints in [0, V) -> scalar Tensor.
     log-softmax uses the log-sum-exp shift (subtract the row max) so no exp overflows.
-    Backward: (softmax - onehot) / N, from the probabilities the forward pass keeps.
-    overwrite_logits=True keeps those probabilities (and then the gradient) in logits.data
-    instead of a new (N, V) array -- for a caller that owns the logits and never reads them
-    again, as `GlassLM.loss`: with GPT-2's vocabulary that is 0.2 GB less memory and
-    allocation per 1024 positions.
+    Backward: (softmax - onehot) / N. overwrite_logits=True allows the op to keep its
+    probabilities (and then the gradient) in logits.data instead of a new (N, V) array -- for a
+    caller that owns the logits and never reads them again, as `GlassLM.loss`; the engine's
+    form does (0.2 GB less per 1024 positions with GPT-2's vocabulary).
 
     Raises:
         ValueError: if the shapes disagree, targets are not integers or a target is outside
@@ -602,17 +460,7 @@ def cross_entropy(logits: Tensor, targets: np.ndarray, overwrite_logits: bool = 
     if flat_t.size and (flat_t.min() < 0 or flat_t.max() >= V):
         raise ValueError(f"cross_entropy: target ids must be in [0, {V}), "
                          f"got range [{flat_t.min()}, {flat_t.max()}]")
-    z = logits.data.reshape(-1, V)
-    N = z.shape[0]
-    probs, logprob_target = _softmax_and_target_logprob(z, flat_t,
-                                                        out=z if overwrite_logits else None)
-    loss = -logprob_target.mean()
-
-    def backward(dloss):
-        dz = probs  # reuse the buffer (backward runs once)
-        dz[np.arange(N), flat_t] -= 1.0
-        dz *= dloss / N
-        return (dz.reshape(logits.shape),)
-
-    return Tensor.from_op(np.asarray(loss, dtype=z.dtype), (logits,), backward,
-                          fresh_grads=True)
+    forward, backward = kernels.pick(cross_entropy_forward), kernels.pick(cross_entropy_backward)
+    loss, saved = forward(logits.data.reshape(-1, V), flat_t, overwrite_logits)
+    return Tensor.from_op(loss, (logits,), lambda dloss: (
+        backward(dloss, saved)[0].reshape(logits.shape),), fresh_grads=True)

@@ -7,7 +7,8 @@ next position, draw a token, append it, repeat. Three pieces, as llama2.c splits
 - `sample_next(logits, sampling, rng)`: the sampler, a pure function of the last position's
   logits; `sampling_distribution` exposes the exact distribution it draws from.
 - `Generator`: the sequence so far plus the KV cache, so each new token costs one position of
-  compute instead of a forward over the whole sequence.
+  compute instead of a forward over the whole sequence (`next_token_logits`, whose engine
+  form is llama2.c-style decoding, `glassllm.engine.decode`).
 
 `generate(...)` wraps these for the common "n new tokens" case.
 """
@@ -17,8 +18,8 @@ import dataclasses
 
 import numpy as np
 
-from . import taps
-from .engine import decode
+from . import functional as F
+from . import kernels, taps
 from .model import GlassLM, KVCache
 from .tensor import no_grad
 
@@ -100,8 +101,7 @@ def sampling_distribution(logits, sampling: Sampling) -> np.ndarray:
     if not np.isfinite(top):  # overflow (temperature ~1e-310): inf - inf would be NaN
         probs[int(np.argmax(logits))] = 1.0
         return probs
-    weights = np.exp(scaled - top)  # max-subtraction: exp never overflows
-    full = weights / weights.sum()
+    full = F.softmax_rows(scaled)  # its max-subtraction: exp never overflows
     order = np.argsort(-full, kind="stable")  # most probable first, ties by lower id
     kept = logits.size
     if sampling.top_k is not None:
@@ -154,6 +154,21 @@ def sample_next(logits, sampling: Sampling, rng: np.random.Generator | None = No
     while probs[token] == 0:
         token -= 1
     return token
+
+
+def next_token_logits(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
+    """Logits (V,) float32 of the token after `token`, which sits at position cache.length;
+    the cache advances by one. The reference: the model's own forward of that one position
+    against the KV cache. The engine registers llama2.c's decoding step as its fast form
+    (`glassllm.engine.decode.step`: the same formulas without the per-op overhead, the same
+    bits as the engine's forward).
+
+    Raises:
+        ValueError: the cache is full, or `token` is not a valid id (`GlassLM.check_ids`).
+    """
+    with no_grad():
+        logits = model(np.array([[token]], dtype=np.int64), cache=cache)
+    return logits.data[0, -1].copy()
 
 
 class Generator:
@@ -256,12 +271,12 @@ class Generator:
                 # Fits: feed only what the cache has not seen (the whole prompt at first,
                 # then one token per step, or several after push()es).
                 fresh = np.asarray(self.tokens[self._fed:], dtype=np.int64)[None, :]
-                if fresh.shape[1] == 1 and self._cache.length and not traced and \
-                        decode.supports(self.model, self._cache):
-                    # one token: the same logits, without the per-op overhead of forward
-                    # (and without its taps: a trace takes the forward)
+                if fresh.shape[1] == 1 and self._cache.length and not traced:
+                    # one token against the cache: the engine's decoding step, if registered
+                    # (not under a trace of this model: the trace takes the forward's taps)
                     self._fed = len(self.tokens)
-                    return decode.step(self.model, self._cache, int(fresh[0, 0]))
+                    return kernels.pick(next_token_logits)(self.model, self._cache,
+                                                           int(fresh[0, 0]))
                 logits = self.model(fresh, cache=self._cache)
                 self._fed = len(self.tokens)
             else:

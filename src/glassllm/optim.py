@@ -3,6 +3,10 @@
 Sources: Adam (Kingma & Ba 2015), AdamW's decoupled weight decay (Loshchilov & Hutter 2019),
 the cosine shape of SGDR (Loshchilov & Hutter 2017) used once, without warm restarts, and
 global-norm clipping (Pascanu, Mikolov & Bengio 2013). Contract: spec 001.
+
+`adamw_update` and `sum_of_squares` are the reference forms, written as the papers do; the
+engine registers sliced, in-place forms of both (`glassllm.engine.optimizer`), run unless
+GLASSLLM_KERNELS=reference (`glassllm.kernels`).
 """
 from __future__ import annotations
 
@@ -10,8 +14,33 @@ import math
 
 import numpy as np
 
-from .engine import parallel
+from . import kernels
 from .tensor import Tensor
+
+
+def adamw_update(p, g, m, v, *, lr: float, beta1: float, beta2: float, eps: float,
+                 weight_decay: float, step: int) -> None:
+    """One AdamW update of one parameter, in place on p (the weights) and m, v (its moments).
+
+    Adam (Kingma & Ba 2015, Algorithm 1) with the decoupled weight decay of AdamW (Loshchilov &
+    Hutter 2019, Algorithm 2), `step` = t the parameter's own update count (1 at the first):
+
+        p <- p (1 - lr wd)                       decay the weights, not the gradient
+        m <- beta1 m + (1 - beta1) g             moving average of the gradient
+        v <- beta2 v + (1 - beta2) g^2           ... and of its square
+        m_hat = m / (1 - beta1^t)                bias corrections (m and v start at 0)
+        v_hat = v / (1 - beta2^t)
+        p <- p - lr m_hat / (sqrt(v_hat) + eps)
+
+    p, g, m, v: arrays of one shape and dtype; weight_decay 0 decays nothing.
+    """
+    if weight_decay:
+        p *= 1.0 - lr * weight_decay
+    m[...] = beta1 * m + (1.0 - beta1) * g
+    v[...] = beta2 * v + (1.0 - beta2) * (g * g)
+    m_hat = m / (1.0 - beta1 ** step)
+    v_hat = v / (1.0 - beta2 ** step)
+    p -= lr * m_hat / (np.sqrt(v_hat) + eps)
 
 
 class AdamW:
@@ -66,79 +95,30 @@ class AdamW:
                                  f"grad has shape {p.grad.shape}")
         lr = self.lr if lr is None else lr
         beta1, beta2 = self.betas
+        update = kernels.pick(adamw_update)
         self.t += 1
         for i, p in enumerate(self.params):
             g = p.grad
             if g is None:
                 continue
             self.steps[i] += 1
-            n = self.steps[i]
-            # decoupled decay: a factor on the weights, not part of the gradient
-            decay = 1.0 - lr * self.weight_decay if self.weight_decay and p.data.ndim >= 2 \
-                else None
-            c1 = 1.0 - beta1 ** n
-            c2 = 1.0 - beta2 ** n
-
-            def update(ps, gs, ms, vs, tmp):  # one slice, in place; tmp is scratch
-                if decay is not None:
-                    ps *= decay
-                ms *= beta1
-                ms += np.multiply(gs, 1.0 - beta1, out=tmp)
-                vs *= beta2
-                tmp = np.multiply(gs, gs, out=tmp)
-                tmp *= 1.0 - beta2
-                vs += tmp
-                # Bias correction folded into the step size and eps (same math, fewer
-                # temporaries): p -= lr * m_hat / (sqrt(v_hat) + eps)
-                denom = np.sqrt(vs, out=tmp)
-                denom /= math.sqrt(c2)
-                denom += self.eps
-                step = np.divide(ms, denom, out=tmp)
-                step *= lr / c1
-                ps -= step
-
-            _in_slices(update, p.data, g, self.m[i], self.v[i])
+            # decoupled decay for matrices only (projections, embeddings), not gains/biases
+            decay = self.weight_decay if p.data.ndim >= 2 else 0.0
+            update(p.data, g, self.m[i], self.v[i], lr=lr, beta1=beta1, beta2=beta2,
+                   eps=self.eps, weight_decay=decay, step=self.steps[i])
 
 
-def _in_slices(update, p, g, m, v) -> None:
-    """Run update(p, g, m, v, scratch) over slices of equally shaped arrays, on all cores.
-
-    The dozen passes of an AdamW update then run over one cache-sized slice and its scratch
-    buffer instead of over parameter-sized temporaries in memory (0.15 GB each for GPT-2
-    small's embedding): 2-3x faster for large models, and no temporaries at all. p, m, v are
-    written through views, so they must be contiguous to be cut into flat runs; any other
-    layout is updated whole (rare: parameters are created contiguous).
-    """
-    if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
-        update(p, g, m, v, np.empty_like(p))
-        return
-    p, g, m, v = p.reshape(-1), np.ravel(g), m.reshape(-1), v.reshape(-1)
-    parallel.for_slices(lambda r: update(p[r], g[r], m[r], v[r], np.empty_like(p[r])),
-                        p.size, 1)
-
-
-def _sum_of_squares(g: np.ndarray) -> float:
-    """sum(g**2) accumulated in float64, converting one cache-sized slice at a time (on all
-    cores) rather than making float64 copies of the whole gradient. Partial sums are added
-    in slice order over slices that do not depend on the thread count, so the result is the
-    same to the last bit on any number of threads."""
-    flat = np.ravel(g)
-    partial = {}
-
-    def add(r):
-        chunk = flat[r].astype(np.float64)
-        # einsum, not np.dot: BLAS's ddot would start its own threads inside our workers
-        partial[r.start] = float(np.einsum("i,i->", chunk, chunk))
-
-    parallel.for_slices(add, flat.size, 1, balanced=False)  # same slices on any thread count
-    return sum(partial[start] for start in sorted(partial))
+def sum_of_squares(g: np.ndarray) -> float:
+    """sum(g**2) accumulated in float64, so that large float32 gradients cannot overflow."""
+    return float(np.sum(np.square(g, dtype=np.float64)))
 
 
 def global_grad_norm(params: list[Tensor]) -> float:
     """The global L2 norm of all present gradients, as `clip_grad_norm` measures it: squares
-    summed in float64 (`_sum_of_squares`, the same to the last bit on any thread count), a
-    Python float; 0.0 if no parameter has a gradient, inf/NaN if an element is inf/NaN."""
-    return math.sqrt(sum(_sum_of_squares(p.grad) for p in params if p.grad is not None))
+    summed in float64 (`sum_of_squares`, or the engine's sliced form of it), a Python float;
+    0.0 if no parameter has a gradient, inf/NaN if an element is inf/NaN."""
+    squares = kernels.pick(sum_of_squares)
+    return math.sqrt(sum(squares(p.grad) for p in params if p.grad is not None))
 
 
 def clip_grad_norm(params: list[Tensor], max_norm: float, norm: float | None = None) -> float:

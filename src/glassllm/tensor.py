@@ -15,6 +15,7 @@ Differences from micrograd, all for speed or memory:
 
 The heavy lifting in a transformer is not done here but in the fused ops of
 `glassllm.functional`, which build one graph node per op with a hand-written backward.
+This module imports NumPy and `glassllm.kernels` alone.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import amp  # autocast's matmul hook; amp depends on NumPy alone
+from . import kernels  # the one matrix product (autocast plugs into it from glassllm.amp)
 
 class _GradMode(threading.local):
     """Whether ops record a graph, per thread as in PyTorch: `no_grad()` in one thread (an
@@ -348,14 +349,14 @@ class Tensor:
     def __matmul__(self, other):
         """Matrix product with np.matmul's shapes (batched, broadcast, 1-D operands).
 
-        Inside `glassllm.amp.autocast` a product of float32 operands goes through
-        `amp.matmul` (tensor-core rounding: low-precision inputs and output, float32
-        accumulation), forward and backward, the backward in the forward's precision, as
-        PyTorch autocasts every matmul. float64 operands (gradient checks) are never rounded.
+        A product of float32 operands goes through `glassllm.kernels.matmul`: inside
+        `glassllm.amp.autocast`, tensor-core rounding (low-precision inputs and output,
+        float32 accumulation), forward and backward, the backward in the forward's precision,
+        as PyTorch autocasts every matmul. float64 operands (gradient checks) are never rounded.
         """
         other = other if isinstance(other, Tensor) else Tensor(other)
         a, b = self, other
-        mm = amp.matmul if a.data.dtype == b.data.dtype == np.float32 else np.matmul
+        mm = kernels.matmul if a.data.dtype == b.data.dtype == np.float32 else np.matmul
 
         def backward(g):
             ad, bd = a.data, b.data
@@ -382,7 +383,7 @@ class Tensor:
             return ga.reshape(a.shape), gb.reshape(b.shape)
 
         out = np.asarray(mm(a.data, b.data))  # vector @ vector: a 0-d array, not a scalar
-        return Tensor.from_op(out, (a, b), amp.keep_autocast(backward))
+        return Tensor.from_op(out, (a, b), kernels.keep_context(backward))
 
     def __rmatmul__(self, other):
         return Tensor(other) @ self
@@ -444,9 +445,8 @@ def _sum_to(grad: np.ndarray, shape: tuple, mm) -> np.ndarray:
     products is rounded to the low dtype once more (torch sums the expanded operand's
     gradient in that dtype, accumulating in float32)."""
     summed = unbroadcast(grad, shape)
-    low = amp.matmul_dtype()
-    if summed.shape != grad.shape and mm is amp.matmul and low is not None:
-        summed = amp.round_to(summed, low)
+    if summed.shape != grad.shape and mm is kernels.matmul:
+        summed = kernels.round_product(summed)
     return summed
 
 

@@ -1,10 +1,21 @@
 """The engine: what makes the glass fast, kept apart from it.
 
+- `ops`, `attention`, `optimizer`, `decode`: the fast forms of the ops (sliced over threads, in
+  place, attention in query blocks, llama2.c-style decoding), each registered below against
+  its reference form and tested equal to it (tests/test_kernels.py);
 - `parallel`: the thread pool that runs the elementwise passes over slices of rows;
 - `blas`: the matrix-product backend (NumPy's BLAS, or Intel MKL's SGEMM where it is installed);
-- `cpu`: thread counts, load measurement;
-- `decode`: one decoding step over plain arrays, llama2.c's `forward()`.
+- `cpu`: thread counts, load measurement.
 
-Nothing in the glass imports this package: the engine plugs its fast forms into the glass
-(`glassllm.kernels`) when `glassllm` is imported, unless GLASSLLM_KERNELS=reference.
+Nothing in the glass imports this package: importing it (which `import glassllm` does) plugs
+the engine into the glass through `glassllm.kernels`. GLASSLLM_KERNELS=reference then runs the
+references all the same; the BLAS backend computes every matrix product in both modes.
 """
+from .. import kernels
+from . import attention, blas, decode, ops, optimizer
+
+kernels.register_gemm(blas.matmul)
+for _module in (ops, attention, optimizer, decode):
+    for _reference, _fast in _module.FAST_FORMS:
+        kernels.register(_reference, _fast)
+del _module, _reference, _fast

@@ -1,7 +1,8 @@
 """Matrix products through a BLAS: NumPy's `np.matmul` (the reference) or Intel MKL's SGEMM.
 
-Every matrix product of glassllm goes through `glassllm.amp.matmul`, and from there through
-`matmul` below. Two backends compute it:
+Every matrix product of glassllm goes through `glassllm.kernels.matmul` (with autocast's
+rounding, `glassllm.amp`), and from there through `matmul` below, which the engine registers
+as the library's GEMM. Two backends compute it:
 
 - ``"numpy"``: `np.matmul`, i.e. the BLAS NumPy was built with (OpenBLAS in NumPy's PyPI
   wheels). The reference, always there, and what every product the other backend does not
@@ -55,7 +56,7 @@ ENV_VAR = "GLASSLLM_BLAS"
 CHOICES = ("auto", "mkl", "numpy")
 # Fewer output rows than this: NumPy (a vector-matrix product is faster there, and MKL's strict
 # CNR mode costs most on tiny calls). A row count, so a product split into row slices of at
-# least this many rows (glassllm.functional._matmul's are >= 16) never changes backend.
+# least this many rows (glassllm.engine.ops._matmul's are >= 16) never changes backend.
 MIN_ROWS = 8
 
 _INT_MAX = 2 ** 31 - 1  # MKL_INT in the LP64 interface glassllm selects

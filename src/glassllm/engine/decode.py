@@ -1,15 +1,19 @@
-"""One decoding step of a llama-family GlassLM over plain arrays, llama2.c's `forward` style.
+"""One decoding step of a llama-family GlassLM over plain arrays, llama2.c's `forward` style:
+the engine's form of `glassllm.generate.next_token_logits`.
 
-Decoding feeds one token at a time, and for a small model each of the ~15 fused ops per
-layer costs more in Python and NumPy call overhead than in arithmetic (stories260K: about
-85% of a token's time). `step` is the same computation as `GlassLM.forward` for a single
-position against a `KVCache` -- the same formulas in the same order, so the same bits -- with
-none of its bookkeeping: no Tensor objects or graph closures, no id validation per layer, no
-slicing into thread-pool work, one vector per matrix product. The whole sequence of a layer
-reads top to bottom as in llama2.c's run.c.
+Decoding feeds one token at a time, and for a small model each of the ~15 ops per layer costs
+more in Python and NumPy call overhead than in arithmetic (stories260K: about 85% of a token's
+time). `step` is the same computation as the engine's `GlassLM.forward` for a single position
+against a `KVCache` -- the same formulas in the same order as the engine's forms
+(`glassllm.engine.ops`, `glassllm.engine.attention`), so the same bits -- with none of its
+bookkeeping: no Tensor objects or graph closures, no id validation per layer, no slicing into
+thread-pool work, one vector per matrix product. The whole sequence of a layer reads top to
+bottom as in llama2.c's run.c.
 
-`GlassLM.forward` stays the definition (and does the prompt, batches, and the gpt2 family);
-`tests/test_decode.py` checks that `step` gives its logits exactly.
+`GlassLM.forward` stays the definition (and does the prompt, batches, and the gpt2 family):
+`next_token_logits` below runs `step` where it applies and the reference elsewhere.
+`tests/test_decode.py` checks that `step` gives the engine forward's logits exactly, and
+`tests/test_kernels.py` that it gives the reference forward's to float32 rounding.
 """
 from __future__ import annotations
 
@@ -17,10 +21,10 @@ import math
 
 import numpy as np
 
-from .. import amp
+from .. import amp, generate, kernels
 from ..model import GlassLM, KVCache
 
-_mm = amp.matmul  # every matrix product goes through the autocast hook (here: float32)
+_mm = kernels.matmul  # the library's one matrix product (here float32: no autocast)
 
 
 def supports(model: GlassLM, cache: KVCache) -> bool:
@@ -32,18 +36,26 @@ def supports(model: GlassLM, cache: KVCache) -> bool:
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    # as functional.rms_norm_forward: rstd = 1 / sqrt(mean(x^2) + eps); (x * rstd) * weight
+    # as engine.ops.rms_norm_forward: rstd = 1 / sqrt(mean(x^2) + eps); (x * rstd) * weight
     rstd = np.divide(1.0, np.sqrt(np.einsum("...i,...i->...", x, x)[..., None] / x.shape[-1]
                                   + eps))
     return (x * rstd) * weight
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    # as functional.rope: x * cos + rotate_half(x) * sin, rotate_half(a, b) = (-b, a)
+    # as functional.rope_forward: x * cos + rotate_half(x) * sin, rotate_half(a, b) = (-b, a)
     half = x.shape[-1] // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     rotated *= sin
     return x * cos + rotated
+
+
+def _softmax_inplace(x: np.ndarray) -> np.ndarray:
+    # functional.softmax_rows in x's buffer: the same operations, the same bits (test_kernels)
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
 
 
 def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
@@ -73,11 +85,8 @@ def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
         cache.v[layer, 0, pos] = _mm(h, attention.value.weight.data).reshape(Hkv, D)
         keys = cache.k[layer, 0, :pos + 1].transpose(1, 2, 0)   # (Hkv, D, T)
         values = cache.v[layer, 0, :pos + 1].transpose(1, 0, 2)  # (Hkv, T, D)
-        # the G query heads of a KV head as G rows (functional.causal_attention's layout)
-        scores = _mm(q.reshape(Hkv, G, D) * scale, keys)  # (Hkv, G, T)
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        # the G query heads of a KV head as G rows (engine.attention's layout)
+        scores = _softmax_inplace(_mm(q.reshape(Hkv, G, D) * scale, keys))  # (Hkv, G, T)
         y = _mm(scores, values).reshape(1, H * D)
         x = x + _mm(y, attention.output.weight.data)
         # SwiGLU MLP: down(silu(gate) * up)
@@ -91,3 +100,13 @@ def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
     if cfg.tie_embeddings:
         return _mm(x, model.token_embedding.weight.data.T)[0]
     return _mm(x, model.lm_head.weight.data)[0]
+
+
+def next_token_logits(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
+    """`generate.next_token_logits`: `step` where it applies (`supports`), else the reference."""
+    if supports(model, cache):
+        return step(model, cache, token)
+    return generate.next_token_logits(model, cache, token)
+
+
+FAST_FORMS = [(generate.next_token_logits, next_token_logits)]

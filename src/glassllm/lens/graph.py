@@ -53,13 +53,14 @@ def _stats(a: np.ndarray) -> tuple | None:
 
 def op_name(t: Tensor) -> str:
     """The op that made `t`, from the qualified name of its backward closure; "leaf" for
-    leaves. Wrappers (amp's keep_autocast) are looked through."""
+    leaves. Wrappers (amp's keep_autocast, functional's graph node calling the op's picked
+    backward `<op>_backward`) are looked through."""
     fn = t._backward
     if fn is None:
         return "leaf"
     for _ in range(3):  # unwrap closures that only forward to another backward
         qual = getattr(fn, "__qualname__", "")
-        if not qual.startswith("keep_autocast"):
+        if not qual.startswith(("keep_autocast", "_node")):
             break
         inner = [c.cell_contents for c in (fn.__closure__ or ()) if callable(c.cell_contents)]
         if not inner:
@@ -74,7 +75,7 @@ def op_name(t: Tensor) -> str:
         return "trace"
     if parts[0] == "Edit":
         return "edit"
-    return parts[0]
+    return parts[0].removesuffix("_backward")  # functional's rms_norm_backward -> "rms_norm"
 
 
 @dataclasses.dataclass

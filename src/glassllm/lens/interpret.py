@@ -46,9 +46,8 @@ def _one_row(model: GlassLM, ids) -> np.ndarray:
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
-    z = z.astype(np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    """The library's log-softmax over the last axis, in float64 (`F.log_softmax_rows`)."""
+    return F.log_softmax_rows(z.astype(np.float64))
 
 
 def unembed(model: GlassLM, residual: np.ndarray) -> np.ndarray:

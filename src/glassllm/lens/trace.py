@@ -453,75 +453,16 @@ def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
 
 
 # --------------------------------------------------------------------------- explicit attention
-# What the fused causal_attention computes, written out with the T x T square materialised:
-# used only when a trace asks for scores/pattern. Query head h reads KV head h // G (G =
-# H / K), as in functional.causal_attention_forward; head index h = kv * G + g.
+# What causal_attention computes, with the T x T square materialised: functional's reference
+# pieces (scores = q k^T / sqrt(D) with the causal mask, pattern = softmax(scores), y =
+# pattern @ v; query head h reads KV head h // (H / K)), used when a trace asks for
+# scores/pattern. The names below are the ones `Trace.attention` calls.
 def attention_scores(q: np.ndarray, k: np.ndarray, q_start: int = 0) -> np.ndarray:
-    """q (B, Tq, H, D), k (B, Tk, K, D) -> scores (B, H, Tq, Tk) = q.k / sqrt(D), -inf where
-    key j is after query i's position q_start + i."""
-    B, Tq, H, D = q.shape
-    K, Tk = k.shape[2], k.shape[1]
-    G = H // K
-    # one batched GEMM per (b, kv head): (G, Tq, D) @ (D, Tk) -- what einsum
-    # "bikgd,bjkd->bkgij" says, through BLAS (health steps compute this every N steps)
-    qg = q.reshape(B, Tq, K, G, D).transpose(0, 2, 3, 1, 4)        # (B, K, G, Tq, D)
-    kt = k.transpose(0, 2, 3, 1)[:, :, None]                        # (B, K, 1, D, Tk)
-    s = np.matmul(qg, kt).reshape(B, H, Tq, Tk)
-    s *= 1.0 / math.sqrt(D)
-    s[..., _future(Tq, Tk, q_start)] = -np.inf
-    return s
+    """q (B, Tq, H, D), k (B, Tk, K, D) -> scores (B, H, Tq, Tk) (`F.attention_scores_forward`)."""
+    return F.attention_scores_forward(q, k, q_start)[0]
 
 
-def _future(Tq: int, Tk: int, q_start: int) -> np.ndarray:
-    """(Tq, Tk) bool: True where key j is in query i's future."""
-    return np.arange(Tk)[None, :] > (q_start + np.arange(Tq))[:, None]
-
-
-def softmax_rows(s: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis with the max shift (-inf entries get 0)."""
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def scores_op(q: Tensor, k: Tensor, q_start: int = 0) -> Tensor:
-    """`attention_scores` as an autograd op: q (B, Tq, H, D), k (B, Tk, K, D) -> (B, H, Tq, Tk)."""
-    B, Tq, H, D = q.shape
-    K, Tk = k.shape[2], k.shape[1]
-    G = H // K
-    future = _future(Tq, Tk, q_start)
-
-    def backward(ds):
-        ds = np.where(future, 0, ds).reshape(B, K, G, Tq, Tk) / math.sqrt(D)
-        dq = np.einsum("bkgij,bjkd->bikgd", ds, k.data).reshape(B, Tq, H, D)
-        dk = np.einsum("bkgij,bikgd->bjkd", ds, q.data.reshape(B, Tq, K, G, D))
-        return dq, dk
-
-    return Tensor.from_op(attention_scores(q.data, k.data, q_start), (q, k), backward)
-
-
-def softmax_op(s: Tensor) -> Tensor:
-    """Row softmax as an autograd op (any shape, over the last axis)."""
-    p = softmax_rows(s.data)
-
-    def backward(dp):
-        return (p * (dp - np.sum(dp * p, axis=-1, keepdims=True)),)
-
-    return Tensor.from_op(p, (s,), backward)
-
-
-def mix_op(pattern: Tensor, v: Tensor) -> Tensor:
-    """pattern (B, H, Tq, Tk) @ v (B, Tk, K, D) per head -> (B, Tq, H, D)."""
-    B, H, Tq, Tk = pattern.shape
-    K, D = v.shape[2], v.shape[3]
-    G = H // K
-    p5 = pattern.data.reshape(B, K, G, Tq, Tk)
-    y = np.einsum("bkgij,bjkd->bikgd", p5, v.data).reshape(B, Tq, H, D)
-
-    def backward(dy):
-        dy5 = dy.reshape(B, Tq, K, G, D)
-        dp = np.einsum("bikgd,bjkd->bkgij", dy5, v.data).reshape(B, H, Tq, Tk)
-        dv = np.einsum("bkgij,bikgd->bjkd", p5, dy5)
-        return dp, dv
-
-    return Tensor.from_op(y.astype(np.result_type(pattern.data, v.data), copy=False),
-                          (pattern, v), backward)
+softmax_rows = F.softmax_rows  # the library's softmax, over the last axis
+scores_op = F.attention_scores  # autograd ops: (B, Tq, H, D), (B, Tk, K, D) -> (B, H, Tq, Tk)
+softmax_op = F.softmax
+mix_op = F.attention_mix  # (B, H, Tq, Tk), (B, Tk, K, D) -> (B, Tq, H, D)
