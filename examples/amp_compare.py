@@ -3,7 +3,7 @@
 Model: Llama family, d_model 128, 4 layers, 4 heads, byte vocabulary (257), T 64, batch 16.
 Data: a text file's bytes (default ../shared/data/tinyshakespeare.txt next to the repo), first
 90% for training, last 10% for validation. Every precision trains with `safety.TrainStep`
-(clip 1.0, AdamW lr 3e-3, warmup 100 + cosine, as spec 001's `train()`; in fp32 the run is
+(clip 1.0, AdamW lr 3e-3, warmup 100 + cosine, as `glassllm.train.train()`; in fp32 the run is
 bit-identical to `train()`), and the validation loss is `glassllm.train.evaluate` (10 batches,
 seed 1234) of the float32 master weights, in float32 and under the run's own autocast.
 

@@ -175,7 +175,7 @@ def test_empty_prompt_starts_from_bos_when_the_tokenizer_has_one(capsys, monkeyp
 
 
 def test_weights_only_model_needs_tokenizer_option(capsys, tmp_path):
-    """A weights-only file (vocab 8, spec 001's example model) exits 2 with one line saying
+    """A weights-only file (vocab 8, the README's smallest example model) exits 2 with one line saying
     how to give a tokenizer; --tokenizer then makes it generate."""
     small = tmp_path / "v8.safetensors"
     model = GlassLM(Config(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1,

@@ -495,7 +495,7 @@ def test_os_errors_and_memory_errors_are_one_line(tmp_path, text_file, capsys, m
     assert not (tmp_path / "m.st").exists()
 
     import errno
-    from glassllm import train as train_module
+    from glassllm.training import trainer as train_module
 
     def full_disk(self, *a, **kw):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m.st"))

@@ -84,7 +84,7 @@ def test_load_tokenizer_stored_and_absent(tmp_path, saved):
     assert files.load(path).cfg == model.cfg
 
 
-# The vocabularies of no known tokenizer: spec 001's example model has vocab_size 8.
+# The vocabularies of no known tokenizer: the README's smallest example model has vocab_size 8.
 @pytest.mark.parametrize("cfg", [
     Config(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, max_len=4),
     Config(vocab_size=2, d_model=8, n_layers=1, n_heads=2, max_len=1, family="gpt2"),

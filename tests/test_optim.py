@@ -1,4 +1,4 @@
-"""glassllm.optim against spec 001, sentence by sentence, and against torch.optim.AdamW.
+"""glassllm.optim against its documented contract, sentence by sentence, and against torch.optim.AdamW.
 
 Each test is headed by the sentence of ../shared/spec/001_*.txt it checks.
 """

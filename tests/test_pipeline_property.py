@@ -108,7 +108,7 @@ def check_pipeline(tmp_path, cfg, data, seq_len, batch_size, precision, seed):
     V, T = cfg.vocab_size, cfg.max_len
     probe = np.random.default_rng(seed + 1).integers(0, V, size=(2, T))
 
-    # 1. spec 001's train(), two steps with validation and keep_best
+    # 1. glassllm.train.train(), two steps with validation and keep_best
     model = GlassLM(cfg, seed=seed)
     history = train(model, data, steps=2, batch_size=batch_size, seq_len=seq_len, warmup=1,
                     seed=seed, val_data=data, eval_every=1, keep_best=True, log=None)

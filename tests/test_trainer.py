@@ -1,4 +1,4 @@
-"""The Trainer of spec 004: events, best-model file, non-finite stop, equality with train().
+"""The Trainer: events, best-model file, non-finite stop, equality with train().
 
 As 004 describes: a tiny model and a 600-token array, so the loop is tested like any function.
 """
@@ -363,7 +363,7 @@ def test_settings_take_numpy_numbers_as_plain_python_ones():
 
 @pytest.mark.parametrize("cfg", [
     dict(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, max_len=16),
-    dict(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, max_len=4),  # spec 001
+    dict(vocab_size=8, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, max_len=4),  # the README's train() example
 ], ids=["vocab16", "spec001_vocab8"])
 def test_any_vocab_size_saves_its_best_model_and_checkpoints(tmp_path, cfg):
     """No tokenizer given: the model file is weights-only, whatever the vocabulary (a model

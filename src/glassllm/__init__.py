@@ -5,7 +5,7 @@ is built:
 
 - the glass, at the top: `tensor` (autograd), `functional` (every op's reference forward and
   backward), `nn`, `config` (`Config`), `model`, `taps` (where a trace listens), `amp` (mixed
-  precision), `optim`, `train` (the loop of spec 001), `generate` (sampling), `kernels` (the
+  precision), `optim`, `train` (get_batch, evaluate, the training loop), `generate` (sampling), `kernels` (the
   switch between references and the engine);
 - `glassllm.engine`: the fast forms of the ops, the thread pool, BLAS, CPU;
 - `glassllm.lens`: trace, interpret, graph, health, report;

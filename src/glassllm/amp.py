@@ -247,7 +247,7 @@ _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 class GradScaler:
     """Dynamic loss scaling with the semantics and defaults of `torch.amp.GradScaler`.
 
-    Usage, one iteration (the order matters, spec 003):
+    Usage, one iteration (the order matters, as in torch.amp's recipe):
 
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)          # grads are now true gradients; found_inf recorded

@@ -447,6 +447,8 @@ def _first_given(*values):
 def _resumed_extra(resume, path: str) -> dict:
     """What `glassllm train` stored in a checkpoint's extra (out, threads, data sources),
     type-checked: ValueError naming the checkpoint for a field of the wrong type."""
+    from .checks import check_int
+
     extra, found = resume.extra, {}
     where = f"checkpoint {path!r}"
     if "out" in extra:
@@ -455,11 +457,7 @@ def _resumed_extra(resume, path: str) -> dict:
         found["out"] = extra["out"]
     if "threads" in extra:
         lo, hi = _TRAIN_INT_BOUNDS["threads"]
-        value = extra["threads"]
-        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-            raise ValueError(f"{where}: extra.threads must be an integer in [{lo}, {hi}], got "
-                             f"{value!r}")
-        found["threads"] = value
+        found["threads"] = check_int(extra["threads"], f"{where}: extra.threads", lo, hi)
     data = extra.get("data", {})
     sources = data.get("sources") if isinstance(data, dict) else []
     if not isinstance(data, dict) or not (sources is None or isinstance(sources, list) and all(

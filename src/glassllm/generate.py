@@ -1,6 +1,6 @@
 """Text generation: sampling settings, a pure sampler, and a Generator holding the sequence.
 
-The model only scores; generating is a loop kept outside it (004): ask for the logits of the
+The model only scores; generating is a loop kept outside it (as llama2.c's `generate`): ask for the logits of the
 next position, draw a token, append it, repeat. Three pieces, as llama2.c splits them:
 
 - `Sampling`: the settings (temperature, top-k, top-p), validated once.
@@ -20,13 +20,14 @@ import numpy as np
 
 from . import functional as F
 from . import kernels, taps
+from .checks import check_int, check_real, is_int
 from .model import GlassLM, KVCache
 from .tensor import no_grad
 
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """How the next token is drawn from the logits (004, "Reste à savoir comment tirer").
+    """How the next token is drawn from the logits (llama2.c's `Sampler`).
 
     Fields:
         temperature: logits are divided by it before the softmax. 1 samples the model's own
@@ -47,24 +48,17 @@ class Sampling:
     top_p: float | None = None
 
     def __post_init__(self):
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float, np.number)) \
-                or not np.isfinite(t) or t < 0:
-            raise ValueError(f"Sampling: temperature must be a finite number >= 0, got {t!r}")
-        k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer))
-                              or k < 1):
-            raise ValueError(f"Sampling: top_k must be an integer >= 1 or None, got {k!r}")
-        p = self.top_p
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float, np.number))
-                              or not 0 < p <= 1):
-            raise ValueError(f"Sampling: top_p must be in (0, 1] or None, got {p!r}")
+        check_real(self.temperature, "Sampling: temperature", low=0)
+        if self.top_k is not None:
+            check_int(self.top_k, "Sampling: top_k (or None)", low=1)
+        if self.top_p is not None:
+            check_real(self.top_p, "Sampling: top_p (or None)", high=1, positive=True)
 
 
 def sampling_distribution(logits, sampling: Sampling) -> np.ndarray:
     """The distribution `sample_next` draws from, after temperature, top-k and top-p.
 
-    Algorithm (004's listing): probabilities = softmax(logits / temperature) in float64; sort
+    Algorithm (as llama2.c's `sample_topp` and transformers' top-k/top-p warpers): probabilities = softmax(logits / temperature) in float64; sort
     the ids from most to least probable (ties: lower id first); keep the first
     min(top_k, r) of them, where r is the smallest rank whose cumulative probability reaches
     top_p -- both cut-offs are measured on the same full distribution, so applying top-k
@@ -172,7 +166,7 @@ def next_token_logits(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
 
 
 class Generator:
-    """A growing token sequence and the KV cache that makes extending it cheap (004).
+    """A growing token sequence and the KV cache that makes extending it cheap (llama2.c's `RunState`, transformers' past_key_values).
 
     The prompt is scored in one forward pass (prefill), which fills the cache; after that each
     new token is one forward of a single position. `next_token` does the three steps: score,
@@ -217,12 +211,9 @@ class Generator:
                  vocab_limit: int | None = None):
         self.model = model
         self.cfg = model.cfg
-        if vocab_limit is not None and (
-                isinstance(vocab_limit, bool) or not isinstance(vocab_limit, (int, np.integer))
-                or not 1 <= vocab_limit <= self.cfg.vocab_size):
-            raise ValueError(f"vocab_limit must be an integer in [1, {self.cfg.vocab_size}] "
-                             f"(the model's vocab_size) or None, got {vocab_limit!r}")
-        self.vocab_limit = self.cfg.vocab_size if vocab_limit is None else int(vocab_limit)
+        self.vocab_limit = self.cfg.vocab_size if vocab_limit is None else check_int(
+            vocab_limit, "vocab_limit (at most the model's vocab_size, or None)", 1,
+            self.cfg.vocab_size)
         ids = _check_prompt(model, prompt_ids, start_id)
         self.tokens: list[int] = [int(t) for t in ids]
         self._cache = KVCache(self.cfg, batch_size=1)
@@ -253,11 +244,7 @@ class Generator:
         Raises:
             ValueError: not an integer in [0, vocab_size).
         """
-        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) \
-                or not 0 <= token_id < self.cfg.vocab_size:
-            raise ValueError(f"push: token id must be an integer in [0, {self.cfg.vocab_size}),"
-                             f" got {token_id!r}")
-        self._append(int(token_id))
+        self._append(check_int(token_id, "push: token id", 0, self.cfg.vocab_size - 1))
 
     def _append(self, token: int) -> None:
         self.tokens.append(token)
@@ -325,16 +312,12 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
             negative seed, a bad vocab_limit.
         TypeError: rng is neither a np.random.Generator, an int nor None.
     """
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        if rng < 0:
-            raise ValueError(f"generate: an int rng is a seed and must be >= 0, got {rng}")
-        rng = np.random.default_rng(int(rng))
+    if is_int(rng):
+        rng = np.random.default_rng(check_int(rng, "generate: an int rng (a seed)", low=0))
     elif rng is not None and not isinstance(rng, np.random.Generator):
         raise TypeError(f"generate: rng must be a np.random.Generator, an int seed or None, "
                         f"got {type(rng).__name__}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
-            or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    check_int(max_new_tokens, "max_new_tokens", low=0)
     generator = Generator(model, prompt_ids, start_id, vocab_limit)
     if rng is None and sampling.temperature > 0:
         rng = np.random.default_rng()
@@ -358,9 +341,7 @@ def _check_prompt(model: GlassLM, prompt_ids, start_id: int | None = None) -> np
             raise ValueError("prompt_ids is empty: an unconditional sample needs start_id, "
                              "the id to start from (glassllm.formats.tokenizer.start_id(tokenizer): "
                              "its bos_id, or eot_id when it has none)")
-        if isinstance(start_id, bool) or not isinstance(start_id, (int, np.integer)):
-            raise ValueError(f"start_id must be an integer token id, got {start_id!r}")
-        ids = np.array([int(start_id)], dtype=np.int64)
+        ids = np.array([check_int(start_id, "start_id (a token id)")], dtype=np.int64)
     if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"prompt_ids must be integer token ids, got dtype {ids.dtype}")
     bad = np.flatnonzero((ids < 0) | (ids >= model.cfg.vocab_size))

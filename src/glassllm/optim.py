@@ -2,7 +2,8 @@
 
 Sources: Adam (Kingma & Ba 2015), AdamW's decoupled weight decay (Loshchilov & Hutter 2019),
 the cosine shape of SGDR (Loshchilov & Hutter 2017) used once, without warm restarts, and
-global-norm clipping (Pascanu, Mikolov & Bengio 2013). Contract: spec 001.
+global-norm clipping (Pascanu, Mikolov & Bengio 2013). The public API and its
+contract are in the README ("The Python API").
 
 `adamw_update` and `sum_of_squares` are the reference forms, written as the papers do; the
 engine registers sliced, in-place forms of both (`glassllm.engine.optimizer`), run unless
@@ -56,7 +57,7 @@ class AdamW:
 
     State: `m`, `v` (one float array per parameter, zeros until first used), `t` (global step
     count) and `steps` (per-parameter update counts used for bias correction). No save/load.
-    Betas, eps, dtypes and lr are not validated (spec 001: supply floating parameters and
+    Betas, eps, dtypes and lr are not validated (supply floating parameters and
     mathematically valid controls). Gradient shapes are: `step` raises ValueError, before
     changing anything, when a gradient's shape differs from its parameter's (NumPy would
     broadcast a (1, n) gradient into an (n,) parameter silently).
@@ -148,7 +149,7 @@ def lr_schedule(step: int, total_steps: int, base_lr: float, warmup: int,
 
     step < warmup: base_lr * (step + 1) / warmup. Afterwards progress = (step - warmup) /
     (total_steps - warmup), capped at 1, and lr = min + (base - min) * (1 + cos(pi*progress))/2.
-    warmup=0 starts at base_lr. As spec 001 says, step >= total_steps yields the minimum once
+    warmup=0 starts at base_lr. As documented, step >= total_steps yields the minimum once
     warmup has finished: a step still inside the warmup stays on the warmup line even past
     total_steps (step 6, total_steps 5, warmup 10 gives 0.7 * base_lr). Updates run from 0 to
     total_steps - 1, so the last rate may remain slightly above the minimum.

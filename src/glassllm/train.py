@@ -1,4 +1,4 @@
-"""Batches, evaluation and the training loop of spec 001.
+"""Batches, evaluation and the training loop a reader can write by hand.
 
 `train()` is exactly this loop, which a reader can also write by hand and get the same
 weights and history:

@@ -128,21 +128,30 @@ def rms_norm_forward(x, weight, eps):
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
-def rms_norm_backward(dy, saved):
-    xhat, rstd, weight = saved
+def _norm_backward(dy, xhat, rstd, weight, centred: bool):
+    """dx of y = xhat * weight, xhat = (x [- mean(x)]) * rstd, per slice of rows, in place:
+    rstd * (dxhat [- mean(dxhat)] - xhat * mean(dxhat * xhat)), dxhat = dy * weight; the
+    bracketed terms for LayerNorm (centred) only."""
     dy2 = _rows(dy)
     C = xhat.shape[1]
-    dw = _column_dot(dy2, xhat)
     dx = np.empty(xhat.shape, dtype=np.result_type(dy2, weight))
 
     def rows(r):
-        d = np.multiply(dy2[r], weight, out=dx[r])  # dxhat, turned into dx in place:
-        # d/dx of x*rstd: rstd * (dxhat - xhat * mean(dxhat * xhat))
-        d -= xhat[r] * (_row_dot(d, xhat[r]) / C)
+        d = np.multiply(dy2[r], weight, out=dx[r])  # dxhat, turned into dx in place
+        projection = xhat[r] * (_row_dot(d, xhat[r]) / C)
+        if centred:
+            d -= d.mean(axis=-1, keepdims=True)
+        d -= projection
         d *= rstd[r]
 
     parallel.for_slices(rows, *xhat.shape)
-    return dx.reshape(dy.shape), dw
+    return dx.reshape(dy.shape)
+
+
+def rms_norm_backward(dy, saved):
+    """`functional.rms_norm_backward` per slice of rows, in place."""
+    xhat, rstd, weight = saved
+    return _norm_backward(dy, xhat, rstd, weight, centred=False), _column_dot(_rows(dy), xhat)
 
 
 def layer_norm_forward(x, weight, bias, eps):
@@ -165,23 +174,11 @@ def layer_norm_forward(x, weight, bias, eps):
 
 
 def layer_norm_backward(dy, saved):
+    """`functional.layer_norm_backward` per slice of rows, in place."""
     xhat, rstd, weight = saved
     dy2 = _rows(dy)
-    C = xhat.shape[1]
-    dw = _column_dot(dy2, xhat)
-    db = dy2.sum(axis=0)
-    dx = np.empty(xhat.shape, dtype=np.result_type(dy2, weight))
-
-    def rows(r):
-        d = np.multiply(dy2[r], weight, out=dx[r])  # dxhat, turned into dx in place:
-        # rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-        projection = xhat[r] * (_row_dot(d, xhat[r]) / C)
-        d -= d.mean(axis=-1, keepdims=True)
-        d -= projection
-        d *= rstd[r]
-
-    parallel.for_slices(rows, *xhat.shape)
-    return dx.reshape(dy.shape), dw, db
+    return (_norm_backward(dy, xhat, rstd, weight, centred=True), _column_dot(dy2, xhat),
+            dy2.sum(axis=0))
 
 
 # --------------------------------------------------------------------------- activations

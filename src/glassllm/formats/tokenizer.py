@@ -346,10 +346,7 @@ class BPETokenizer:
         Raises:
             ValueError: an id outside [0, vocab_size).
         """
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"BPETokenizer: ids must be in [0, {self.vocab_size}), got "
-                             f"range [{ids.min()}, {ids.max()}]")
+        ids = _ids_below(ids, self.vocab_size, "BPETokenizer")
         table = self._id_bytes
         return b"".join([table[i] for i in ids.tolist()])
 
@@ -643,10 +640,7 @@ class SentencePieceTokenizer:
         Raises:
             ValueError: an id outside [0, vocab_size).
         """
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"SentencePieceTokenizer: ids must be in [0, {self.vocab_size}), "
-                             f"got range [{ids.min()}, {ids.max()}]")
+        ids = _ids_below(ids, self.vocab_size, "SentencePieceTokenizer")
         out, prev = [], SP_BOS_ID
         plain, after_bos = self._bytes, self._bytes_after_bos
         for i in ids.tolist():
@@ -702,3 +696,16 @@ def _sp_piece_text(piece, i: int) -> str:
     except UnicodeDecodeError:
         raise ValueError(f"SentencePieceTokenizer: piece {i} ({bytes(piece)!r}) is not UTF-8 "
                          f"text") from None
+
+
+def _ids_below(ids, vocab_size: int, who: str) -> np.ndarray:
+    """ids as a flat int64 array, checked to lie in [0, vocab_size).
+
+    Raises:
+        ValueError: "<who>: ids must be in [0, V), got range [lo, hi]".
+    """
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"{who}: ids must be in [0, {vocab_size}), got range "
+                         f"[{ids.min()}, {ids.max()}]")
+    return ids

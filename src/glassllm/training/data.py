@@ -1,8 +1,7 @@
 """Training data: where batches come from, and token files on disk.
 
 A training loop only needs to draw batches, so data is a small protocol, `Batches`
-(spec 004: "Un corpus de plusieurs gigaoctets sur disque le remplit, et un tableau de 600
-tokens en mémoire aussi"):
+(a multi-gigabyte token file on disk fills it, and so does a 600-token array in memory):
 
     token_count() -> int
     batch(rng, batch_size, seq_len) -> (x, y)   int64 (batch_size, seq_len), y the next tokens
@@ -43,7 +42,7 @@ import numpy as np
 
 from ..formats.atomic import AtomicFile, about, atomic_write
 from ..formats.tokenizer import ByteTokenizer, tokenizer_from_json
-from ..train import get_batch  # the one batch sampler (spec 001)
+from ..train import get_batch  # the one batch sampler
 
 TOKEN_FILE_FORMAT = "glassllm-tokens"
 TOKEN_FILE_VERSION = 1
@@ -54,7 +53,7 @@ CHUNK_BYTES = 1 << 20  # text read per step of `prepare`: the bound on its worki
 
 @runtime_checkable
 class Batches(Protocol):
-    """A source of training batches (spec 004's `Batches` trait)."""
+    """A source of training batches (in memory or a memory-mapped token file)."""
 
     def token_count(self) -> int:
         """Number of tokens in the source."""

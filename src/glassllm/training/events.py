@@ -1,6 +1,6 @@
 """The events of a training run: what `Trainer.run` reports, in this order.
 
-The loop never prints; the caller decides (004). A fresh run starts with `Started`, a resumed
+The loop never prints; the caller decides. A fresh run starts with `Started`, a resumed
 one with `Resumed`. Each update, once it is complete, sends: on a health step `HealthChecked`
 and any `HealthWarning` (`glassllm.lens.health`), then `Stepped`, then on an evaluation step
 `Evaluated` and, when validation improved and there is a model file, `Saved`; after them

@@ -1,7 +1,8 @@
-"""Training safety belts (spec 003): a guarded training step, a per-step CSV log, a skip alert.
+"""Training safety belts: a guarded training step, a per-step CSV log, a skip alert.
 
 `TrainStep` runs one optimizer update in the order that keeps mixed precision and clipping
-correct (spec 003; PyTorch's AMP recipe):
+correct (PyTorch's automatic-mixed-precision recipe, torch/amp/grad_scaler.py;
+Micikevicius et al. 2018):
 
     autocast forward -> loss (float32) -> loss finite?          no: skip "nonfinite_loss"
     -> scaler.scale(loss).backward() -> scaler.unscale_(opt)
@@ -21,7 +22,7 @@ inf check agrees across ranks: an overflow on one rank is an inf in everyone's s
 `scaler.update()` runs on every step, skipped ones too: that is how a skip halves the scale.
 A skipped step never calls `optimizer.step`, so weights, AdamW moments and per-parameter step
 counts stay bit-for-bit what they were. In precision "fp32" with the scaler disabled, a clean
-step is exactly spec 001's `train()` update (same clip, same AdamW call), so the two give
+step is exactly `glassllm.train.train`'s update (same clip, same AdamW call), so the two give
 identical weights.
 
 `StepCSVLog` writes one flushed CSV row per attempted step; `SkipRateMonitor` raises
@@ -87,7 +88,7 @@ class TrainStep:
         optimizer: a `glassllm.optim.AdamW` over the model's parameters (`.params`,
             `.zero_grad()`, `.step(lr)`).
         precision: "fp32" (no autocast), "fp16" or "bf16" (matmuls under `amp.autocast`).
-        clip: max global L2 norm of the unscaled gradients (spec 001 uses 1.0); None: no clip.
+        clip: max global L2 norm of the unscaled gradients (`glassllm.train.train` uses 1.0); None: no clip.
         scaler: an `amp.GradScaler`; default: enabled for fp16, disabled for bf16 and fp32
             (bfloat16 has float32's exponent range and does not need loss scaling).
         comm: a communicator (`glassllm.training.distributed`) whose ranks each call this step on
@@ -123,7 +124,7 @@ class TrainStep:
         Returns the StepRecord. Exceptions of the model's forward (bad ids, shapes)
         propagate before the weights, AdamW moments and step counts or the loss scale change;
         the gradients are already cleared by then (`optimizer.zero_grad()` comes first, as in
-        spec 001's loop, so every `.grad` is None afterwards).
+        `glassllm.train.train`'s loop, so every `.grad` is None afterwards).
 
         Raises:
             ValueError: B not a multiple of micro_batches.
@@ -189,7 +190,7 @@ class TrainStep:
                               scaler.get_scale())
         post = pre
         if self.clip is not None:
-            clip_grad_norm(opt.params, self.clip, norm=pre)  # spec 001's clip, as in train()
+            clip_grad_norm(opt.params, self.clip, norm=pre)  # the clip of glassllm.train.train
             if pre > self.clip:  # its factor scaled every gradient: the norm scaled with them
                 post = pre * (self.clip / (pre + 1e-6))
         scaler.step(opt, lr)
@@ -290,7 +291,7 @@ class SkipRateExceeded(RuntimeError):
 
 
 class SkipRateMonitor:
-    """Rolling skip-rate alert (spec 003: "a skip counter is an alert, not a log line").
+    """Rolling skip-rate alert (a skip counter is an alert, not a log line).
 
     The rate at a step is skips / steps over the last `window` updates (fewer at the start).
     When that rate is > max_rate on `window` consecutive updates, update() raises

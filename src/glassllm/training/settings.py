@@ -27,7 +27,7 @@ _OPTIONAL = ("checkpoint_every", "max_skip_rate", "health_every")  # None: not u
 
 @dataclasses.dataclass
 class TrainSettings:
-    """What a training run does not change on the way (004's `settings`).
+    """What a training run does not change on the way (the `settings` of a run).
 
     The defaults are the `glassllm train` defaults: with the default model (llama family,
     d_model 128, 4 layers, 4 heads, 2 KV heads) they train on tinyshakespeare to a validation
@@ -46,15 +46,15 @@ class TrainSettings:
             too, so the validation loss does not depend on how they are split.
         lr: peak learning rate of `lr_schedule` (warmup then cosine to lr * min_lr_ratio).
         warmup: linear warmup steps.
-        clip: max global L2 norm of the (unscaled) gradients, spec 001's 1.0.
+        clip: max global L2 norm of the (unscaled) gradients, 1.0 as in `glassllm.train.train`.
         eval_every: evaluate after update `step` when step % eval_every == 0, and after the
-            last update (spec 001's rhythm).
+            last update (the rhythm of `glassllm.train.train`).
         eval_batches: batches per evaluation, of N * grad_accum * batch_size windows of
             seq_len (N ranks), drawn with the fixed `eval_seed`, so every evaluation sees the
             same windows.
         seed: seed of the batch sampler `np.random.default_rng(seed)`.
         precision: "fp32", "fp16" (autocast + dynamic loss scaling) or "bf16" (autocast).
-        log_csv: path of the per-step CSV of spec 003 (None: no CSV).
+        log_csv: path of the per-step CSV (`glassllm.training.safety.StepCSVLog`) (None: no CSV).
         max_skip_rate: stop with SkipRateExceeded when the rolling skip rate stays above this
             for 100 steps, or, in a run of fewer than 100 steps, when the skip rate of the
             whole run is above it at its end (None: no alert).

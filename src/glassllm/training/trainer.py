@@ -1,4 +1,4 @@
-"""Trainer: the training program around spec 001's loop (`glassllm.train`).
+"""Trainer: the training program around the loop of `glassllm.train` (`glassllm.train`).
 
 Same update as `glassllm.train.train`, plus events instead of printing, the best model written
 to a file, checkpoints with exact resume, Ctrl-C safety and the mixed-precision step
@@ -137,7 +137,7 @@ class _DeferredInterrupt:
 
 
 class Trainer:
-    """The training loop of spec 004: events, best-model file, checkpoints, exact resume.
+    """The training program: events, best-model file, checkpoints, exact resume.
 
     Args:
         settings: a TrainSettings.
@@ -158,7 +158,7 @@ class Trainer:
     locked (`glassllm.training.lock`): a second run on one of them is refused, naming the first one.
 
     Each update is one `glassllm.training.safety.TrainStep` call: loss, backward, clip, AdamW at
-    `lr_schedule(step, steps, lr, warmup, min_lr_ratio)`. In fp32 it is exactly spec 001's
+    `lr_schedule(step, steps, lr, warmup, min_lr_ratio)`. In fp32 it is exactly `glassllm.train.train`'s
     `train()` update, so with `ArrayBatches(data)` and the same seed both give the same weights.
     Validation is in float32 (no autocast), `eval_batches` batches drawn with `eval_seed`.
     With grad_accum = K > 1 an update is K micro-batches whose gradients are averaged
@@ -506,7 +506,7 @@ class Trainer:
     def _evaluate(self, model: GlassLM) -> float:
         """Mean validation loss (nats/token) over eval_batches fixed batches of N*K*B windows,
         in float32, each rank evaluating its rows in K pieces of B and the sums reduced; with
-        N = K = 1 and ArrayBatches this equals spec 001's evaluate(model, ids, B, T, n, seed)."""
+        N = K = 1 and ArrayBatches this equals `glassllm.train.evaluate`(model, ids, B, T, n, seed)."""
         s, comm = self.settings, self.comm
         rng = np.random.default_rng(s.eval_seed)
         rows = s.grad_accum * s.batch_size
