@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # The imports the 0.1 README showed, as a user's code has them.
@@ -131,3 +133,28 @@ def test_python_m_the_old_launch_runs_the_new_one(tmp_path):
         # no runpy RuntimeWarning ("found in sys.modules ... prior to execution")
         assert ("glassllm.launch moved to glassllm.training.launch" in run.stderr) == warning
         assert "RuntimeWarning" not in run.stderr, (module, run.stderr)
+
+
+def test_two_imports_in_flight_each_get_their_own_module_spec_back():
+    """Threads import different names at once; the finder once kept the new module's spec in
+    one attribute of its own, so A's exec_module could give A the spec of B's module (then
+    importlib.reload(A) would run B's code into A)."""
+    import importlib.util
+    from glassllm._moved import MovedModuleFinder
+    from glassllm.formats import files
+    from glassllm.training import safety
+    finder = MovedModuleFinder()
+    a = importlib.util.spec_from_loader("glassllm.files", finder)
+    b = importlib.util.spec_from_loader("glassllm.safety", finder)
+    with pytest.warns(DeprecationWarning):
+        module_a = finder.create_module(a)
+        module_b = finder.create_module(b)
+    own = files.__spec__, safety.__spec__
+    try:
+        module_a.__spec__, module_b.__spec__ = a, b  # as the import system does
+        finder.exec_module(module_a)
+        finder.exec_module(module_b)
+        assert module_a is files and files.__spec__.name == "glassllm.formats.files"
+        assert module_b is safety and safety.__spec__.name == "glassllm.training.safety"
+    finally:
+        files.__spec__, safety.__spec__ = own

@@ -42,12 +42,12 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         warnings.warn(message(spec.name), DeprecationWarning, stacklevel=2)
         module = importlib.import_module(MOVED[spec.name])
-        self._own_spec = module.__spec__
+        spec.loader_state = module.__spec__  # on this import's own spec: threads import apart
         return module
 
     def exec_module(self, module):
         # the import system wrote the old name's spec onto the module: give it back its own
-        module.__spec__ = self._own_spec
+        module.__spec__ = module.__spec__.loader_state
 
     def get_code(self, fullname):
         """`python -m OLD ARGS`: runpy asks for the old name's code; this code warns and runs
