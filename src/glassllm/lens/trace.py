@@ -27,9 +27,10 @@ Values are the model's own float arrays, not copies (cheap; never write into the
 pattern are not handed out by the attention op (`functional.causal_attention`: its engine
 form works in query blocks and never holds the T x T square): when one of them is asked for,
 the trace computes them from the traced q and k (`attention_scores`), and
-`tests/test_trace.py` checks they equal the probabilities inside the op. When a gradient of scores/pattern, or an edit of them, is
-asked for, the attention of that layer is computed explicitly as pattern @ v so both are on the
-autograd graph (equal to the fused op's output to float32 rounding, tested).
+`tests/test_trace.py` checks they equal the probabilities inside the op. When a gradient of
+scores/pattern, or an edit of them, is asked for, the attention of that layer is computed
+explicitly as pattern @ v so both are on the autograd graph (equal to the fused op's output to
+float32 rounding, tested).
 
 Edits (`Edit`) replace part of a named value as the forward passes it (ablation, activation
 patching; see `glassllm.lens.interpret`): the replaced elements are constants (zero gradient), the
