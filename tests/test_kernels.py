@@ -355,6 +355,41 @@ def test_use_restores_the_mode_and_refuses_unknown_names():
     assert kernels.mode() == before
 
 
+def test_use_is_per_thread_and_two_threads_blocks_leave_no_mode_behind():
+    """Thread A enters reference, B enters engine, A leaves, B leaves: with one process-wide
+    mode, B's exit restored A's "reference" for good (every later op of every thread slow)."""
+    import threading
+    before, seen = kernels.mode(), {}
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        with kernels.use("reference"):
+            a_in.set()
+            b_in.wait(10)
+            seen["a"] = kernels.mode(), kernels.pick(F.gelu_forward) is F.gelu_forward
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with kernels.use("engine"):
+            b_in.set()
+            a_out.wait(10)
+            seen["b"] = kernels.mode(), kernels.pick(F.gelu_forward) is ops.gelu_forward
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == {"a": ("reference", True), "b": ("engine", True)}
+    assert kernels.mode() == before
+    with kernels.use("reference"):  # a thread started inside a block runs the process's mode
+        t = threading.Thread(target=lambda: seen.update(c=kernels.mode()))
+        t.start()
+        t.join(20)
+    assert seen["c"] == before
+
+
 def test_pick_returns_the_reference_when_nothing_is_registered():
     def lonely():
         pass

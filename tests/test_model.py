@@ -6,6 +6,8 @@ parameter gradient.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -260,6 +262,17 @@ def test_config_number_errors_are_one_line_naming_the_field(field, value, messag
     with pytest.raises(ValueError) as error:
         small_config(**{field: value})
     assert str(error.value) == message
+
+
+def test_config_llama_d_ff_is_exact_for_any_d_model():
+    """8/3 d_model rounded up to a multiple of 32, in integers: a d_model past float's range
+    once raised OverflowError (no field named), one past 2^53 got a rounded d_ff."""
+    for d in range(1, 3000):
+        assert Config(d_model=d, n_heads=1, family="gpt2").d_ff == 4 * d
+        assert Config(d_model=2 * d, n_heads=1).d_ff == 32 * math.ceil(8 * 2 * d / 3 / 32)
+    for d in (2**70 + 2, 10**400):
+        d_ff = Config(d_model=d, n_heads=1).d_ff
+        assert d_ff % 32 == 0 and 96 * d_ff >= 32 * 8 * d > 96 * (d_ff - 32)
 
 
 def test_odd_head_dim_is_fine_without_rope():

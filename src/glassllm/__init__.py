@@ -21,6 +21,8 @@ from .tensor import Tensor, no_grad
 from . import amp, engine  # noqa: E402,F401  (imported for their registrations)
 
 _moved.install()
+# `import glassllm; glassllm.blas`: 0.1 loaded a few modules as a side effect of the import
+__getattr__ = _moved.package_attribute
 
 __all__ = ["Tensor", "no_grad", "Config", "GlassLM"]
 __version__ = "0.1.0"

@@ -2,7 +2,10 @@
 
 `import glassllm.files` (or `from glassllm import files`) gives the module now at
 `glassllm.formats.files`: the same module object, so a monkeypatch or an isinstance check
-through the old name acts on the new module. The old names go in a later release.
+through the old name acts on the new module. `python -m glassllm.launch` runs the new module
+as the program, and `import glassllm; glassllm.blas` (0.1 loaded a few modules as a side
+effect) reaches the new module through the package's `__getattr__`. The old names go in a later
+release.
 """
 from __future__ import annotations
 
@@ -23,6 +26,11 @@ MOVED = {
 }
 
 
+def message(old: str) -> str:
+    return (f"{old} moved to {MOVED[old]}; import it from there (the old path goes in a later "
+            f"release)")
+
+
 class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """A finder on `sys.meta_path` that answers the old names with the moved modules."""
 
@@ -32,16 +40,34 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        new = MOVED[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; import it from there (the old path goes in "
-                      f"a later release)", DeprecationWarning, stacklevel=2)
-        module = importlib.import_module(new)
-        self._own_spec = module.__spec__
+        warnings.warn(message(spec.name), DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(MOVED[spec.name])
+        spec.loader_state = module.__spec__  # on this import's own spec: threads import apart
         return module
 
     def exec_module(self, module):
         # the import system wrote the old name's spec onto the module: give it back its own
-        module.__spec__ = self._own_spec
+        module.__spec__ = module.__spec__.loader_state
+
+    def get_code(self, fullname):
+        """`python -m OLD ARGS`: runpy asks for the old name's code; this code warns and runs
+        the new module as `__main__` (its own name, package and file, as `-m NEW` would)."""
+        source = (f"import runpy, warnings\n"
+                  f"warnings.warn({message(fullname)!r}, DeprecationWarning)\n"
+                  f"runpy.run_module({MOVED[fullname]!r}, run_name='__main__', alter_sys=True)\n")
+        return compile(source, f"<{fullname}: moved to {MOVED[fullname]}>", "exec")
+
+
+def package_attribute(name: str):
+    """`glassllm.<old name>` as an attribute of the package (its module `__getattr__`): the
+    moved module, with the DeprecationWarning, once (the attribute is set on the package)."""
+    old = f"glassllm.{name}"
+    if old not in MOVED:
+        raise AttributeError(f"module 'glassllm' has no attribute {name!r}")
+    warnings.warn(message(old), DeprecationWarning, stacklevel=2)
+    module = importlib.import_module(MOVED[old])
+    setattr(sys.modules["glassllm"], name, module)
+    return module
 
 
 def install() -> None:

@@ -6,7 +6,6 @@ them off the layer constructors, so the architecture is described once, in `mode
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -72,8 +71,10 @@ class Config:
                              f"{self.tie_embeddings!r}")
         self._check_heads_and_family()
         if self.d_ff is None:
+            # ceil(8 d / 3 / 32) in integers: exact for any d_model (a float overflows
+            # past 1e308 and rounds past 2^53)
             self.d_ff = 4 * self.d_model if self.family == "gpt2" else \
-                32 * math.ceil(8 * self.d_model / 3 / 32)
+                32 * -(-8 * self.d_model // (3 * 32))
         self.d_ff = check_int(self.d_ff, "Config.d_ff", low=1)
         for name in ("rope_theta", "norm_eps"):
             setattr(self, name, check_real(getattr(self, name), f"Config.{name}", positive=True))

@@ -420,8 +420,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0) -> Tenso
 # --------------------------------------------------------------------------- loss
 def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     """loss = -mean over rows of log softmax(z)[target]. logits [N, V], targets [N] ints in
-    [0, V) -> (loss, a 0-d array of logits' dtype). `overwrite_logits` lets a form keep its
-    buffers in logits (the engine's memory trick); this one never writes there."""
+    [0, V) -> loss (a 0-d array of logits' dtype), saved. `overwrite_logits` lets a form keep
+    its buffers in logits (the engine's memory trick); this one never writes there."""
     logp = log_softmax_rows(logits)                                  # [N, V]
     loss = -np.mean(logp[np.arange(len(targets)), targets])
     return np.asarray(loss, dtype=logits.dtype), (logp, targets)

@@ -13,9 +13,11 @@ two meet:
 
 The mode starts as the environment variable GLASSLLM_KERNELS says, read once at import:
 "engine" (the default) picks the fast form wherever one is registered, "reference" picks the
-reference everywhere. A forward/backward pair is registered as a pair (two tuples): the
-`saved` values the forward hands its backward are the pair's own format, so the two are
-swapped together, and an op picks both when its forward runs.
+reference everywhere. `set_mode` changes the process's mode; `use` changes it for the thread
+that runs the block only (per thread, as grad mode, autocast and the taps are: two threads'
+blocks cannot leave each other's mode behind). A forward/backward pair is registered as a
+pair (two tuples): the `saved` values the forward hands its backward are the pair's own
+format, so the two are swapped together, and an op picks both when its forward runs.
 
 The one matrix product of the library is here too, `matmul(a, b, out=None)`, in two layers
 that plug in from outside, so that the core (`tensor`, `functional`) imports neither the
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Callable
 
 import numpy as np
@@ -52,13 +55,22 @@ _mode = _check_mode(os.environ.get(ENV_VAR, "engine").strip().lower() or "engine
 _fast: dict[Callable, Callable] = {}  # reference -> the engine's fast form
 
 
+class _ThreadMode(threading.local):
+    name: str | None = None  # this thread's mode inside `use`; None: the process's
+
+
+_thread = _ThreadMode()
+
+
 def mode() -> str:
-    """The mode ops run in now: "engine" (fast forms where registered) or "reference"."""
-    return _mode
+    """The mode ops run in now, in this thread: "engine" (fast forms where registered) or
+    "reference"."""
+    return _thread.name or _mode
 
 
 def set_mode(name: str) -> None:
-    """Run the ops in `name` mode from now on ("engine" or "reference"), as GLASSLLM_KERNELS.
+    """Run the ops of every thread in `name` mode from now on ("engine" or "reference"), as
+    GLASSLLM_KERNELS (a thread inside a `use` block keeps that block's mode).
 
     Raises:
         ValueError: another name.
@@ -69,19 +81,18 @@ def set_mode(name: str) -> None:
 
 @contextlib.contextmanager
 def use(name: str):
-    """Context manager: the ops inside run in `name` mode; the previous mode is restored on
-    exit. An op picks its forms when its forward runs, so a backward called after the block
-    runs the pair its forward ran. The mode is the process's, not the thread's.
+    """Context manager: the ops this thread runs inside the block run in `name` mode; other
+    threads keep theirs, and this thread's previous mode is back on exit. An op picks its forms
+    when its forward runs, so a backward called after the block runs the pair its forward ran.
 
     Raises:
         ValueError: a name other than "engine" or "reference".
     """
-    previous = _mode
-    set_mode(name)
+    previous, _thread.name = _thread.name, _check_mode(name)
     try:
         yield
     finally:
-        set_mode(previous)
+        _thread.name = previous
 
 
 def register(reference, fast) -> None:
@@ -106,7 +117,7 @@ def register(reference, fast) -> None:
 def pick(reference: Callable) -> Callable:
     """The form of `reference` to run now: its registered engine form in engine mode, else
     `reference` itself (reference mode, or nothing registered)."""
-    if _mode == "reference":
+    if (_thread.name or _mode) == "reference":
         return reference
     return _fast.get(reference, reference)
 

@@ -24,12 +24,13 @@ to skip the rest of the forward), and its size is estimated before anything is k
 (`estimate_bytes`, `max_bytes`).
 
 Values are the model's own float arrays, not copies (cheap; never write into them). Scores and
-pattern are not formed by the fused attention op (`functional.causal_attention` works in query
-blocks and never holds the T x T square): when one of them is asked for, the trace computes
-them from the traced q and k (`attention_scores`), and `tests/test_trace.py` checks they equal
-the probabilities inside the op. When a gradient of scores/pattern, or an edit of them, is
-asked for, the attention of that layer is computed explicitly as pattern @ v so both are on the
-autograd graph (equal to the fused op's output to float32 rounding, tested).
+pattern are not handed out by the attention op (`functional.causal_attention`: its engine
+form works in query blocks and never holds the T x T square): when one of them is asked for,
+the trace computes them from the traced q and k (`attention_scores`), and
+`tests/test_trace.py` checks they equal the probabilities inside the op. When a gradient of
+scores/pattern, or an edit of them, is asked for, the attention of that layer is computed
+explicitly as pattern @ v so both are on the autograd graph (equal to the fused op's output to
+float32 rounding, tested).
 
 Edits (`Edit`) replace part of a named value as the forward passes it (ablation, activation
 patching; see `glassllm.lens.interpret`): the replaced elements are constants (zero gradient), the
@@ -456,7 +457,7 @@ def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
 # What causal_attention computes, with the T x T square materialised: functional's reference
 # pieces (scores = q k^T / sqrt(D) with the causal mask, pattern = softmax(scores), y =
 # pattern @ v; query head h reads KV head h // (H / K)), used when a trace asks for
-# scores/pattern. The names below are the ones `Trace.attention` calls.
+# scores/pattern. The names below are the ones `Trace.attend` calls.
 def attention_scores(q: np.ndarray, k: np.ndarray, q_start: int = 0) -> np.ndarray:
     """q (B, Tq, H, D), k (B, Tk, K, D) -> scores (B, H, Tq, Tk) (`F.attention_scores_forward`)."""
     return F.attention_scores_forward(q, k, q_start)[0]

@@ -1,4 +1,4 @@
-"""The running of trainings: the program around the loop of `glassllm.train` (`glassllm.train`).
+"""The running of trainings: the program around the loop of `glassllm.train`.
 
 - `trainer`: `Trainer` (events, best model file, checkpoints, exact resume, Ctrl-C);
   `settings`: its `TrainSettings`; `events`: what it reports; `errors`: how it stops early;

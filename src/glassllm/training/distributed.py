@@ -45,8 +45,6 @@ import time
 
 import numpy as np
 
-from .launch import launcher_size
-
 DEFAULT_TIMEOUT_S = 300.0  # a collective that waits this long means a rank is lost or hung
 ABORT_GRACE_S = 0.5  # for a rank's last message to reach the launcher before MPI_Abort
 
@@ -95,6 +93,9 @@ def from_environment(timeout_s: float = DEFAULT_TIMEOUT_S):
     Raises:
         RuntimeError: started by a launcher with N > 1 ranks but mpi4py is not installed.
     """
+    # imported here, not at the top: `python -m glassllm.training.launch` imports this package
+    # first, and runpy warns when the module it is about to run was already imported
+    from .launch import launcher_size
     size = launcher_size()
     if size == 1:
         return SerialCommunicator()

@@ -1,4 +1,4 @@
-"""Trainer: the training program around the loop of `glassllm.train` (`glassllm.train`).
+"""Trainer: the training program around the loop of `glassllm.train`.
 
 Same update as `glassllm.train.train`, plus events instead of printing, the best model written
 to a file, checkpoints with exact resume, Ctrl-C safety and the mixed-precision step
