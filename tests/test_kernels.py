@@ -427,10 +427,17 @@ def test_environment_variable_chooses_the_mode_and_a_bad_value_is_one_clear_erro
     assert out.returncode == 0, out.stderr
     mode, count, all_references = out.stdout.split()
     assert mode == "reference" and int(count) >= 25 and all_references == "True"
-    bad = python("import glassllm", GLASSLLM_KERNELS="fast")
+    bad = python("import glassllm; glassllm.GlassLM(glassllm.Config(d_model=8, n_heads=2))([1])",
+                 GLASSLLM_KERNELS="fast")
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines()[-1] == (
         "ValueError: GLASSLLM_KERNELS: expected 'engine' or 'reference', got 'fast'")
+    # the command line says it in one line, naming the variable
+    cli = subprocess.run([sys.executable, "-m", "glassllm.cli", "train", "--steps", "1"],
+                         env={**os.environ, "PYTHONPATH": str(SRC), "GLASSLLM_KERNELS": "fast"},
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode != 0 and cli.stderr.strip().splitlines() == [
+        "glassllm train: error: GLASSLLM_KERNELS: expected 'engine' or 'reference', got 'fast'"]
 
 
 def test_the_glass_imports_neither_the_engine_nor_autocast_and_runs_without_them():

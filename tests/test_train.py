@@ -572,7 +572,8 @@ def test_log_none_prints_nothing_and_default_prints(capsys):
 
 # "steps<0, warmup<0 or eval_every<=0 raise ValueError before updates."
 @pytest.mark.parametrize("bad", [dict(steps=-1), dict(warmup=-1), dict(eval_every=0),
-                                 dict(eval_every=-5)])
+                                 dict(eval_every=-5), dict(steps=True), dict(steps=2.5),
+                                 dict(warmup=1.5)])
 def test_bad_controls_raise_before_updates(bad):
     model = tiny_model()
     before = weights(model)

@@ -1024,7 +1024,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
     from .engine.blas import BlasError
     from .lens.interpret import AttributionError
+    from . import kernels
     try:
+        kernels.mode()  # a mistyped GLASSLLM_KERNELS is this command's one error line
         return int(args.func(args) or 0)
     except (KeyboardInterrupt, BrokenPipeError, MemoryError, UsageError, OSError,
             ValueError, BlasError, AttributionError) as e:

@@ -11,7 +11,7 @@ two meet:
     with kernels.use("reference"): ...   # tests: run the references (or "engine") inside
     kernels.mode()                       # "engine" or "reference"
 
-The mode starts as the environment variable GLASSLLM_KERNELS says, read once at import:
+The mode starts as the environment variable GLASSLLM_KERNELS says, read once, at the first op:
 "engine" (the default) picks the fast form wherever one is registered, "reference" picks the
 reference everywhere. `set_mode` changes the process's mode; `use` changes it for the thread
 that runs the block only (per thread, as grad mode, autocast and the taps are: two threads'
@@ -51,7 +51,10 @@ def _check_mode(name) -> str:
     return name
 
 
-_mode = _check_mode(os.environ.get(ENV_VAR, "engine").strip().lower() or "engine")
+# The process's mode, from GLASSLLM_KERNELS at the first op (checked then, not at import: a
+# mistyped value is then one error line from the command that ran the op, not a traceback
+# from `import glassllm`); set_mode replaces it.
+_mode: str | None = None
 _fast: dict[Callable, Callable] = {}  # reference -> the engine's fast form
 
 
@@ -65,7 +68,13 @@ _thread = _ThreadMode()
 def mode() -> str:
     """The mode ops run in now, in this thread: "engine" (fast forms where registered) or
     "reference"."""
-    return _thread.name or _mode
+    return _thread.name or _mode or _mode_from_environment()
+
+
+def _mode_from_environment() -> str:
+    global _mode
+    _mode = _check_mode(os.environ.get(ENV_VAR, "engine").strip().lower() or "engine")
+    return _mode
 
 
 def set_mode(name: str) -> None:
@@ -117,7 +126,7 @@ def register(reference, fast) -> None:
 def pick(reference: Callable) -> Callable:
     """The form of `reference` to run now: its registered engine form in engine mode, else
     `reference` itself (reference mode, or nothing registered)."""
-    if (_thread.name or _mode) == "reference":
+    if (_thread.name or _mode or _mode_from_environment()) == "reference":
         return reference
     return _fast.get(reference, reference)
 

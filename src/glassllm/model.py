@@ -73,7 +73,7 @@ class MLP(Module):
         self.down = Linear(cfg.d_ff, cfg.d_model, rng, bias,
                            std=0.02 / math.sqrt(2 * cfg.n_layers))
 
-    def __call__(self, x: Tensor, i: int = 0) -> Tensor:
+    def __call__(self, x: Tensor, i: int) -> Tensor:
         x = tap(f"blocks.{i}.mlp.input", x)
         if self.swiglu:  # hidden_pre is the activation's input: gate(x), or up(x) for GELU
             g = tap(f"blocks.{i}.mlp.hidden_pre", self.gate(x))

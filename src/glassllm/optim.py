@@ -33,7 +33,9 @@ def adamw_update(p, g, m, v, *, lr: float, beta1: float, beta2: float, eps: floa
         v_hat = v / (1 - beta2^t)
         p <- p - lr m_hat / (sqrt(v_hat) + eps)
 
-    p, g, m, v: arrays of one shape and dtype; weight_decay 0 decays nothing.
+    p, g, m, v: arrays of one shape and dtype; weight_decay 0 decays nothing. The decay is
+    scaled by lr, as torch.optim.AdamW does; the paper scales it by the schedule multiplier
+    eta_t alone, which is the same decay once wd is read as lr * wd at the base rate.
     """
     if weight_decay:
         p *= 1.0 - lr * weight_decay

@@ -20,6 +20,7 @@ import warnings
 
 import numpy as np
 
+from .checks import check_int
 from .model import GlassLM
 from .optim import AdamW, clip_grad_norm, lr_schedule
 from .tensor import no_grad
@@ -130,12 +131,9 @@ def train(model: GlassLM, data: np.ndarray, steps: int, batch_size: int = 16,
         TimeoutError: the run (validation included) passed TRAIN_DEADLINE_S seconds,
             checked between steps and their stages; no partial history is returned.
     """
-    if steps < 0:
-        raise ValueError(f"train: steps must be >= 0, got {steps}")
-    if warmup < 0:
-        raise ValueError(f"train: warmup must be >= 0, got {warmup}")
-    if eval_every <= 0:
-        raise ValueError(f"train: eval_every must be positive, got {eval_every}")
+    check_int(steps, "train: steps", low=0)
+    check_int(warmup, "train: warmup", low=0)
+    check_int(eval_every, "train: eval_every", low=1)
     deadline = _Deadline(TRAIN_DEADLINE_S)  # checked between the NumPy operations
     params = model.parameters()
     optimizer = AdamW(params, lr=lr)
