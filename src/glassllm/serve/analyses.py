@@ -197,13 +197,17 @@ def patching(loaded, clean: np.ndarray, corrupted: np.ndarray, target: str, corr
     """Activation patching (`interpret.patching_sweep`) of the clean run's `target` into the
     corrupted run, one cell at a time: layer x position (layer x head for head_output), the
     metric the logit difference correct - wrong at `position` (`interpret.logit_difference`;
-    defaults: the clean and the corrupted run's top guesses there)."""
+    defaults: the clean run's top guess there, and the corrupted run's top guess other
+    than that one)."""
     model = loaded.model
     if correct is None or wrong is None:
         logits_clean, _ = run_with_cache(model, clean, names=["logits"])
         logits_corrupted, _ = run_with_cache(model, corrupted, names=["logits"])
-        correct = int(np.argmax(logits_clean[0, position])) if correct is None else correct
-        wrong = int(np.argmax(logits_corrupted[0, position])) if wrong is None else wrong
+        if correct is None:
+            correct = int(np.argmax(logits_clean[0, position]))
+        if wrong is None:  # the corrupted run's top guess other than `correct`
+            ranked = np.argsort(-logits_corrupted[0, position], kind="stable")[:2]
+            wrong = int(ranked[0] if ranked[0] != correct else ranked[1])
     sweep = interpret.patching_sweep(model, clean[None, :], corrupted[None, :],
                                      interpret.logit_difference(correct, wrong, position),
                                      target=target,

@@ -48,8 +48,9 @@ def template() -> str:
             any(f"__{slot}__" in css + script for slot in ("DATA", "NONCE")):
         raise RuntimeError(f"{folder}: app.css or app.js closes its element or holds a slot")
     page = page.replace("__STYLE__", css).replace("__SCRIPT__", script)
-    if page.count("__DATA__") != 1 or page.count("__NONCE__") != 1:
-        raise RuntimeError(f"{folder}: index.html must hold __DATA__ and __NONCE__ once each")
+    # the nonce twice: the policy's meta tag and the script element
+    if page.count("__DATA__") != 1 or page.count("__NONCE__") != 2:
+        raise RuntimeError(f"{folder}: index.html must hold __DATA__ once and __NONCE__ twice")
     return page
 
 
