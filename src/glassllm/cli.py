@@ -1032,7 +1032,8 @@ def add_serve(sub) -> None:
                    help=f"port (default {SERVE_PORT}; 0 takes a free one, the URL says which)")
     p.add_argument("--open", action="store_true", help="open the page in the web browser")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="threads the analyses compute on (default: the engine's, one per core)")
+                   help="threads the analyses compute on (default: one per core, or the cores "
+                        "other processes leave free when the machine is busy)")
     p.set_defaults(func=run_serve)
 
 
@@ -1073,12 +1074,7 @@ def run_serve(args) -> int:
         if args.open:
             import webbrowser
             webbrowser.open(url)
-    if args.threads is None:
-        run(server, args.host, args.port, announce)
-    else:
-        from .engine import cpu
-        with cpu.use_threads(args.threads):
-            run(server, args.host, args.port, announce)
+    run(server, args.host, args.port, announce, threads=args.threads)
     return 0
 
 

@@ -53,7 +53,7 @@ class Server:
 
     def __init__(self, store: ModelStore, run_dir: str | None = None,
                  limits: Limits = Limits(), token: str | None = None, bind: str = "127.0.0.1",
-                 workers: int = 4):
+                 workers: int = 8):
         self.store, self.limits = store, limits
         self.watcher = RunWatcher(run_dir) if run_dir is not None else None
         self.gate = Gate(token or new_token(), port=0, bind=bind)
@@ -312,7 +312,11 @@ GENERATE_FIELDS = ("model", "prompt", "max_new_tokens", "temperature", "top_k", 
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    """POST /api/generate: tokens streamed as they are sampled, one JSON object per line."""
+    """POST /api/generate: tokens streamed as they are sampled, one JSON object per line.
+
+    The tokens are drawn in one worker thread, one `Generation.step` at a time under the
+    model's lock, and handed to this handler through a queue: the drawing never waits for the
+    network. A reader that goes away (the page's stop button) stops it at the next token."""
     server = request.app[SERVER]
     body = await _body(request, GENERATE_FIELDS)
     name = get_str(body, "model", 1024, default="")
@@ -323,35 +327,45 @@ async def generate(request: web.Request) -> web.StreamResponse:
     def start():
         loaded = server.store.get(name)
         sampling, seed = _sampling(body, loaded.model.cfg.vocab_size)
-        with loaded.lock:  # the prompt's forward happens at the first step
-            return loaded, Generation(loaded, prompt, sampling, seed, k)
+        return loaded, Generation(loaded, prompt, sampling, seed, k)
     loaded, gen = await server.call(start)
+    loop, queue, stop = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
+
+    def produce() -> None:
+        end = dict(event="end", reason="length")
+        try:
+            for index in range(n):
+                if stop.is_set():
+                    return
+                with loaded.lock:
+                    token = gen.step()
+                loop.call_soon_threadsafe(queue.put_nowait, dict(event="token", index=index,
+                                                                 **token))
+                if token["stop"]:
+                    end["reason"] = "stop"
+                    break
+            end["text"] = gen.flush()
+        except ValueError as e:  # e.g. a model whose logits are NaN: said in the stream
+            end = dict(event="error", error=" ".join(str(e).split())[:500])
+        loop.call_soon_threadsafe(queue.put_nowait, end)
+
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
-
-    async def send(obj) -> None:
-        await response.write((json.dumps(obj, allow_nan=False) + "\n").encode("utf-8"))
-
-    def step():
-        with loaded.lock:
-            return gen.step()
-    reason = "length"
+    running = loop.run_in_executor(server.executor, produce)
     try:
-        await send(dict(event="start", prompt_ids=gen.prompt_ids,
-                        prompt_texts=[loaded.texts(i) for i in gen.prompt_ids]))
-        for index in range(n):
-            if request.transport is None or request.transport.is_closing():
-                return response  # the page's stop button: the reader went away
-            token = await server.call(step)
-            await send(dict(event="token", index=index, **token))
-            if token["stop"]:
-                reason = "stop"
+        message = dict(event="start", prompt_ids=gen.prompt_ids,
+                       prompt_texts=[loaded.texts(i) for i in gen.prompt_ids])
+        while True:
+            await response.write((json.dumps(message, allow_nan=False) + "\n").encode())
+            if message["event"] in ("end", "error"):
                 break
-        await send(dict(event="end", reason=reason, text=gen.flush()))
-    except (ConnectionResetError, ConnectionError):
+            message = await queue.get()
+    except (ConnectionError, asyncio.CancelledError):  # the reader went away
+        stop.set()
+        await asyncio.shield(running)
         return response
-    except ValueError as e:  # e.g. a model whose logits are NaN: said in the stream
-        await send(dict(event="error", error=" ".join(str(e).split())[:500]))
+    finally:
+        stop.set()
     await response.write_eof()
     return response
 
@@ -443,12 +457,22 @@ async def _serve(server: Server, host: str, port: int, announce) -> None:
         server.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def run(server: Server, host: str = "127.0.0.1", port: int = 0, announce=print) -> None:
+def run(server: Server, host: str = "127.0.0.1", port: int = 0, announce=print,
+        threads: int | None = None) -> str:
     """Serve until Ctrl-C (SIGINT), SIGTERM or `server.stop()`: bind host:port (0: a free
     port), call announce(url) once listening, answer requests; on stop, finish within
     seconds (requests still running get 2 s).
 
+    threads: what the analyses compute on (`glassllm.engine.cpu.use_threads`); None chooses
+    as `glassllm train` does (`cpu.choose_threads`: one per core on an idle machine, the
+    cores other processes leave free on a busy one -- where more threads than free cores
+    make every forward many times slower). Returns the choice's reason, in words.
+
     Raises:
         OSError: the address cannot be bound (in use, not this machine's).
     """
-    asyncio.run(_serve(server, host, port, announce))
+    from ..engine import cpu
+    n, why = cpu.choose_threads(threads)
+    with cpu.use_threads(n):
+        asyncio.run(_serve(server, host, port, announce))
+    return f"{n} ({why})"
