@@ -435,9 +435,9 @@ def url_of(host: str, port: int, token: str) -> str:
 
 async def _serve(server: Server, host: str, port: int, announce) -> None:
     app = make_app(server)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=2.0)
+    site = web.TCPSite(runner, host, port)
     try:
         await site.start()
     except OSError as e:

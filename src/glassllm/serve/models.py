@@ -157,7 +157,9 @@ class ModelStore:
             return []
         found = []
         for entry in os.scandir(self.run_dir):
-            if entry.name.endswith(".safetensors") and entry.is_file():
+            # regular files only: a link could lead out of the directory (`run_file`)
+            if entry.name.endswith(".safetensors") and not entry.name.startswith(".") and \
+                    entry.is_file(follow_symlinks=False):
                 st = entry.stat()
                 found.append(dict(name=entry.name, size=st.st_size, mtime=st.st_mtime,
                                   kind="checkpoint" if "checkpoint" in entry.name
