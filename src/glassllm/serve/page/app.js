@@ -290,7 +290,7 @@ async function runPatching() {
   try {
     const r = await api("/api/patch", {model: state.model, clean: $("prompt").value, corrupted: $("patch-corrupted").value,
       target: $("patch-target").value, correct: tokenField($("patch-correct").value), wrong: tokenField($("patch-wrong").value)});
-    state.patch = r;
+    state.patch = r; note.dataset.correct = r.correct; note.dataset.wrong = r.wrong;
     note.textContent = "metric: logit(" + JSON.stringify(r.correct_text) + ") \u2212 logit(" + JSON.stringify(r.wrong_text) + ") after position " +
       r.position + ": clean run " + fmt(r.clean_metric, 4) + ", corrupted run " + fmt(r.corrupted_metric, 4) + "; patching " + r.target;
     drawPatchGrid(r);
