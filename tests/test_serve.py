@@ -89,8 +89,9 @@ def test_ablation_equals_interpret_ablate(served, model):
     assert math.isclose(r["clean_loss"], clean, abs_tol=1e-6)
     assert math.isclose(r["ablated_loss"], ablated, abs_tol=1e-6)
     assert math.isclose(r["loss_change"], ablated - clean, abs_tol=2e-6)
-    status, mean = served.call("/api/ablate", {"prompt": PROMPT, "heads": [[0, 1]], "how": "mean"})
-    _, expected = interpret.ablate(model, ids[None, :-1], ids[None, 1:], heads=[(0, 1)],
+    # mean ablation: the means over the whole prompt (its last token included)
+    status, mean = served.call("/api/ablate", {"prompt": PROMPT, "mlps": [0, 1], "how": "mean"})
+    _, expected = interpret.ablate(model, ids[None, :-1], ids[None, 1:], mlps=[0, 1],
                                    how="mean", reference=ids[None, :])
     assert status == 200 and math.isclose(mean["ablated_loss"], expected, abs_tol=1e-6)
 
