@@ -215,8 +215,8 @@ function bars(box, labels, values, plain) {
   clear(box); const scale = Math.max(...values.map((v) => Math.abs(v || 0))) || 1;
   labels.forEach((label, i) => { const v = values[i] || 0, row = el("div", {"class": "bar-row"});
     row.appendChild(el("div", {"class": "bar-label"}, label));
-    const track = el("div", {"class": "bar-track"}), bar = el("div", {"class": "bar"}), w = 50 * Math.abs(v) / scale;
-    bar.style.width = w + "%"; bar.style.left = (v >= 0 ? 50 : 50 - w) + "%"; bar.style.background = v >= 0 ? "#1d6fb8" : "#c82828";
+    const track = el("div", {"class": "bar-track"}), bar = el("div", {"class": "bar"}), w = (plain ? 100 : 50) * Math.abs(v) / scale;
+    bar.style.width = w + "%"; bar.style.left = (plain ? 0 : v >= 0 ? 50 : 50 - w) + "%"; bar.style.background = v >= 0 ? "#1d6fb8" : "#c82828";
     track.appendChild(bar); row.appendChild(track); row.appendChild(el("div", {"class": "bar-value"}, (v >= 0 && !plain ? "+" : "") + fmt(v, plain ? 4 : 3)));
     box.appendChild(row); });
 }
