@@ -444,7 +444,7 @@ def test_train_serve_shows_the_run_while_it_runs(tmp_path):
     out = tmp_path / "run" / "model.safetensors"
     proc = subprocess.Popen(
         [sys.executable, "-m", "glassllm.cli", "train", "--data", str(data), "--out", str(out),
-         "--steps", "400", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+         "--steps", "250", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
          "--seq-len", "16", "--batch-size", "2", "--eval-every", "100", "--threads", "1",
          "--serve"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -471,3 +471,17 @@ def test_train_serve_shows_the_run_while_it_runs(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_serve_reads_a_llama2c_checkpoint_with_its_tokenizer():
+    import argparse
+
+    from conftest import shared_data_path
+    folder = shared_data_path("llama2c")
+    args = argparse.Namespace(model=str(folder / "stories260K.bin"),
+                              tokenizer=str(folder / "tok512.bin"))
+    model, tokenizer = cli._serve_model(args)
+    assert model.cfg.n_layers == 5 and tokenizer.vocab_size == 512
+    args.tokenizer = None
+    with pytest.raises(cli.UsageError, match="no tokenizer"):
+        cli._serve_model(args)
