@@ -347,6 +347,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
             end["text"] = gen.flush()
         except ValueError as e:  # e.g. a model whose logits are NaN: said in the stream
             end = dict(event="error", error=" ".join(str(e).split())[:500])
+        except Exception as e:  # noqa: BLE001 -- a bug: end the stream saying so, keep serving
+            traceback.print_exc(file=sys.stderr)
+            end = dict(event="error", error=f"internal error: {type(e).__name__}: {e}"[:500])
         loop.call_soon_threadsafe(queue.put_nowait, end)
 
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
