@@ -43,9 +43,10 @@ from glassllm.model import Config, GlassLM
 from glassllm.serve.app import Server, run
 from glassllm.serve.models import Loaded, ModelStore, encode_prompt
 
-PROMPT_64_BYTES = ("Once upon a time there was a little cat who liked the sun. One day "[:63])
+PROMPT_64_BYTES = "Once upon a time there was a little cat who liked the sun. One day"[:64]
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in "
-         "the park with her friends. One day, she saw a big red ball under a tree and")
+         "the park with her friends. One day, she saw a big red ball under a tree and she ran "
+         "to get it. Her mom said to be careful, and Lily smiled.")
 
 
 def default_model():
@@ -61,9 +62,10 @@ def stories260k():
     model = llama2c.from_llama2c(os.path.join(folder, "stories260K.bin"))
     tokenizer = llama2c.tokenizer_from_llama2c(os.path.join(folder, "tok512.bin"))
     ids = encode_prompt(tokenizer, STORY)
-    while len(ids) > 64:  # a prompt of exactly 64 tokens
-        ids = ids[:-1]
-    return model, tokenizer, tokenizer.decode(ids[1:])
+    text = STORY
+    while len(encode_prompt(tokenizer, text)) > 64:  # a prompt of 64 tokens (BOS included)
+        text = text[:-1]
+    return model, tokenizer, text
 
 
 class Client:

@@ -100,8 +100,8 @@ def analyze(loaded, ids: np.ndarray, k: int, limits: Limits) -> dict:
 
 def _attention_rows(patterns: np.ndarray) -> list:
     """(L, H, T, T) -> [layer][head][query] = the weights on keys 0..query (the rest are 0)."""
-    T = patterns.shape[-1]
-    return [[[rounded(p[i, :i + 1], 4) for i in range(T)] for p in layer] for layer in patterns]
+    full = rounded(patterns, 4)  # one rounding of the whole array, then the rows cut
+    return [[[row[:i + 1] for i, row in enumerate(head)] for head in layer] for layer in full]
 
 
 def attention(loaded, ids: np.ndarray, layer: int | None, limits: Limits) -> dict:
