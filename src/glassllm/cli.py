@@ -133,6 +133,7 @@ def add_train(sub) -> None:
     g.add_argument("--mpi-timeout", type=float, metavar="SECONDS",
                    help=f"end the job when a collective waits this long for the other ranks "
                         f"(a hung or lost rank; default {DEFAULT_TIMEOUT_S:g})")
+    _add_train_serve(p)
     p.set_defaults(func=run_train)
 
 
@@ -158,8 +159,10 @@ def run_train(args) -> int:
                 _check_bounds(args, _TRAIN_INT_BOUNDS, _TRAIN_FLOAT_BOUNDS)
                 if args.mpi_timeout is not None:
                     comm.timeout_s = args.mpi_timeout  # the watchdog reads it at each check
+                _train_serve_defaults(args)
                 prepared = _prepare_train(args, comm, held)
-            return _train(args, comm, *prepared)
+            with _train_server(args, comm, prepared[4]["model"]):
+                return _train(args, comm, *prepared)
     finally:
         comm.close()
 
@@ -999,7 +1002,163 @@ def run_inspect(args) -> int:
     return 0
 
 
-SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert, add_inspect]
+# ----------------------------------------------------------------------------------- serve
+SERVE_PORT = 8765
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="look inside a model, and a running training, in the browser",
+        description="Start a local web app on a model (--model) and/or a training run (--run) "
+                    "and print its URL, with a session token. The model views: tokens and "
+                    "surprise, attention, logit lens, direct logit attribution, ablation, "
+                    "activation patching, generation step by step; the training view: curves, "
+                    "health panels and warnings updating live, samples from the best model. "
+                    "Needs the extra glassllm[serve] (aiohttp). Ctrl-C stops it.")
+    p.add_argument("--model", metavar="PATH",
+                   help="glassllm model file, Hugging Face directory, or llama2.c checkpoint "
+                        "(.bin, with --tokenizer tokenizer.bin)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer instead of the model's (as generate: a tokenizer JSON, a "
+                        "GPT-2 vocab.json + merges.txt directory, llama2.c's tokenizer.bin, or "
+                        "`byte`)")
+    p.add_argument("--run", metavar="DIR",
+                   help="training run directory to watch (history.csv, per-step CSV, "
+                        "health.jsonl, saved models); it may not exist yet")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; "
+                        "0.0.0.0 opens it to the network, with a warning)")
+    p.add_argument("--port", type=_non_negative_int, default=SERVE_PORT,
+                   help=f"port (default {SERVE_PORT}; 0 takes a free one, the URL says which)")
+    p.add_argument("--open", action="store_true", help="open the page in the web browser")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="threads the analyses compute on (default: one per core, or the cores "
+                        "other processes leave free when the machine is busy)")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args) -> int:
+    """`glassllm serve`: load the model, start the server, print its URL, serve until Ctrl-C."""
+    try:
+        from .serve.app import Server, run
+    except ImportError as e:
+        if getattr(e, "name", None) in ("aiohttp", "multidict", "yarl"):
+            raise UsageError("glassllm serve needs aiohttp: pip install 'glassllm[serve]'") \
+                from None
+        raise
+    from .serve.models import Loaded, ModelStore
+
+    if args.model is None and args.run is None:
+        raise UsageError("give --model PATH, --run DIR, or both")
+    if args.port > 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    if args.threads is not None and not 1 <= args.threads <= 1024:
+        raise UsageError(f"--threads must be an integer in [1, 1024], got {args.threads}")
+    main_model = None
+    if args.model is not None:
+        model, tokenizer = _serve_model(args)
+        main_model = Loaded("", os.path.basename(args.model.rstrip(os.sep)) or args.model,
+                            model, tokenizer)
+    if args.run is not None and os.path.exists(args.run) and not os.path.isdir(args.run):
+        raise UsageError(f"--run {args.run} is not a directory")
+    from .serve.security import is_loopback
+    if not is_loopback(args.host):
+        print(f"glassllm serve: warning: --host {args.host} lets other machines reach this "
+              f"server (plain HTTP, no TLS); anyone with its URL and token can use it",
+              file=sys.stderr, flush=True)
+    server = Server(ModelStore(main_model, args.run), run_dir=args.run, bind=args.host)
+
+    def announce(url: str) -> None:
+        print(f"glassllm serve: {url}", flush=True)
+        print("(Ctrl-C stops it)", file=sys.stderr, flush=True)
+        if args.open:
+            import webbrowser
+            webbrowser.open(url)
+    run(server, args.host, args.port, announce, threads=args.threads)
+    return 0
+
+
+def _serve_model(args):
+    """(model, tokenizer) of serve's --model and --tokenizer: a glassllm file or Hugging Face
+    directory (as generate), or a llama2.c checkpoint (.bin), whose tokenizer must be given."""
+    from .formats import llama2c
+    if args.model.endswith(".bin") and os.path.isfile(args.model):
+        model, tokenizer = llama2c.from_llama2c(args.model), None
+    else:
+        model, tokenizer = load_model_and_tokenizer(args.model)
+    if args.tokenizer is not None:
+        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
+    elif tokenizer is None:
+        raise UsageError(f"{args.model} has no tokenizer (a weights-only model); give one with "
+                         f"--tokenizer PATH")
+    return model, tokenizer
+
+
+def _add_train_serve(p) -> None:
+    """train's --serve: the training page of `glassllm serve` on this run, while it runs."""
+    g = p.add_argument_group("watching the run in the browser (needs glassllm[serve])")
+    g.add_argument("--serve", action="store_true",
+                   help="start `glassllm serve --run` on this run's directory in a separate "
+                        "process (it only reads the run's files) and print its URL; it stops "
+                        "when training ends. Writes steps.csv (per-step loss and lr) beside "
+                        "--out unless --log-csv is given")
+    g.add_argument("--serve-port", type=_non_negative_int, default=0, metavar="N",
+                   help="its port (default 0: a free one, printed)")
+
+
+def _train_serve_defaults(args) -> None:
+    """With --serve: aiohttp must be there (before any work), and a new run logs every step
+    to steps.csv beside --out (a resumed run keeps its own --log-csv)."""
+    if not getattr(args, "serve", False):
+        return
+    import importlib.util
+    if importlib.util.find_spec("aiohttp") is None:
+        raise UsageError("--serve needs aiohttp: pip install 'glassllm[serve]'")
+    if args.log_csv is None and args.resume is None:
+        out = args.out or os.path.join("runs", "model.safetensors")
+        args.log_csv = os.path.join(os.path.dirname(out), "steps.csv")
+
+
+def _train_server(args, comm, model_path: str):
+    """Context: with --serve (rank 0), `glassllm serve --run DIR` as a child process for the
+    duration of the training; its URL printed. Stopped (SIGINT, then killed after 5 s) at
+    the end. Ctrl-C in the terminal reaches both."""
+    import contextlib
+    import select
+    import signal
+    import subprocess
+
+    if not getattr(args, "serve", False) or comm.rank != 0:
+        return contextlib.nullcontext()
+    run_dir = os.path.dirname(os.path.abspath(model_path))
+    command = [sys.executable, "-m", "glassllm.cli", "serve", "--run", run_dir,
+               "--port", str(args.serve_port), "--threads", "1"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([child.stdout], [], [], 60)
+    line = child.stdout.readline().strip() if ready else ""
+    if not line.startswith("glassllm serve: http"):
+        child.kill()
+        child.wait()
+        raise UsageError(f"--serve: the server did not start ({line or 'no URL in 60 s'})")
+    print(f"serve: {line.split(': ', 1)[1]}", flush=True)
+
+    @contextlib.contextmanager
+    def held():
+        try:
+            yield
+        finally:
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+                try:
+                    child.wait(5)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+    return held()
+
+
+SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert, add_inspect,
+               add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

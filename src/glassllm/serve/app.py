@@ -1,0 +1,481 @@
+"""The server of `glassllm serve`, on aiohttp (HTTP parsing, routing, streaming; nothing of
+HTTP is parsed here): one page, and the JSON API that the page uses and a script can use too
+(docs/serve.md lists every call).
+
+Every request passes `guard` first: the Host, Origin and session-token checks
+(`glassllm.serve.security`, 403), then its handler, whose refusals and errors all become a
+4xx/5xx with `{"error": "one line"}` -- never a traceback page, never a dead server. Inputs are
+checked, and the cost of the work against `Limits`, before any work starts. The work itself
+(the library's analyses) runs in worker threads, each model's under its lock
+(`glassllm.serve.models`), so the server keeps answering while an analysis runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import json
+import secrets
+import signal
+import sys
+import threading
+import traceback
+
+import numpy as np
+from aiohttp import web
+
+from ..checks import check_int
+from ..generate import Sampling
+from ..lens.interpret import AttributionError
+from ..lens.trace import TraceTooLarge
+from . import analyses
+from .fields import (RequestError, get_choice, get_int, get_list, get_real, get_str,
+                     json_body)
+from .generation import Generation
+from .limits import Limits
+from .models import ModelStore, encode_prompt
+from .page import CSP, render
+from .run import RunWatcher
+from .security import Gate, new_token
+
+SERVER = web.AppKey("server", object)
+SAMPLE_TOKENS = 200  # most tokens of a training page sample
+
+
+class Server:
+    """What the handlers share: the models, the run, the limits, the gate, the workers.
+
+    Args:
+        store: the models (`ModelStore`). run_dir: the training run to watch (None: none).
+        limits: `Limits`. token: the session token (default: a fresh one).
+        bind: the address the server binds (for the Host check). workers: worker threads.
+    """
+
+    def __init__(self, store: ModelStore, run_dir: str | None = None,
+                 limits: Limits = Limits(), token: str | None = None, bind: str = "127.0.0.1",
+                 workers: int = 8):
+        self.store, self.limits = store, limits
+        self.watcher = RunWatcher(run_dir) if run_dir is not None else None
+        self.gate = Gate(token or new_token(), port=0, bind=bind)
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            workers, thread_name_prefix="glassllm-serve")
+        self.url: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    async def call(self, fn, *args):
+        """fn(*args) in a worker thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+
+    def stop(self) -> None:
+        """Stop the server (from any thread)."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def info(self) -> dict:
+        """What the page starts from (GET /api/info): the model, the run, the limits."""
+        main = self.store.main
+        return dict(model=None if main is None else main.describe(),
+                    run=None if self.watcher is None else self.watcher.run_dir,
+                    run_models=self.store.run_models(), limits=self.limits.to_dict(),
+                    targets=list(analyses.PATCH_TARGETS))
+
+
+# --------------------------------------------------------------------------- the guard
+def error(status: int, message: str, headers=None) -> web.Response:
+    """The one form of every refusal and error: {"error": one line}."""
+    return web.json_response({"error": " ".join(str(message).split())[:500]}, status=status,
+                             headers=headers)
+
+
+@web.middleware
+async def guard(request: web.Request, handler):
+    server = request.app[SERVER]
+    reason = server.gate.refusal(request.headers, request.query.get("token"))
+    if reason is not None:
+        return error(403, reason)
+    try:
+        return await handler(request)
+    except RequestError as e:
+        return error(e.status, str(e))
+    except web.HTTPException as e:  # aiohttp's own: 404, 405, 413 (body too large)
+        if e.status < 400:
+            raise
+        allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+        return error(e.status, f"{e.reason}: {request.method} {request.path[:100]}"
+                     if e.status in (404, 405) else e.text or e.reason, allow)
+    except AttributionError as e:  # not the request: the numbers disagree (shown as such)
+        return error(422, f"self-check failed: {e}")
+    except TraceTooLarge as e:
+        return error(413, str(e))
+    except ValueError as e:  # the library refusing an input the checks let through
+        return error(400, str(e))
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # noqa: BLE001 -- a bug: say it in one line, log it, keep serving
+        traceback.print_exc(file=sys.stderr)
+        return error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+async def _security_headers(request, response) -> None:
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("Cache-Control", "no-store")
+
+
+def _json(data) -> web.Response:
+    return web.json_response(data, dumps=functools.partial(json.dumps, allow_nan=False,
+                                                           separators=(",", ":")))
+
+
+async def _body(request: web.Request, allowed: tuple[str, ...]) -> dict:
+    limit = request.app[SERVER].limits.body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestError(f"the body is {request.content_length:,} bytes, over the server's "
+                           f"limit of {limit:,}", status=413)
+    return json_body(await request.read(), allowed)
+
+
+# --------------------------------------------------------------------------- request pieces
+def _prompt_ids(server: Server, loaded, prompt: str, least: int = 2, what: str = "prompt"):
+    """The prompt's ids (T,), T in [least, max_len] (413 past max_len)."""
+    ids = encode_prompt(loaded.tokenizer, prompt)
+    cfg = loaded.model.cfg
+    if len(ids) < least:
+        raise RequestError(f"{what} is {len(ids)} token(s); this call needs at least {least} "
+                           f"(one to predict from)")
+    if len(ids) > cfg.max_len:
+        raise RequestError(f"{what} is {len(ids)} tokens, over this model's max_len "
+                           f"{cfg.max_len}", status=413)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _token(loaded, value, name: str):
+    """A token given as its id (int) or its text (one token): the id; None stays None."""
+    if value is None:
+        return None
+    vocab = loaded.model.cfg.vocab_size
+    if isinstance(value, str):
+        if len(value.encode("utf-8", "replace")) > 256:
+            raise RequestError(f"{name} is longer than one token can be")
+        ids = [int(i) for i in loaded.tokenizer.encode(value)]
+        if len(ids) != 1:
+            raise RequestError(f"{name} {value[:40]!r} is {len(ids)} tokens; give one token's "
+                               f"text or its id")
+        return ids[0]
+    try:
+        return check_int(value, name + " (a token id)", 0, vocab - 1)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+
+
+def _position(body: dict, T: int) -> int:
+    return get_int(body, "position", 0, T - 1, default=T - 1)
+
+
+def _pairs(body: dict, cfg) -> list[tuple[int, int]]:
+    heads = []
+    for item in get_list(body, "heads", cfg.n_layers * cfg.n_heads, default=[]):
+        if not (isinstance(item, list) and len(item) == 2):
+            raise RequestError(f"heads must be [layer, head] pairs, got {json.dumps(item)[:40]}")
+        heads.append((get_int({"layer": item[0]}, "layer", 0, cfg.n_layers - 1),
+                      get_int({"head": item[1]}, "head", 0, cfg.n_heads - 1)))
+    return heads
+
+
+def _mlps(body: dict, cfg) -> list[int]:
+    return [get_int({"mlp": m}, "mlp", 0, cfg.n_layers - 1)
+            for m in get_list(body, "mlps", cfg.n_layers, default=[])]
+
+
+def _k(server: Server, body: dict, default: int = 5) -> int:
+    return get_int(body, "k", 1, server.limits.top_k, default=default)
+
+
+# --------------------------------------------------------------------------- handlers
+async def page(request: web.Request) -> web.Response:
+    server = request.app[SERVER]
+    nonce = secrets.token_urlsafe(16)
+    html = render(await server.call(server.info), nonce)
+    return web.Response(text=html, content_type="text/html",
+                        headers={"Content-Security-Policy": CSP.format(nonce=nonce)})
+
+
+async def info(request: web.Request) -> web.Response:
+    server = request.app[SERVER]
+    return _json(await server.call(server.info))
+
+
+def _model_call(fields: tuple[str, ...], run_default: bool = False):
+    """Decorator: a model handler `job(server, loaded, body)` run in a worker thread, the body
+    read and checked for `fields` (+ "model") first. run_default: "model" absent means the
+    run's newest model file rather than the --model one."""
+    def wrap(job):
+        async def handler(request: web.Request) -> web.Response:
+            server = request.app[SERVER]
+            body = await _body(request, ("model",) + fields)
+            name = get_str(body, "model", 1024, default="")
+
+            def work():
+                if run_default and not name:
+                    newest = server.store.newest_model()
+                    if newest is None:
+                        raise RequestError("the run has no model file yet (one is written at "
+                                           "the first evaluation)", status=404)
+                    return job(server, server.store.get(newest), body)
+                return job(server, server.store.get(name), body)
+            return _json(await server.call(work))
+        handler.__doc__ = job.__doc__
+        return handler
+    return wrap
+
+
+@_model_call(("prompt",))
+def tokenize(server, loaded, body):
+    """POST /api/tokenize: the prompt's tokens as the model cuts them."""
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 0)
+    return dict(model=loaded.name, ids=ids.tolist(), texts=[loaded.texts(i) for i in ids])
+
+
+@_model_call(("prompt", "k"))
+def analyze(server, loaded, body):
+    """POST /api/analyze: tokens, surprise, logit lens, head types, attention."""
+    k = _k(server, body)
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes))
+    analyses.check_analysis(loaded, len(ids), server.limits)
+    with loaded.lock:
+        return analyses.analyze(loaded, ids, k, server.limits)
+
+
+@_model_call(("prompt", "layer"))
+def attention(server, loaded, body):
+    """POST /api/attention: the attention patterns of one layer (or all)."""
+    layer = get_int(body, "layer", 0, loaded.model.cfg.n_layers - 1, default=None)
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
+    with loaded.lock:
+        return analyses.attention(loaded, ids, layer, server.limits)
+
+
+@_model_call(("prompt", "position", "token", "against"))
+def attribution(server, loaded, body):
+    """POST /api/attribution: direct logit attribution at a position, self-checked."""
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
+    position = _position(body, len(ids))
+    token, against = (_token(loaded, body.get(n), n) for n in ("token", "against"))
+    with loaded.lock:
+        return analyses.attribution(loaded, ids, position, token, against, server.limits)
+
+
+@_model_call(("prompt", "heads", "mlps", "how", "position", "k"))
+def ablate(server, loaded, body):
+    """POST /api/ablate: heads and MLPs zero- or mean-ablated: loss and next-token change."""
+    cfg = loaded.model.cfg
+    heads, mlps = _pairs(body, cfg), _mlps(body, cfg)
+    how = get_choice(body, "how", ("zero", "mean"), default="zero")
+    k = _k(server, body)
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes))
+    position = _position(body, len(ids))
+    analyses.check_ablation(loaded, len(ids), server.limits)
+    with loaded.lock:
+        return analyses.ablation(loaded, ids, heads, mlps, how, position, k)
+
+
+@_model_call(("clean", "corrupted", "target", "correct", "wrong", "position"))
+def patch(server, loaded, body):
+    """POST /api/patch: activation patching, clean into corrupted, one cell at a time."""
+    target = get_choice(body, "target", analyses.PATCH_TARGETS, default="residual_in")
+    limit = server.limits.prompt_bytes
+    clean = _prompt_ids(server, loaded, get_str(body, "clean", limit), 1, "clean")
+    corrupted = _prompt_ids(server, loaded, get_str(body, "corrupted", limit), 1, "corrupted")
+    if len(clean) != len(corrupted):
+        raise RequestError(f"clean is {len(clean)} tokens and corrupted {len(corrupted)}: "
+                           f"patching needs prompts of the same length in tokens")
+    position = _position(body, len(clean))
+    correct, wrong = (_token(loaded, body.get(n), n) for n in ("correct", "wrong"))
+    analyses.check_patching(loaded, len(clean), target, server.limits)
+    with loaded.lock:
+        return analyses.patching(loaded, clean, corrupted, target, correct, wrong, position)
+
+
+def _sampling(body: dict, vocab: int) -> tuple[Sampling, int | None]:
+    temperature = get_real(body, "temperature", 0.0, 1e4, default=0.8)
+    top_k = get_int(body, "top_k", 1, vocab, default=None)
+    top_p = get_real(body, "top_p", 0.0, 1.0, positive=True, default=None)
+    seed = get_int(body, "seed", 0, 2 ** 63 - 1, default=None)
+    return Sampling(temperature, top_k, top_p), seed
+
+
+GENERATE_FIELDS = ("model", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
+                   "seed", "k")
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    """POST /api/generate: tokens streamed as they are sampled, one JSON object per line.
+
+    The tokens are drawn in one worker thread, one `Generation.step` at a time under the
+    model's lock, and handed to this handler through a queue: the drawing never waits for the
+    network. A reader that goes away (the page's stop button) stops it at the next token."""
+    server = request.app[SERVER]
+    body = await _body(request, GENERATE_FIELDS)
+    name = get_str(body, "model", 1024, default="")
+    prompt = get_str(body, "prompt", server.limits.prompt_bytes, default="")
+    n = get_int(body, "max_new_tokens", 0, server.limits.max_new_tokens, default=50)
+    k = _k(server, body)
+
+    def start():
+        loaded = server.store.get(name)
+        sampling, seed = _sampling(body, loaded.model.cfg.vocab_size)
+        return loaded, Generation(loaded, prompt, sampling, seed, k)
+    loaded, gen = await server.call(start)
+    loop, queue, stop = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
+
+    def produce() -> None:
+        end = dict(event="end", reason="length")
+        try:
+            for index in range(n):
+                if stop.is_set():
+                    return
+                with loaded.lock:
+                    token = gen.step()
+                loop.call_soon_threadsafe(queue.put_nowait, dict(event="token", index=index,
+                                                                 **token))
+                if token["stop"]:
+                    end["reason"] = "stop"
+                    break
+            end["text"] = gen.flush()
+        except ValueError as e:  # e.g. a model whose logits are NaN: said in the stream
+            end = dict(event="error", error=" ".join(str(e).split())[:500])
+        except Exception as e:  # noqa: BLE001 -- a bug: end the stream saying so, keep serving
+            traceback.print_exc(file=sys.stderr)
+            end = dict(event="error", error=f"internal error: {type(e).__name__}: {e}"[:500])
+        loop.call_soon_threadsafe(queue.put_nowait, end)
+
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    running = loop.run_in_executor(server.executor, produce)
+    try:
+        message = dict(event="start", prompt_ids=gen.prompt_ids,
+                       prompt_texts=[loaded.texts(i) for i in gen.prompt_ids])
+        while True:
+            await response.write((json.dumps(message, allow_nan=False) + "\n").encode())
+            if message["event"] in ("end", "error"):
+                break
+            message = await queue.get()
+    except (ConnectionError, asyncio.CancelledError):  # the reader went away
+        stop.set()
+        await asyncio.shield(running)
+        return response
+    finally:
+        stop.set()
+    await response.write_eof()
+    return response
+
+
+async def run_state(request: web.Request) -> web.Response:
+    """GET /api/run?version=V: the training run's curves, health rows, warnings and models;
+    {"unchanged": true} when its files have not changed since version V."""
+    server = request.app[SERVER]
+    if server.watcher is None:
+        raise RequestError("this server watches no training run (start it with --run DIR)",
+                           status=404)
+    given = request.query.get("version")
+
+    def work():
+        if given is not None and given == server.watcher.version():
+            return dict(unchanged=True, version=given)
+        snap = server.watcher.snapshot()
+        snap["models"] = server.store.run_models()
+        snap["newest_model"] = server.store.newest_model()
+        return snap
+    return _json(await server.call(work))
+
+
+@_model_call(("prompt", "max_new_tokens", "temperature", "seed"), run_default=True)
+def run_sample(server, loaded, body):
+    """POST /api/run/sample: a short sample from a model of the run (default: its newest
+    model file, the best so far)."""
+    prompt = get_str(body, "prompt", server.limits.prompt_bytes, default="")
+    n = get_int(body, "max_new_tokens", 0, SAMPLE_TOKENS, default=100)
+    sampling, seed = _sampling({k: body.get(k) for k in ("temperature", "seed")},
+                               loaded.model.cfg.vocab_size)
+    with loaded.lock:
+        gen = Generation(loaded, prompt, sampling, 0 if seed is None else seed, 1)
+        pieces = []
+        for _ in range(n):
+            token = gen.step()
+            if token["stop"]:
+                break
+            pieces.append(token["text"])
+        pieces.append(gen.flush())
+    return dict(model=loaded.name, prompt=prompt, text="".join(pieces))
+
+
+def make_app(server: Server) -> web.Application:
+    """The aiohttp application of `server`: the page at /, the API under /api/."""
+    app = web.Application(middlewares=[guard], client_max_size=server.limits.body_bytes)
+    app[SERVER] = server
+    app.on_response_prepare.append(_security_headers)
+    app.router.add_get("/", page)
+    app.router.add_get("/api/info", info)
+    app.router.add_get("/api/run", run_state)
+    for path, handler in (("tokenize", tokenize), ("analyze", analyze),
+                          ("attention", attention), ("attribution", attribution),
+                          ("ablate", ablate), ("patch", patch), ("generate", generate),
+                          ("run/sample", run_sample)):
+        app.router.add_post("/api/" + path, handler)
+    return app
+
+
+# --------------------------------------------------------------------------- running
+def url_of(host: str, port: int, token: str) -> str:
+    """The URL to print: a wildcard bind is reached at 127.0.0.1; IPv6 in brackets."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    return f"http://{shown}:{port}/?token={token}"
+
+
+async def _serve(server: Server, host: str, port: int, announce) -> None:
+    app = make_app(server)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from None
+    server.gate.port = runner.addresses[0][1]
+    server.url = url_of(host, server.gate.port, server.gate.token)
+    server._loop, server._stop = asyncio.get_running_loop(), asyncio.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            server._loop.add_signal_handler(sig, server._stop.set)
+    announce(server.url)
+    try:
+        await server._stop.wait()
+    finally:
+        await runner.cleanup()
+        server.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def run(server: Server, host: str = "127.0.0.1", port: int = 0, announce=print,
+        threads: int | None = None) -> str:
+    """Serve until Ctrl-C (SIGINT), SIGTERM or `server.stop()`: bind host:port (0: a free
+    port), call announce(url) once listening, answer requests; on stop, finish within
+    seconds (requests still running get 2 s).
+
+    threads: what the analyses compute on (`glassllm.engine.cpu.use_threads`); None chooses
+    as `glassllm train` does (`cpu.choose_threads`: one per core on an idle machine, the
+    cores other processes leave free on a busy one -- where more threads than free cores
+    make every forward many times slower). Returns the choice's reason, in words.
+
+    Raises:
+        OSError: the address cannot be bound (in use, not this machine's).
+    """
+    from ..engine import cpu
+    n, why = cpu.choose_threads(threads)
+    with cpu.use_threads(n):
+        asyncio.run(_serve(server, host, port, announce))
+    return f"{n} ({why})"

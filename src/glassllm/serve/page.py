@@ -1,0 +1,60 @@
+"""The page of `glassllm serve`: page/index.html with page/app.css and page/app.js inlined,
+read from the installed package (`importlib.resources`; pyproject.toml ships the three files
+as package data), and the server's description as an inline JSON block.
+
+The page loads nothing from anywhere: its policy (`CSP`, sent as a header) allows its own
+inline style, its own script (by a per-response nonce) and calls to its own server only.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from importlib import resources
+
+PAGE_FILES = ("index.html", "app.css", "app.js")
+_SLOT = re.compile(r"__(NONCE|DATA)__")
+# connect-src 'self': the API; img-src data: the favicon; nothing else, from anywhere
+CSP = ("default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+       "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+       "frame-ancestors 'none'")
+
+
+def inline_json(value) -> str:
+    """JSON for a <script type="application/json"> block: "<", ">", "&" and the line
+    separators U+2028/U+2029 as \\u escapes (the same string to JSON.parse), so no string in
+    the data -- a token piece, a file name -- can end the block ("</script>"), open a comment
+    ("<!--") or break a line of script."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    for char in "<>&\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
+
+
+@functools.lru_cache(maxsize=1)
+def template() -> str:
+    """index.html with app.css and app.js inlined, the NONCE and DATA slots left open.
+
+    Raises:
+        RuntimeError: a page file missing or malformed (a broken installation).
+    """
+    folder = resources.files("glassllm.serve") / "page"
+    try:
+        page, css, script = ((folder / name).read_text(encoding="utf-8") for name in PAGE_FILES)
+    except OSError as e:
+        raise RuntimeError(f"the serve page's files are missing from the installed glassllm "
+                           f"({folder}): {e}") from None
+    if "</style" in css.lower() or "</script" in script.lower() or \
+            any(f"__{slot}__" in css + script for slot in ("DATA", "NONCE")):
+        raise RuntimeError(f"{folder}: app.css or app.js closes its element or holds a slot")
+    page = page.replace("__STYLE__", css).replace("__SCRIPT__", script)
+    # the nonce twice: the policy's meta tag and the script element
+    if page.count("__DATA__") != 1 or page.count("__NONCE__") != 2:
+        raise RuntimeError(f"{folder}: index.html must hold __DATA__ once and __NONCE__ twice")
+    return page
+
+
+def render(data: dict, nonce: str) -> str:
+    """The page with its data and this response's script nonce."""
+    slots = {"NONCE": nonce, "DATA": inline_json(data)}
+    return _SLOT.sub(lambda m: slots[m.group(1)], template())

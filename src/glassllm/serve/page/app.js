@@ -1,0 +1,491 @@
+// The page of `glassllm serve` (glassllm/serve/page.py inlines this file into index.html).
+// INFO: the server's description (its model, its run, its limits), from the page's JSON
+// block. Every number shown comes from the server's JSON API (docs/serve.md); the page only
+// draws. Text from the model or the run is only ever set as textContent, never as HTML.
+"use strict";
+const INFO = JSON.parse(document.getElementById("serve-data").textContent);
+const TOKEN = new URLSearchParams(location.search).get("token") || "";
+const $ = (id) => document.getElementById(id);
+const tip = $("tooltip");
+const state = {model: "", prompt: "", analysis: null, attention: {}, ablated: new Set(), runVersion: null,
+               sampleOf: null, generating: null};
+
+// ------------------------------------------------------------------ small helpers
+function showTip(ev, text) { tip.textContent = text; tip.style.display = "block";
+  tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 10) + "px"; }
+function hideTip() { tip.style.display = "none"; }
+function hover(node, text) { node.addEventListener("mousemove", (ev) => showTip(ev, typeof text === "function" ? text() : text));
+  node.addEventListener("mouseleave", hideTip); }
+function vis(t) { return String(t).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5") || "\u2205"; }
+function el(tag, attrs, text) { const e = document.createElement(tag);
+  for (const k in (attrs || {})) e.setAttribute(k, attrs[k]);
+  if (text !== undefined) e.textContent = text; return e; }
+function clear(node) { node.textContent = ""; return node; }
+function fmt(x, d) { return (x === null || x === undefined) ? "-" : Number(x).toFixed(d === undefined ? 3 : d); }
+function blue(a) { return "rgba(29,111,184," + Math.max(0, Math.min(1, a)).toFixed(3) + ")"; }
+function heat(v) { const x = Math.max(0, Math.min(1, v)); // white -> orange -> red
+  return "rgb(255," + Math.round(255 - 180 * x) + "," + Math.round(255 - 235 * x) + ")"; }
+function diverging(v, scale) { const x = Math.max(-1, Math.min(1, v / (scale || 1)));
+  return x >= 0 ? "rgba(29,111,184," + x.toFixed(3) + ")" : "rgba(200,40,40," + (-x).toFixed(3) + ")"; }
+function options(select, items) { clear(select); items.forEach(([value, text]) => select.appendChild(el("option", {value: value}, text))); }
+function status(text, isError) { $("status").textContent = text; $("status").classList.toggle("error", !!isError); }
+function tokenField(text) { const t = text.trim(); if (t === "") return null;  // "#12" is an id, anything else text
+  return /^#\d+$/.test(t) ? Number(t.slice(1)) : text; }
+
+async function api(path, body, signal) {
+  const init = {method: body === undefined ? "GET" : "POST", signal: signal,
+                headers: {"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"}};
+  if (body !== undefined) init.body = JSON.stringify(body);
+  const r = await fetch(path, init);
+  if (!r.ok) { let message = "HTTP " + r.status;
+    try { message = (await r.json()).error || message; } catch (e) { /* not JSON */ }
+    throw new Error(message); }
+  return signal ? r : r.json();
+}
+
+// ------------------------------------------------------------------ navigation
+function show(name) {
+  for (const s of document.querySelectorAll("section.view")) s.classList.toggle("active", s.id === "view-" + name);
+  for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === name);
+  state.view = name;
+  if (name === "attribution" && state.analysis) runAttribution();
+  if (name === "ablate" && state.analysis) runAblation();
+}
+function buildNav() {
+  for (const s of document.querySelectorAll("section.view")) {
+    const name = s.id.slice(5);
+    if (name === "training" && !INFO.run) { s.remove(); continue; }
+    const b = el("button", {"data-view": name, "id": "nav-" + name}, s.dataset.title);
+    b.addEventListener("click", () => show(name));
+    $("nav").appendChild(b);
+  }
+}
+
+// ------------------------------------------------------------------ the model and the prompt
+function describe(m) {
+  if (!m) { $("meta").textContent = "no model yet" + (INFO.run ? " (the run has not saved one)" : ""); return; }
+  const c = m.config;
+  $("meta").textContent = (m.label || m.name) + ": " + c.family + " model, d_model " + c.d_model + ", " + c.n_layers +
+    " layers, " + c.n_heads + " heads (" + c.n_kv_heads + " kv), vocab " + c.vocab_size + ", max_len " + c.max_len +
+    ", " + Number(m.parameters).toLocaleString() + " parameters; tokenizer " + m.tokenizer;
+}
+function fillModels(models) {
+  const items = [];
+  if (INFO.model) items.push(["", INFO.model.label + " (--model)"]);
+  (models || []).forEach((f) => items.push([f.name, f.name + " (run " + f.kind + ")"]));
+  if (!items.length) items.push(["", "(none yet)"]);
+  const keep = state.model; options($("model"), items);
+  $("model").value = items.some(([v]) => v === keep) ? keep : items[0][0]; state.model = $("model").value;
+}
+async function analyze() {
+  state.prompt = $("prompt").value; status("analysing...");
+  const started = performance.now();
+  try {
+    const a = await api("/api/analyze", {model: state.model, prompt: state.prompt, k: 5});
+    state.analysis = a; state.attention = {};
+    (a.attention || []).forEach((layer, l) => { state.attention[l] = layer; });
+    drawAll();
+    status(a.tokens.ids.length + " tokens, mean surprise " + fmt(a.surprise.mean_nats) + " nats (" +
+           fmt(a.surprise.mean_bits) + " bits) per token; " + Math.round(performance.now() - started) + " ms");
+    document.body.dataset.ready = "1";
+  } catch (e) { status(e.message, true); document.body.dataset.ready = "error"; }
+}
+function drawAll() {
+  const a = state.analysis, T = a.tokens.ids.length;
+  drawSurprise(); buildAttention(); drawLens();
+  options($("attr-pos"), a.tokens.texts.map((t, i) => [i, i + " " + vis(t)])); $("attr-pos").value = T - 1;
+  options($("abl-pos"), a.tokens.texts.map((t, i) => [i, i + " " + vis(t)])); $("abl-pos").value = T - 1;
+  buildAblationGrid();
+  if (!$("patch-corrupted").value) $("patch-corrupted").value = state.prompt;
+  if (state.view === "attribution") runAttribution();
+  if (state.view === "ablate") runAblation();
+}
+
+// ------------------------------------------------------------------ tokens and surprise
+function drawSurprise() {
+  const a = state.analysis, s = a.surprise, unit = $("surprise-unit").value, box = clear($("surprise-tokens"));
+  const values = unit === "rank" ? s.rank.map((r) => Math.log2(1 + r)) : s[unit];
+  const cap = Math.max(unit === "bits" ? 8 : unit === "nats" ? 5.5 : 8, ...values.filter((v) => v !== null));
+  $("surprise-note").textContent = "mean " + fmt(s.mean_nats) + " nats = " + fmt(s.mean_bits) + " bits per token (white 0, red " +
+    (unit === "rank" ? "rank " + Math.round(2 ** cap - 1) : cap.toFixed(1) + " " + unit) + ")";
+  a.tokens.texts.forEach((t, i) => { const span = el("span", {"class": "tok", "data-i": i}, vis(t));
+    if (i > 0) { span.style.background = heat((values[i - 1] || 0) / cap);
+      hover(span, "token " + i + " " + JSON.stringify(t) + " (id " + a.tokens.ids[i] + "): " + fmt(s.nats[i - 1]) + " nats, " +
+        fmt(s.bits[i - 1]) + " bits, rank " + s.rank[i - 1] + "\nthe model's top guesses:\n" +
+        s.top[i - 1].map(([x, p]) => "  " + JSON.stringify(x) + " " + fmt(p)).join("\n")); }
+    else hover(span, "token 0 " + JSON.stringify(t) + ": nothing before it to predict it from");
+    box.appendChild(span); });
+}
+
+// ------------------------------------------------------------------ attention
+function headLabel(l, h) {
+  const heads = state.analysis.heads, best = [];
+  for (const kind in heads) if (heads[kind].measurable && heads[kind].scores[l][h] >= 0.4) best.push([heads[kind].scores[l][h], kind]);
+  best.sort((x, y) => y[0] - x[0]);
+  return best.length ? best[0][1].replace("_token", "").replace("previous", "prev").replace("duplicate", "dup") + " " + fmt(best[0][0], 2) : "";
+}
+function headScores(l, h) { const heads = state.analysis.heads;
+  return Object.keys(heads).map((k) => k.replace(/_/g, "-") + " " + (heads[k].measurable ? fmt(heads[k].scores[l][h], 2) : "n/a")).join(", "); }
+async function layerAttention(l) {
+  if (!state.attention[l]) {
+    const r = await api("/api/attention", {model: state.model, prompt: state.prompt, layer: l});
+    state.attention[l] = r.attention[0];
+  }
+  return state.attention[l];
+}
+function drawPattern(canvas, rows, cell) {
+  const T = rows.length, ctx = canvas.getContext("2d"); canvas.width = cell * T; canvas.height = cell * T;
+  ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+  for (let i = 0; i < T; i++) for (let j = 0; j <= i; j++) { ctx.fillStyle = blue(rows[i][j]); ctx.fillRect(j * cell, i * cell, cell, cell); }
+}
+function buildAttention() {
+  const a = state.analysis;
+  const L = a.heads.induction.scores.length, H = a.heads.induction.scores[0].length;
+  options($("att-layer"), [...Array(L).keys()].map((l) => [l, String(l)]));
+  const box = clear($("att-tokens"));
+  state.attSpans = a.tokens.texts.map((t, i) => { const s = el("span", {"class": "tok", "data-i": i}, vis(t));
+    s.addEventListener("mouseenter", () => lightTokens(i)); s.addEventListener("mouseleave", unlightTokens);
+    box.appendChild(s); return s; });
+  const grid = clear($("att-grid")); grid.style.gridTemplateColumns = "repeat(" + H + ", auto)";
+  state.thumbs = [];
+  const T = a.tokens.ids.length, cell = Math.max(1, Math.min(4, Math.floor(72 / T)));
+  for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) {
+    const box = el("div", {"class": "thumb", "data-layer": l, "data-head": h}), canvas = el("canvas");
+    canvas.width = canvas.height = cell * T;
+    box.appendChild(canvas); box.appendChild(el("div", {}, "L" + l + "H" + h));
+    box.appendChild(el("div", {"class": "label"}, headLabel(l, h) || "\u00a0"));
+    hover(box, "L" + l + "H" + h + ": " + headScores(l, h));
+    box.addEventListener("click", () => { $("att-layer").value = l; pickLayer().then(() => { $("att-head").value = h; drawAttention(); }); });
+    grid.appendChild(box); state.thumbs.push([l, h, canvas, cell, box]);
+  }
+  fillThumbs(); pickLayer();
+}
+async function fillThumbs() {
+  for (const [l, h, canvas, cell] of state.thumbs) {
+    if (!state.attention[l]) continue;  // too large to send at once: drawn when its layer is picked
+    drawPattern(canvas, state.attention[l][h], cell);
+  }
+}
+async function pickLayer() {
+  const l = +$("att-layer").value, H = state.analysis.heads.induction.scores[0].length, keep = $("att-head").value;
+  options($("att-head"), [...Array(H).keys()].map((h) => [h, h + (headLabel(l, h) ? " (" + headLabel(l, h) + ")" : "")]));
+  if (keep !== "" && +keep < H) $("att-head").value = keep;
+  try { await layerAttention(l); fillThumbs(); drawAttention(); } catch (e) { status(e.message, true); }
+}
+function drawAttention() {
+  const l = +$("att-layer").value, h = +$("att-head").value, rows = (state.attention[l] || [])[h];
+  if (!rows) return;
+  const T = rows.length, cell = Math.max(6, Math.min(22, Math.floor(520 / T))), canvas = $("att-canvas");
+  drawPattern(canvas, rows, cell); canvas.dataset.cell = cell;
+  for (const [tl, th, , , box] of state.thumbs) box.classList.toggle("picked", tl === l && th === h);
+}
+function lightTokens(i) { const l = +$("att-layer").value, h = +$("att-head").value, rows = (state.attention[l] || [])[h];
+  if (!rows) return;
+  state.attSpans.forEach((s, j) => { s.style.background = j <= i ? blue(rows[i][j]) : "transparent"; s.classList.toggle("query", j === i); }); }
+function unlightTokens() { state.attSpans.forEach((s) => { s.style.background = "transparent"; s.classList.remove("query"); }); }
+function attentionCanvasTip(ev) {
+  const canvas = $("att-canvas"), cell = +canvas.dataset.cell, b = canvas.getBoundingClientRect(), a = state.analysis;
+  const rows = (state.attention[+$("att-layer").value] || [])[+$("att-head").value];
+  const j = Math.floor((ev.clientX - b.left) / cell), i = Math.floor((ev.clientY - b.top) / cell);
+  if (!rows || i < 0 || i >= rows.length || j < 0 || j > i) { hideTip(); return; }
+  showTip(ev, "query " + i + " " + JSON.stringify(a.tokens.texts[i]) + " \u2192 key " + j + " " + JSON.stringify(a.tokens.texts[j]) + ": " + fmt(rows[i][j], 4));
+}
+
+// ------------------------------------------------------------------ logit lens
+function drawLens() {
+  const a = state.analysis, lens = a.lens, T = a.tokens.ids.length, by = $("lens-color").value;
+  const table = el("table", {"class": "grid", "id": "lens-table"}), head = el("tr");
+  head.appendChild(el("th", {}, "layer \\ after")); a.tokens.texts.forEach((t) => head.appendChild(el("th", {}, vis(t))));
+  table.appendChild(head);
+  lens.layers.forEach((name, l) => { const tr = el("tr"); tr.appendChild(el("th", {}, name));
+    for (let t = 0; t < T; t++) { const [tok, p] = lens.top[l][t][0];
+      const td = el("td", {}, vis(tok).replace(/ /g, "\u2423"));
+      td.style.background = heat(by === "target" ? (t < T - 1 ? lens.target_prob[l][t] : 0) : p);
+      let text = name + ", after position " + t + " " + JSON.stringify(a.tokens.texts[t]) + ":\n" +
+        lens.top[l][t].map(([x, q]) => "  " + JSON.stringify(x) + " " + fmt(q)).join("\n");
+      if (t < T - 1) text += "\ntrue next token " + JSON.stringify(a.tokens.texts[t + 1]) + ": p " + fmt(lens.target_prob[l][t], 4) + ", rank " + lens.target_rank[l][t];
+      hover(td, text); tr.appendChild(td); }
+    table.appendChild(tr); });
+  clear($("lens-grid")).appendChild(table);
+  $("lens-note").textContent = "self-check: the last row equals the model's own probabilities within " + fmt(lens.self_check, 9);
+}
+
+// ------------------------------------------------------------------ attribution
+function bars(box, labels, values, plain) {
+  clear(box); const scale = Math.max(...values.map((v) => Math.abs(v || 0))) || 1;
+  labels.forEach((label, i) => { const v = values[i] || 0, row = el("div", {"class": "bar-row"});
+    row.appendChild(el("div", {"class": "bar-label"}, label));
+    const track = el("div", {"class": "bar-track"}), bar = el("div", {"class": "bar"}), w = (plain ? 100 : 50) * Math.abs(v) / scale;
+    bar.style.width = w + "%"; bar.style.left = (plain ? 0 : v >= 0 ? 50 : 50 - w) + "%"; bar.style.background = v >= 0 ? "#1d6fb8" : "#c82828";
+    track.appendChild(bar); row.appendChild(track); row.appendChild(el("div", {"class": "bar-value"}, (v >= 0 && !plain ? "+" : "") + fmt(v, plain ? 4 : 3)));
+    box.appendChild(row); });
+}
+function headTable(values, cellText) {
+  const table = el("table", {"class": "grid"}), m = Math.max(...values.flat().map((v) => Math.abs(v || 0))) || 1, head = el("tr");
+  head.appendChild(el("th", {}, "layer")); values[0].forEach((_, h) => head.appendChild(el("th", {}, "H" + h))); table.appendChild(head);
+  values.forEach((row, l) => { const tr = el("tr"); tr.appendChild(el("th", {}, "L" + l));
+    row.forEach((v, h) => { const td = el("td", {}, cellText ? cellText(v, l, h) : fmt(v, 2)); td.style.background = diverging(v || 0, m); tr.appendChild(td); });
+    table.appendChild(tr); });
+  return table;
+}
+async function runAttribution() {
+  const body = {model: state.model, prompt: state.prompt, position: +$("attr-pos").value,
+                token: tokenField($("attr-token").value), against: tokenField($("attr-against").value)};
+  const check = $("attr-check");
+  try {
+    const r = await api("/api/attribution", body);
+    check.classList.remove("error");
+    check.textContent = "logit of " + JSON.stringify(r.token_text) + (r.against === null ? "" : " minus " + JSON.stringify(r.against_text)) +
+      " after position " + r.position + " = " + fmt(r.total, 4) + "; self-check " + r.self_check + " (residual error " + fmt(r.residual_error, 9) + ")";
+    const order = r.values.map((v, i) => i).sort((i, j) => Math.abs(r.values[j]) - Math.abs(r.values[i])).slice(0, 16);
+    bars($("attr-bars"), order.map((i) => r.labels[i]), order.map((i) => r.values[i]));
+    clear($("attr-heads")).appendChild(headTable(r.heads));
+  } catch (e) { check.classList.add("error"); check.textContent = e.message; clear($("attr-bars")); clear($("attr-heads")); }
+}
+
+// ------------------------------------------------------------------ ablation
+function buildAblationGrid() {
+  const a = state.analysis, L = a.heads.induction.scores.length, H = a.heads.induction.scores[0].length;
+  const table = el("table", {"class": "grid", "id": "abl-table-grid"}), head = el("tr");
+  head.appendChild(el("th", {}, "layer")); for (let h = 0; h < H; h++) head.appendChild(el("th", {}, "H" + h));
+  head.appendChild(el("th", {}, "MLP")); table.appendChild(head);
+  const toggle = (key, button) => { if (state.ablated.has(key)) state.ablated.delete(key); else state.ablated.add(key);
+    button.classList.toggle("on", state.ablated.has(key)); runAblation(); };
+  for (let l = 0; l < L; l++) { const tr = el("tr"); tr.appendChild(el("th", {}, "L" + l));
+    for (let h = 0; h < H; h++) { const key = "h" + l + "." + h, b = el("button", {"class": "abl abl-head", "data-layer": l, "data-head": h, "id": "abl-L" + l + "H" + h}, "L" + l + "H" + h);
+      b.classList.toggle("on", state.ablated.has(key)); b.addEventListener("click", () => toggle(key, b));
+      const td = el("td"); td.appendChild(b); tr.appendChild(td); }
+    const key = "m" + l, b = el("button", {"class": "abl abl-mlp", "data-layer": l, "id": "abl-mlp" + l}, "MLP" + l);
+    b.classList.toggle("on", state.ablated.has(key)); b.addEventListener("click", () => toggle(key, b));
+    const td = el("td"); td.appendChild(b); tr.appendChild(td); table.appendChild(tr); }
+  clear($("abl-grid")).appendChild(table);
+}
+async function runAblation() {
+  const heads = [], mlps = [];
+  for (const key of state.ablated) { if (key[0] === "h") heads.push(key.slice(1).split(".").map(Number)); else mlps.push(+key.slice(1)); }
+  const asked = ++state.ablationAsked;
+  try {
+    const r = await api("/api/ablate", {model: state.model, prompt: state.prompt, heads: heads, mlps: mlps,
+                                        how: $("abl-how").value, position: +$("abl-pos").value, k: 8});
+    if (asked !== state.ablationAsked) return;  // a newer click is on its way
+    const loss = $("abl-loss"); loss.classList.remove("error");
+    loss.dataset.clean = r.clean_loss; loss.dataset.ablated = r.ablated_loss; loss.dataset.change = r.loss_change;
+    loss.textContent = "loss on the prompt: " + fmt(r.clean_loss, 4) + " nats clean \u2192 " + fmt(r.ablated_loss, 4) + " ablated (" +
+      (r.loss_change >= 0 ? "+" : "") + fmt(r.loss_change, 4) + ") with " + (heads.length + mlps.length) + " part(s) " + r.how + "-ablated";
+    const table = el("table", {"class": "grid"}), head = el("tr");
+    ["next token after " + r.position, "p clean", "p ablated", "logit clean", "logit ablated", "logit change"].forEach((t) => head.appendChild(el("th", {}, t)));
+    table.appendChild(head);
+    r.rows.forEach((row) => { const tr = el("tr"); tr.appendChild(el("td", {}, JSON.stringify(row.text)));
+      [row.clean_prob, row.ablated_prob, row.clean_logit, row.ablated_logit].forEach((v) => tr.appendChild(el("td", {}, fmt(v, 4))));
+      const d = row.ablated_logit - row.clean_logit, td = el("td", {}, (d >= 0 ? "+" : "") + fmt(d, 4)); td.style.background = diverging(d, 2);
+      tr.appendChild(td); table.appendChild(tr); });
+    clear($("abl-table")).appendChild(table);
+  } catch (e) { $("abl-loss").classList.add("error"); $("abl-loss").textContent = e.message; }
+}
+
+// ------------------------------------------------------------------ patching
+async function runPatching() {
+  const note = $("patch-note"); note.classList.remove("error"); note.textContent = "running the sweep...";
+  clear($("patch-grid")); $("patch-detail").textContent = "";
+  try {
+    const r = await api("/api/patch", {model: state.model, clean: $("prompt").value, corrupted: $("patch-corrupted").value,
+      target: $("patch-target").value, correct: tokenField($("patch-correct").value), wrong: tokenField($("patch-wrong").value)});
+    state.patch = r; note.dataset.correct = r.correct; note.dataset.wrong = r.wrong;
+    note.textContent = "metric: logit(" + JSON.stringify(r.correct_text) + ") \u2212 logit(" + JSON.stringify(r.wrong_text) + ") after position " +
+      r.position + ": clean run " + fmt(r.clean_metric, 4) + ", corrupted run " + fmt(r.corrupted_metric, 4) + "; patching " + r.target;
+    drawPatchGrid(r);
+  } catch (e) { note.classList.add("error"); note.textContent = e.message; }
+}
+function drawPatchGrid(r) {
+  const byHead = r.axes[1] === "head", cols = r.values[0].length, table = el("table", {"class": "grid", "id": "patch-table"}), head = el("tr");
+  head.appendChild(el("th", {}, byHead ? "layer \\ head" : "layer \\ position"));
+  for (let c = 0; c < cols; c++) head.appendChild(el("th", {}, byHead ? "H" + c : c + " " + vis(r.clean_tokens.texts[c])));
+  table.appendChild(head);
+  r.values.forEach((row, l) => { const tr = el("tr"); tr.appendChild(el("th", {}, "L" + l));
+    row.forEach((v, c) => { const n = r.normalised ? r.normalised[l][c] : null;
+      const td = el("td", {"class": "cell", "data-layer": l, "data-col": c, "data-value": v}, n === null ? "" : fmt(n, 2));
+      td.style.background = diverging(n === null ? 0 : n, 1);
+      td.addEventListener("click", () => patchDetail(r, l, c, td)); tr.appendChild(td); });
+    table.appendChild(tr); });
+  clear($("patch-grid")).appendChild(table);
+}
+function patchDetail(r, l, c, td) {
+  for (const cell of document.querySelectorAll("#patch-table td.cell")) cell.classList.remove("picked");
+  td.classList.add("picked");
+  const byHead = r.axes[1] === "head", n = r.normalised ? r.normalised[l][c] : null;
+  $("patch-detail").textContent = "layer " + l + (byHead ? ", head " + c : ", position " + c + " (clean " + JSON.stringify(r.clean_tokens.texts[c]) +
+    ", corrupted " + JSON.stringify(r.corrupted_tokens.texts[c]) + ")") + "\npatched blocks." + l + "." + r.target.split(".").slice(2).join(".") +
+    "\nmetric after patching: " + fmt(r.values[l][c], 5) + "\nclean " + fmt(r.clean_metric, 5) + ", corrupted " + fmt(r.corrupted_metric, 5) +
+    "\nrestored share (metric - corrupted) / (clean - corrupted): " + (n === null ? "- (clean equals corrupted)" : fmt(n, 4));
+}
+
+// ------------------------------------------------------------------ generation
+function numberField(id) { const v = $(id).value.trim(); return v === "" ? null : Number(v); }
+async function runGeneration() {
+  if (state.generating) return;
+  const out = clear($("gen-text")), steps = clear($("gen-steps")), controller = new AbortController();
+  clear($("gen-dist")); state.genSteps = [];
+  state.generating = controller; $("gen-run").disabled = true; $("gen-stop").disabled = false; $("gen-status").textContent = "generating...";
+  $("gen-status").classList.remove("error");
+  const body = {model: state.model, prompt: $("prompt").value, max_new_tokens: numberField("gen-max"), temperature: numberField("gen-temp"),
+                top_k: numberField("gen-topk"), top_p: numberField("gen-topp"), seed: numberField("gen-seed"), k: 8};
+  const prompt = el("span", {"class": "prompt"}, body.prompt), produced = el("span", {"id": "gen-produced"});
+  out.appendChild(prompt); out.appendChild(produced);
+  try {
+    const response = await api("/api/generate", body, controller.signal);
+    await readLines(response, (msg) => onGenerated(msg, produced, steps));
+  } catch (e) {
+    $("gen-status").textContent = e.name === "AbortError" ? "stopped" : e.message;
+    $("gen-status").classList.toggle("error", e.name !== "AbortError");
+    out.dataset.done = "1";
+  } finally { state.generating = null; $("gen-run").disabled = false; $("gen-stop").disabled = true; }
+}
+async function readLines(response, onLine) {
+  const reader = response.body.getReader(), decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) { const {value, done} = await reader.read(); if (done) break;
+    buffer += decoder.decode(value, {stream: true});
+    let i; while ((i = buffer.indexOf("\n")) >= 0) { onLine(JSON.parse(buffer.slice(0, i))); buffer = buffer.slice(i + 1); } }
+}
+function onGenerated(msg, produced, steps) {
+  if (msg.event === "token") {
+    produced.textContent += msg.text; state.genSteps.push(msg);
+    const chip = el("span", {"class": "tok", "data-i": msg.index}, vis(msg.piece));
+    chip.addEventListener("click", () => showStep(msg.index)); hover(chip, "step " + msg.index + ": p " + fmt(msg.prob, 4));
+    steps.appendChild(chip); showStep(msg.index);
+  } else if (msg.event === "end") {
+    produced.textContent += msg.text; $("gen-status").textContent = "done: " + (msg.reason === "stop" ? "end-of-text drawn" : "length reached") +
+      ", " + state.genSteps.length + " tokens"; $("gen-text").dataset.done = "1";
+  } else if (msg.event === "error") { $("gen-status").textContent = msg.error; $("gen-status").classList.add("error"); $("gen-text").dataset.done = "1"; }
+}
+function showStep(index) { const msg = state.genSteps[index];
+  for (const chip of document.querySelectorAll("#gen-steps .tok")) chip.classList.toggle("chosen", +chip.dataset.i === index);
+  const box = $("gen-dist"); bars(box, msg.top.map(([t]) => JSON.stringify(t)), msg.top.map(([, p]) => p), true);
+  box.insertBefore(el("h3", {}, "step " + index + ": drew " + JSON.stringify(msg.piece) + " (p " + fmt(msg.prob, 4) + ") from"), box.firstChild); }
+
+// ------------------------------------------------------------------ training
+const NS = "http://www.w3.org/2000/svg";
+const COLORS = ["#1d6fb8", "#e07b00", "#2a9d4b", "#c82828", "#7b52ab", "#8c564b", "#d6619e", "#6b6b6b", "#b5b800", "#17becf"];
+function svg(tag, attrs) { const e = document.createElementNS(NS, tag); for (const k in attrs) e.setAttribute(k, attrs[k]); return e; }
+function axes(s, box, opts, x0, x1, y0, y1) {
+  const {W, Hh, m} = box, Yraw = (v) => Hh - m.b - (v - y0) / (y1 - y0) * (Hh - m.t - m.b), X = (x) => m.l + (x - x0) / (x1 - x0) * (W - m.l - m.r);
+  if (opts.band) s.appendChild(svg("rect", {x: m.l, width: W - m.l - m.r, y: Yraw(opts.band[1]), height: Math.max(0, Yraw(opts.band[0]) - Yraw(opts.band[1])), fill: "#e8f4e8"}));
+  s.appendChild(svg("line", {x1: m.l, x2: W - m.r, y1: Hh - m.b, y2: Hh - m.b, stroke: "#888"}));
+  s.appendChild(svg("line", {x1: m.l, x2: m.l, y1: m.t, y2: Hh - m.b, stroke: "#888"}));
+  for (let k = 0; k <= 4; k++) { const v = y0 + (y1 - y0) * k / 4, t = svg("text", {x: m.l - 4, y: Yraw(v) + 4, "text-anchor": "end", "font-size": 10});
+    t.textContent = opts.log ? "1e" + v.toFixed(1) : Number(v.toPrecision(3)); s.appendChild(t);
+    const u = x0 + (x1 - x0) * k / 4, tx = svg("text", {x: X(u), y: Hh - m.b + 14, "text-anchor": "middle", "font-size": 10});
+    tx.textContent = Math.round(u); s.appendChild(tx); }
+}
+function lineChart(parent, id, title, series, opts) {
+  opts = opts || {}; const box = {W: 430, Hh: 230, m: {l: 52, r: 10, t: 8, b: 30}}, {W, Hh, m} = box;
+  const ok = (y) => y !== null && y !== undefined && isFinite(y) && (!opts.log || y > 0);
+  const pts = series.flatMap((d) => d.x.map((x, i) => [x, d.y[i]])).filter(([x, y]) => x !== null && ok(y));
+  if (!pts.length) return;
+  const tr = (y) => opts.log ? Math.log10(y) : y, chart = el("div", {"class": "chart", "id": id});
+  chart.appendChild(el("h3", {}, title));
+  let x0 = Math.min(...pts.map((p) => p[0])), x1 = Math.max(...pts.map((p) => p[0]));
+  let y0 = Math.min(...pts.map((p) => tr(p[1]))), y1 = Math.max(...pts.map((p) => tr(p[1])));
+  if (opts.band) { y0 = Math.min(y0, opts.band[0]); y1 = Math.max(y1, opts.band[1]); }
+  if (x1 === x0) x1 = x0 + 1; if (y1 === y0) { y1 += 1; y0 -= 1; }
+  const X = (x) => m.l + (x - x0) / (x1 - x0) * (W - m.l - m.r), Y = (y) => Hh - m.b - (tr(y) - y0) / (y1 - y0) * (Hh - m.t - m.b);
+  const s = svg("svg", {width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh, "data-points": pts.length});
+  axes(s, box, opts, x0, x1, y0, y1);
+  series.forEach((d, n) => { let path = "";
+    d.x.forEach((x, i) => { if (!ok(d.y[i])) return; path += (path ? "L" : "M") + X(x).toFixed(1) + "," + Y(d.y[i]).toFixed(1); });
+    if (path) s.appendChild(svg("path", {d: path, fill: "none", stroke: d.color || COLORS[n % COLORS.length], "stroke-width": 1.5})); });
+  chart.appendChild(s);
+  const legend = el("div", {"class": "legend"});
+  series.slice(0, 12).forEach((d, n) => { const item = el("span", {}, "\u25a0 " + d.name + "  "); item.style.color = d.color || COLORS[n % COLORS.length]; legend.appendChild(item); });
+  if (series.length > 12) legend.appendChild(el("span", {}, "(+" + (series.length - 12) + " more)"));
+  chart.appendChild(legend); parent.appendChild(chart);
+}
+function drawCurves(run) {
+  const box = clear($("train-charts")), h = run.history, steps = run.steps, rows = run.health || [];
+  const loss = [], lr = [];
+  if (steps && steps.step.length) { loss.push({name: "train (per step)", x: steps.step, y: steps.loss}); lr.push({name: "lr", x: steps.step, y: steps.lr}); }
+  else if (h && h.step.length) { loss.push({name: "train", x: h.step, y: h.train_loss}); lr.push({name: "lr", x: h.step, y: h.lr}); }
+  else if (rows.length) { loss.push({name: "train (health rows)", x: rows.map((r) => r.step), y: rows.map((r) => r.loss)});
+    lr.push({name: "lr", x: rows.map((r) => r.step), y: rows.map((r) => r.lr)}); }
+  if (h && h.step.length) loss.push({name: "val", x: h.step, y: h.val_loss, color: "#e07b00"});
+  lineChart(box, "chart-loss", "loss (nats per token)", loss); lineChart(box, "chart-lr", "learning rate", lr);
+  if (!box.children.length) box.appendChild(el("p", {"class": "note"}, "no points yet: waiting for the run's files (history.csv, a per-step CSV such as steps.csv, or health.jsonl)"));
+}
+const PANELS = [["params", "update_to_data_log10", "update:data ratio (log10) per tensor", false], ["params", "grad_norm", "gradient norm per tensor", true],
+  ["params", "grad_to_data", "grad:data ratio per tensor", true], ["params", "weight_norm", "weight norm per tensor", false],
+  ["activations", "std", "activation std per layer", false], ["activations", "saturated", "saturated fraction per layer", false],
+  ["activations", "dead", "dead-unit fraction per layer", false], ["attention", "entropy", "attention entropy per head (nats)", false]];
+function drawHealth(run) {
+  const box = clear($("health-charts")), rows = run.health || [], steps = rows.map((r) => r.step), bands = run.bands || {};
+  if (!rows.length) { box.appendChild(el("p", {"class": "note"}, "no health.jsonl rows yet (train with --health-every N)")); return; }
+  for (const [group, key, title, log] of PANELS) {
+    const names = [...new Set(rows.flatMap((r) => Object.keys(r[group] || {})))];
+    const series = names.map((n) => ({name: n, x: steps, y: rows.map((r) => (r[group] && r[group][n] && r[group][n][key] !== undefined) ? r[group][n][key] : null)}));
+    if (series.length) lineChart(box, "health-" + key, title + (bands[key] ? " (healthy band shaded)" : ""), series, {log: log, band: bands[key]});
+  }
+  const events = [["global_grad_norm", "global gradient norm", true], ["clip_events", "clip events since the last row", false], ["skipped_steps", "skipped steps since the last row", false]];
+  for (const [key, title, log] of events) { const y = rows.map((r) => r[key] === undefined || r[key] === null ? null : Number(r[key]));
+    if (y.some((v) => v !== null)) lineChart(box, "health-" + key, title, [{name: key, x: steps, y: y}], {log: log}); }
+}
+function drawRunLists(run) {
+  const warnings = clear($("train-warnings"));
+  run.warnings.slice(-30).forEach((w) => warnings.appendChild(el("li", {}, "step " + w.step + ": " + w.message)));
+  run.problems.forEach((p) => warnings.appendChild(el("li", {}, "cannot read " + p)));
+  if (!warnings.children.length) warnings.appendChild(el("li", {"class": "none"}, "none"));
+  const models = clear($("train-models"));
+  run.models.forEach((f) => { const li = el("li", {}, f.name + " (" + f.kind + ", " + new Date(f.mtime * 1000).toLocaleTimeString() + ") ");
+    const b = el("button", {"data-model": f.name}, "open in the model views");
+    b.addEventListener("click", () => { fillModels(run.models); $("model").value = f.name; state.model = f.name; state.ablated.clear(); show("tokens"); analyze(); });
+    li.appendChild(b); models.appendChild(li); });
+  if (!run.models.length) models.appendChild(el("li", {}, "none yet (the best model is saved at each evaluation that improves)"));
+}
+async function pollRun() {
+  try {
+    const run = await api("/api/run" + (state.runVersion ? "?version=" + encodeURIComponent(state.runVersion) : ""));
+    if (!run.unchanged) {
+      state.runVersion = run.version; state.run = run;
+      drawCurves(run); drawHealth(run); drawRunLists(run);
+      const pts = run.steps ? run.steps.step.length : run.history ? run.history.step.length : (run.health || []).length;
+      $("train-status").textContent = run.run_dir + (run.exists ? "" : " (does not exist yet)") + ": " + pts + " points, " +
+        (run.health || []).length + " health rows; updated " + new Date().toLocaleTimeString();
+      $("train-status").dataset.points = pts;
+      fillModels(run.models);
+      const newest = run.models.find((f) => f.name === run.newest_model);
+      const key = newest ? newest.name + "@" + newest.mtime : null;
+      if (key && key !== state.sampleOf) { state.sampleOf = key; sampleRun(); }
+    }
+  } catch (e) { $("train-status").textContent = "cannot read the run: " + e.message; }
+  setTimeout(pollRun, 1500);
+}
+async function sampleRun() {
+  const box = $("train-sample");
+  try { const r = await api("/api/run/sample", {prompt: "", max_new_tokens: 120, temperature: 0.8, seed: 0});
+    box.textContent = r.text; box.dataset.model = r.model; }
+  catch (e) { box.textContent = e.message; }
+}
+
+// ------------------------------------------------------------------ start
+function main() {
+  buildNav(); describe(INFO.model); fillModels(INFO.run_models);
+  options($("patch-target"), INFO.targets.map((t) => [t, t]));
+  state.ablationAsked = 0;
+  $("analyze").addEventListener("click", () => { state.ablated.clear(); analyze(); });
+  $("prompt").addEventListener("keydown", (ev) => { if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); analyze(); } });
+  $("model").addEventListener("change", () => { state.model = $("model").value; state.ablated.clear(); analyze(); });
+  $("surprise-unit").addEventListener("change", drawSurprise);
+  $("att-layer").addEventListener("change", pickLayer); $("att-head").addEventListener("change", drawAttention);
+  $("att-canvas").addEventListener("mousemove", attentionCanvasTip); $("att-canvas").addEventListener("mouseleave", hideTip);
+  $("lens-color").addEventListener("change", drawLens);
+  $("attr-run").addEventListener("click", runAttribution); $("attr-pos").addEventListener("change", runAttribution);
+  $("abl-how").addEventListener("change", runAblation); $("abl-pos").addEventListener("change", runAblation);
+  $("abl-clear").addEventListener("click", () => { state.ablated.clear(); buildAblationGrid(); runAblation(); });
+  $("patch-run").addEventListener("click", runPatching);
+  $("gen-run").addEventListener("click", runGeneration);
+  $("gen-stop").addEventListener("click", () => { if (state.generating) state.generating.abort(); });
+  if (INFO.run) $("train-sample-run").addEventListener("click", sampleRun);
+  show(INFO.model || (INFO.run_models || []).length || !INFO.run ? "tokens" : "training");
+  if (INFO.run) pollRun();
+  if (INFO.model || (INFO.run_models || []).some((f) => f.kind === "model")) analyze();
+  else document.body.dataset.ready = "1";
+}
+main();
