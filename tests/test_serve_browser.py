@@ -234,10 +234,10 @@ def test_training_page_gains_points_while_a_run_trains(browser, tmp_path):
         train = subprocess.Popen(
             [sys.executable, "-m", "glassllm.cli", "train", "--data", str(data), "--out",
              str(run / "model.safetensors"), "--log-csv", str(run / "steps.csv"), "--steps",
-             "1200", "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--seq-len", "16",
-             "--batch-size", "2", "--eval-every", "600", "--health-every", "10",
+             "6000", "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--seq-len", "16",
+             "--batch-size", "2", "--eval-every", "3000", "--health-every", "10",
              "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        # the page polls every 1.5 s: 1200 steps (~8 s here) span several polls even on a fast CI
+        # the page polls every 1.5 s: 6000 steps (~2 ms each here) span several polls on a fast CI
         seen = []
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and train.poll() is None:
@@ -248,9 +248,9 @@ def test_training_page_gains_points_while_a_run_trains(browser, tmp_path):
         assert train.wait(60) == 0, train.stderr.read()
         assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] > seen[0], seen
         # after the run: its last points, its health panels, its model, a sample from it
-        wait_for(lambda: status.get_attribute("data-points") == "1200", what="all 1200 steps")
+        wait_for(lambda: status.get_attribute("data-points") == "6000", what="all 6000 steps")
         chart = browser.find_element(By.CSS_SELECTOR, "#chart-loss svg")
-        assert int(chart.get_attribute("data-points")) >= 1200
+        assert int(chart.get_attribute("data-points")) >= 6000
         assert len(browser.find_elements(By.CSS_SELECTOR, "#health-charts .chart")) >= 6
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#train-models button"),
                  what="the saved model")
