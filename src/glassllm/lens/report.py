@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import re
@@ -29,6 +28,7 @@ import numpy as np
 
 from . import interpret
 from ..formats.atomic import atomic_write
+from ..formats.inline_json import inline_json
 from ..formats.paths import check_output_paths
 from ..model import GlassLM
 from .trace import run_with_cache
@@ -267,10 +267,8 @@ def render_html(ins: Inspection) -> str:
     policy `default-src 'none'` allows inline style and script only) and `page_data(ins)` as a
     JSON block that the script parses.
     """
-    # "<" as \u003c (the same string to JSON.parse): no "</script>" or "<!--" in the data can
-    # end or bend the block it sits in
-    payload = json.dumps(page_data(ins), ensure_ascii=False, allow_nan=False)
-    slots = {"TITLE": escape(ins.title), "DATA": payload.replace("<", "\\u003c")}
+    # inline_json: no "</script>" or "<!--" in the data can end or bend the block it sits in
+    slots = {"TITLE": escape(ins.title), "DATA": inline_json(page_data(ins))}
     # one pass: a title or token that reads "__DATA__" is text, never a slot
     return _SLOT.sub(lambda m: slots[m.group(1)], page_template())
 
