@@ -98,6 +98,29 @@ def test_a_hook_cannot_write_into_the_forward_and_must_keep_the_shape():
         run_with_hooks(model, x, hooks=("logits", lambda v, n: v * 0)), 0 * model(x).data)
 
 
+def test_hooks_act_on_their_model_in_their_thread_only():
+    import threading
+    a, b = model_for("llama", seed=0), model_for("llama", seed=1)
+    x, _ = batch(a.cfg)
+    clean_a, clean_b = a(x).data, b(x).data
+    calls = []
+
+    def zero(value, name):
+        calls.append(threading.get_ident())
+        return np.zeros_like(value)
+
+    other = {}
+    worker = threading.Thread(target=lambda: other.update(logits=a(x).data))
+    with Trace(a, names=[], hooks=[("blocks.*.mlp.output", zero)]):
+        np.testing.assert_array_equal(b(x).data, clean_b)  # another model: untouched
+        worker.start()
+        worker.join()
+        hooked = a(x).data
+    np.testing.assert_array_equal(other["logits"], clean_a)  # another thread: untouched
+    assert calls == [threading.get_ident()] * a.cfg.n_layers
+    assert np.abs(hooked - clean_a).max() > 1e-3
+
+
 # --------------------------------------------------------------------------- steering
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_a_steering_vector_steers_every_step_of_a_generation(family):
@@ -257,3 +280,14 @@ def test_to_str_tokens_on_llama2c_pieces():
     assert words[0] == "<s>" and "".join(words[1:]) == " Once upon a time"
     assert to_str_tokens(tok, "Once upon a time", prepend_bos=False) == words[1:]
     assert to_str_tokens(tok, tok.encode("Once")) == words[1:1 + len(tok.encode("Once"))]
+
+
+def test_backward_hooks_are_refused_where_no_backward_pass_can_reach_them():
+    model = model_for("llama")
+    x, y = batch(model.cfg)
+    hook = [("logits", print)]
+    with pytest.raises(ValueError, match="cannot have grads or backward hooks"):
+        Trace(model, stop_at="blocks.0.residual_out", backward_hooks=hook)
+    with pytest.raises(ValueError, match="grads=False and no backward_hooks"):
+        with Trace(model, names=[], backward_hooks=hook):
+            generate(model, [1, 2, 3], 3, GREEDY)  # steps continue the prefill's KV cache

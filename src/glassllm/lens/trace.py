@@ -617,8 +617,12 @@ def to_str_tokens(tokenizer_or_lm, ids_or_text, prepend_bos: bool | None = None)
         ValueError: no tokenizer; ids that are not integers in [0, vocab_size) or not 1-D/2-D;
             prepend_bos=True for a tokenizer without BOS.
     """
-    tokenizer = getattr(tokenizer_or_lm, "tokenizer", tokenizer_or_lm)
-    if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "vocab_size")):
+    def is_tokenizer(obj) -> bool:
+        return hasattr(obj, "encode") and hasattr(obj, "vocab_size")
+
+    tokenizer = tokenizer_or_lm if is_tokenizer(tokenizer_or_lm) else \
+        getattr(tokenizer_or_lm, "tokenizer", None)
+    if not is_tokenizer(tokenizer):
         raise ValueError(f"to_str_tokens needs a tokenizer (or an object with .tokenizer), got "
                          f"{type(tokenizer_or_lm).__name__}")
     if isinstance(ids_or_text, str):
