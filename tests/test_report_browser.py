@@ -199,8 +199,10 @@ def test_hostile_strings_leave_the_whole_report_in_chromium(browser, tmp_path):
     with open(run / "health.jsonl", "w", encoding="utf-8") as f:
         for step in (10, 20):
             f.write(json.dumps({"step": step, "global_grad_norm": 1.0 / step,
+                                "note": "".join(HOSTILE),  # a string value: in the JSON only
                                 "params": {h: {"grad_norm": 0.1 * step} for h in HOSTILE},
-                                "activations": {HOSTILE[1]: {"std": 0.5}}}) + "\n")
+                                "activations": {HOSTILE[1]: {"std": 0.5}}},
+                               ensure_ascii=False) + "\n")  # the raw characters in the file
     out = tmp_path / "report.html"
     prompt = "".join(HOSTILE)
     assert main(["inspect", "--model", str(model_path), "--prompt", prompt, "--run", str(run),
@@ -211,10 +213,12 @@ def test_hostile_strings_leave_the_whole_report_in_chromium(browser, tmp_path):
         return {ready: document.body.dataset.ready, pwned: window.__pwned === undefined,
                 last: document.body.lastElementChild.tagName, tooltip: !!$('tooltip'),
                 scripts: document.scripts.length, json_title: data.title, json_tokens: data.tokens,
+                json_note: data.run.health[1].note,
                 title: document.title, heading: $('title').textContent};""")
     title = f"glassllm inspect: {HOSTILE_FILE}"
     assert page == {"ready": "1", "pwned": True, "last": "SCRIPT", "tooltip": True, "scripts": 2,
-                    "json_title": title, "json_tokens": ["<s>", " "] + HOSTILE, "title": title,
+                    "json_title": title, "json_tokens": ["<s>", " "] + HOSTILE,
+                    "json_note": "".join(HOSTILE), "title": title,
                     "heading": title}
     browser.find_element(By.ID, "nav-attention").click()
     shown = [t.get_attribute("textContent") for t in

@@ -488,7 +488,8 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 def _checked(result, like: np.ndarray, name: str, what: str) -> np.ndarray | None:
     if result is None:
         return None
-    out = np.asarray(result, dtype=like.dtype)
+    # a copy: the result may be the read-only view itself, or another view of the forward's
+    out = np.array(result, dtype=like.dtype, copy=True)
     if out.shape != like.shape:
         raise ValueError(f"trace: the {what} on {name!r} returned shape {out.shape}; the "
                          f"{what.split()[0]} it replaces has shape {like.shape}")
@@ -527,7 +528,7 @@ def run_with_hooks(model: GlassLM, ids, hooks: Iterable = (), backward_hooks: It
     loss (mean next-token cross-entropy) whose backward pass reaches them.
     ids: (B, T) or (T,) token ids. Nothing is recorded (use `Trace(..., hooks=...)` or
     `run_with_cache` to keep values too). Without backward hooks the forward runs under
-    `no_grad`.
+    `no_grad`; with them, the parameters' `.grad` accumulate as after any backward pass.
 
     Raises:
         ValueError: backward hooks without targets, and `Trace`'s and `GlassLM.check_ids`'
