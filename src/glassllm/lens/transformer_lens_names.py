@@ -5,9 +5,11 @@ HookPoint by its module path: `blocks.{layer}.hook_resid_pre`, `blocks.{layer}.a
 `ln_final.hook_normalized` (components/transformer_block.py, abstract_attention.py, mlp.py,
 layer_norm.py). The table maps each glassllm name to the TransformerLens hook that carries the
 same value, for a model loaded into TransformerLens WITHOUT weight processing
-(`from_pretrained_no_processing`, or fold_ln=False): `from_pretrained`'s default folding moves
-the norms' weights into the next layer, so its `hook_normalized` values and everything after
-a folded bias differ by that transformation. Where the two differ even so, `CAVEATS` says how.
+(`from_pretrained_no_processing`): `from_pretrained`'s defaults fold the norms' weights into
+the next layer and centre the weights writing to the residual stream, which changes the values
+of `hook_normalized` and `hook_resid_*` (not the logits). Where the two differ even so (llama's
+`hook_normalized` is before the RMSNorm weight in TransformerLens, after it in glassllm), the
+table's page, docs/names-transformerlens.md, says how.
 
 `to_glassllm(name, family)` turns a TransformerLens name (a layer number or "*" in the layer
 slot) into the glassllm name or pattern a trace accepts; a hook glassllm has no value for, or
@@ -46,22 +48,6 @@ TRANSFORMER_LENS_NAMES: dict[str, str] = {
 ROTARY_NAMES: dict[str, str] = {
     "blocks.{layer}.attention.q": "blocks.{layer}.attn.hook_rot_q",
     "blocks.{layer}.attention.k": "blocks.{layer}.attn.hook_rot_k",
-}
-
-CAVEATS: dict[str, str] = {
-    "blocks.{layer}.attention.input":
-        "llama: TransformerLens' RMSNorm hook_normalized is x / rms, before the norm's weight; "
-        "glassllm's value is after it (gpt2's LayerNorm hook includes weight and bias in both)",
-    "blocks.{layer}.mlp.input": "as attention.input (ln2)",
-    "final_norm": "as attention.input (ln_final)",
-    "blocks.{layer}.attention.q":
-        "llama: after RoPE, TransformerLens' attn.hook_rot_q (its hook_q is before RoPE)",
-    "blocks.{layer}.attention.k":
-        "llama: after RoPE, attn.hook_rot_k; grouped-query models: K key heads, not repeated",
-    "blocks.{layer}.attention.scores":
-        "the future masked with -inf (TransformerLens masks with its IGNORE value, -inf in "
-        "float32)",
-    "logits": "no TransformerLens hook; run_with_hooks returns the logits",
 }
 
 _LAYER = re.compile(r"^blocks\.(\d+|\*)\.(.+)$")
