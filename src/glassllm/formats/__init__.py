@@ -6,5 +6,6 @@
 - `hf`: Hugging Face checkpoints in and out; `llama2c`: llama2.c checkpoints and tokenizers;
 - `safetensors_io`: the one safetensors reader (and signed writer) under files and checkpoints;
 - `integrity`: SHA-256 digests of tensors and metadata; `atomic`: files written atomically;
-- `paths`: output paths checked before a long computation writes them.
+- `paths`: output paths checked before a long computation writes them;
+- `inline_json`: JSON inlined in an HTML page (the report's and the server's), escaped.
 """
