@@ -920,10 +920,9 @@ def _convert_to_hf(args):
         raise UsageError(f"--to-hf: {e}") from None
     if tokenizer is not None and not hf.stores_tokenizer(tokenizer, model.cfg.vocab_size):
         kind = json.loads(tokenizer.to_json())["type"]
-        print(f"note: {args.to_hf} holds no tokenizer: glassllm writes only byte-level BPE "
-              f"(tokenizer.json) and the byte tokenizer of a vocab-257 model, not this "
-              f"{kind} tokenizer (it stays in {args.model}); give its file, e.g. llama2.c's "
-              f"tokenizer.bin, to `glassllm generate --tokenizer`",
+        print(f"note: {args.to_hf} holds no tokenizer: glassllm writes its byte, BPE and "
+              f"SentencePiece tokenizers (tokenizer.json), not this {kind} tokenizer (it "
+              f"stays in {args.model}); give its file to `glassllm generate --tokenizer`",
               file=sys.stderr, flush=True)
         tokenizer = None
     return model, tokenizer
