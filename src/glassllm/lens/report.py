@@ -13,8 +13,7 @@ line up at any length; hover a token: where it attends), the logit lens grid, to
 direct logit attribution bars, head types, and, given a run directory, the training curves
 (history.csv) and health panels (health.jsonl; of many tensors, the five whose latest value lies
 farthest from the others' median are named in colour, the rest drawn grey) -- after
-CircuitsVis' attention and logit views
-and bertviz's head_view, without their CDN.
+CircuitsVis' attention and logit views and bertviz's head_view, without their CDN.
 """
 from __future__ import annotations
 
