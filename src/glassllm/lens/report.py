@@ -8,10 +8,12 @@ self-contained HTML page (`glassllm inspect`).
 The page has no network access of any kind: its CSS, JavaScript and data are inline, it draws
 with the DOM, <canvas> and inline SVG, and opens from disk (`tests/test_report_browser.py`
 opens it in headless Chromium and checks there are no console errors). Views: attention per
-layer and head (hover a token: where it attends), the logit lens grid, token surprise,
+layer and head (a map with a token label per row and per column, each one cell wide, so they
+line up at any length; hover a token: where it attends), the logit lens grid, token surprise,
 direct logit attribution bars, head types, and, given a run directory, the training curves
-(history.csv) and health panels (health.jsonl) -- after CircuitsVis' attention and logit views
-and bertviz's head_view, without their CDN.
+(history.csv) and health panels (health.jsonl; of many tensors, the five whose latest value lies
+farthest from the others' median are named in colour, the rest drawn grey) -- after
+CircuitsVis' attention and logit views and bertviz's head_view, without their CDN.
 """
 from __future__ import annotations
 
