@@ -302,7 +302,8 @@ config.register_parameter_count(n_params)  # Config.n_params() counts through th
 def _layout(cfg: Config):
     """(head, block, tail) of (name, shape): the parameters before the blocks, those of one
     block (names without "blocks.0."), those after."""
-    one_block = {**cfg.to_dict(), "n_layers": 1}
+    # the layer types change no parameter's shape: one block without them stands for any
+    one_block = {**cfg.to_dict(), "n_layers": 1, "layer_types": None, "sliding_window": None}
     return _layout_of(tuple(one_block.items()))
 
 
