@@ -326,3 +326,13 @@ def test_n_params_counts_every_switchs_parameters():
     for case in CASES:
         cfg = config_of(case)
         assert cfg.n_params() == sum(p.size for p in GlassLM(cfg).parameters()), case
+
+
+@pytest.mark.parametrize("overrides", [dict(qk_norm="head"), dict(norm_offset=True),
+                                       dict(head_dim=8)])
+def test_llama2c_refuses_a_llama_with_other_switches(tmp_path, overrides):
+    from glassllm.formats.llama2c import to_llama2c
+    model = GlassLM(Config(**_SMALL, n_heads=4, **overrides))
+    with pytest.raises(ValueError, match="run.c computes Llama exactly"):
+        to_llama2c(model, tmp_path / "m.bin")
+    assert not (tmp_path / "m.bin").exists()
