@@ -60,10 +60,11 @@ def is_transformer_lens_name(name: str) -> bool:
     return isinstance(name, str) and name.rsplit(".", 1)[-1].startswith("hook_")
 
 
-def to_glassllm(name: str, family: str) -> str:
+def to_glassllm(name: str, family: str, rotary: bool | None = None) -> str:
     """The glassllm name (or pattern, for "*" as the layer) of a TransformerLens hook name.
 
-    family: "llama" (rotary: hook_rot_q/hook_rot_k are glassllm's q/k) or "gpt2".
+    family: the model's family, named in messages; rotary: whether its positions are rotary
+    (then hook_rot_q/hook_rot_k are glassllm's q/k); None -> family == "llama".
 
     Raises:
         ValueError: a hook name glassllm has no value for (naming the table), or, for a
@@ -72,7 +73,7 @@ def to_glassllm(name: str, family: str) -> str:
     match = _LAYER.match(name)
     layer, template = (match.group(1), f"blocks.{{layer}}.{match.group(2)}") if match else \
         (None, name)
-    rotary = family == "llama"
+    rotary = family == "llama" if rotary is None else rotary
     ours = (_ROTARY_BY_TL.get(template) if rotary else None) or _BY_TL.get(template)
     if rotary and template in ("blocks.{layer}.attn.hook_q", "blocks.{layer}.attn.hook_k"):
         ours = None
