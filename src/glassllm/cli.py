@@ -142,7 +142,7 @@ def run_train(args) -> int:
     this; rank 0 alone checks and locks the outputs, prints and writes files)."""
     import contextlib
 
-    from .training import distributed
+    from .training import distributed, stopping
 
     try:
         comm = distributed.from_environment()
@@ -150,7 +150,9 @@ def run_train(args) -> int:
         raise UsageError(str(e)) from None
     args.comm = comm  # main() prints errors on rank 0 only
     try:
-        with contextlib.ExitStack() as held:
+        # SIGTERM and SIGHUP (kill, timeout, Slurm, a closed terminal) stop the run as Ctrl-C
+        # does: held at a step boundary inside the loop, raised as an interrupt outside it.
+        with stopping.signals_raise(), contextlib.ExitStack() as held:
             # A mistake found on some ranks only (a data file missing on one node) stops
             # every rank here, before the first collective of the training loop; one that
             # every rank finds (a flag out of range) is printed once, by rank 0.
@@ -249,7 +251,18 @@ def _prepare_train(args, comm, held):
 
 def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     """The run itself, output paths checked and locked: build, train, report, write files.
-    Every rank trains; rank 0 alone prints and writes."""
+    Every rank trains; rank 0 alone prints and writes.
+
+    A stop signal from here on is held (`glassllm.training.stopping.DeferredStop`): inside the
+    loop until a step boundary, where the run stops with a checkpoint; after the last step
+    until the run's files are written, and the run, complete, ends as one (exit 0)."""
+    from .training import stopping
+    with stopping.DeferredStop() as late:
+        return _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
+
+
+def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late) -> int:
+    import signal
     import time
 
     import numpy as np
@@ -259,6 +272,7 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     from .training.distributed import RanksDisagree
     from .model import GlassLM
     from .training.safety import SkipRateExceeded
+    from .training import stopping
     from .training import (Checkpointed, Evaluated, HealthWarning, NonFiniteLossError,
                            Resumed, Saved, Started, Stepped, Trainer, TrainingInterrupted)
 
@@ -277,8 +291,8 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
             with cpu.use_threads(threads), np.errstate(over="ignore", invalid="ignore",
                                                        divide="ignore"):
                 trainer.run(model, resume=resume)
-        except TrainingInterrupted:
-            return 130
+        except TrainingInterrupted as e:
+            return stopping.exit_code(e)
         except (NonFiniteLossError, SkipRateExceeded, RanksDisagree):
             return 1
         return 0
@@ -332,7 +346,9 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     except TrainingInterrupted as e:
         bar.close()  # ends the bar's line: the message starts on a fresh one
         if e.history:
-            runfiles.write_history_csv(paths["history_csv"], e.history)
+            history_csv = runfiles.write_history_csv(paths["history_csv"], e.history)
+            runfiles.write_plot(history_csv, paths["plot"], on_failure=lambda message: print(
+                f"glassllm train: warning: {message}", file=sys.stderr, flush=True))
         # No checkpoint for this moment (Ctrl-C inside an update): the last periodic one.
         step, path = (e.step, e.checkpoint_path) if e.checkpoint_path else \
             (last_checkpoint[0].step, last_checkpoint[0].path) if last_checkpoint else (0, None)
@@ -340,8 +356,9 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
         where = (f"checkpoint after {step} steps: {path}; continue with "
                  f"`{_train_command(comm.size)} --resume {path}`" if path
                  else "no checkpoint written")
-        print(f"glassllm train: interrupted; {where}", file=sys.stderr, flush=True)
-        return 130
+        by = "" if e.signum == signal.SIGINT else f" by {stopping.signal_name(e.signum)}"
+        print(f"glassllm train: interrupted{by}; {where}", file=sys.stderr, flush=True)
+        return stopping.exit_code(e)
     except (NonFiniteLossError, SkipRateExceeded, RanksDisagree) as e:
         bar.close()
         if getattr(e, "history", None):
@@ -369,6 +386,9 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     print(f"{summary.steps - (resume.step if resume else 0)} steps in {elapsed:.1f} s "
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
           + (f", {summary.skipped_steps} skipped" if summary.skipped_steps else ""), flush=True)
+    if late.pending:
+        print(f"glassllm train: {stopping.signal_name(late.pending)} arrived after the last "
+              f"step; the run is complete", file=sys.stderr, flush=True)
     return 0
 
 
@@ -1195,15 +1215,19 @@ def main(argv: list[str] | None = None) -> int:
         if line is not None and getattr(getattr(args, "comm", None), "rank", 0) == 0:
             print(line, file=sys.stderr, flush=True)
         if isinstance(e, KeyboardInterrupt):  # e.g. before MPI_Init: see interrupted_exit
-            return launch.interrupted_exit(code)
+            return launch.interrupted_exit(code, getattr(e, "signum", None))
         return code
 
 
 def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
     """(exit code, the one line for stderr or None) of an error that reached main()."""
-    if isinstance(e, KeyboardInterrupt):
-        # "\n": the terminal echoed ^C on the current line
-        return 130, f"\nglassllm {command}: interrupted"
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or SIGTERM / SIGHUP (StopSignal)
+        from .training import stopping
+        signum = getattr(e, "signum", None)
+        if signum is None or signum == 2:  # "\n": the terminal echoed ^C on the current line
+            return 130, f"\nglassllm {command}: interrupted"
+        return stopping.exit_code(e), \
+            f"glassllm {command}: interrupted by {stopping.signal_name(signum)}"
     if isinstance(e, BrokenPipeError):
         # The reader of stdout left (`glassllm train ... | head -1`): stop quietly, as Unix
         # tools do; stdout -> devnull so the interpreter's final flush does not complain.

@@ -3,19 +3,26 @@ from __future__ import annotations
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or another KeyboardInterrupt) stopped the run.
+    """Ctrl-C, SIGTERM or SIGHUP (or another KeyboardInterrupt) stopped the run.
 
     step: updates completed. checkpoint_path: the checkpoint written for them, or None (no
     checkpoint_path was given, or a second Ctrl-C arrived in the middle of an update, when the
-    state is not one a checkpoint may hold). history: one dict per completed update. A
+    state is not one a checkpoint may hold). history: one dict per completed update. signum:
+    the signal (2 SIGINT, 15 SIGTERM, 1 SIGHUP; `glassllm.training.stopping`). A
     KeyboardInterrupt, so callers that only know Ctrl-C still stop.
     """
 
-    def __init__(self, step: int, checkpoint_path: str | None, history: list | None = None):
+    def __init__(self, step: int, checkpoint_path: str | None, history: list | None = None,
+                 signum: int | None = None):
         where = f"; checkpoint {checkpoint_path}" if checkpoint_path else "; no checkpoint"
         super().__init__(f"training interrupted after {step} updates{where}")
         self.step, self.checkpoint_path = step, checkpoint_path
         self.history = history if history is not None else []
+        self.signum = int(signum) if signum else 2  # SIGINT
+
+    def __reduce__(self):
+        return (TrainingInterrupted, (self.step, self.checkpoint_path, self.history,
+                                      self.signum))
 
 
 class NonFiniteLossError(FloatingPointError, ValueError):

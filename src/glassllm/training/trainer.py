@@ -24,8 +24,6 @@ import csv
 import dataclasses
 import math
 import os
-import signal
-import threading
 import warnings
 import time  # read as `time.monotonic()` here so tests can patch the clock
 from typing import Callable
@@ -44,6 +42,7 @@ from .lock import lock_outputs
 from ..model import GlassLM
 from ..optim import AdamW, lr_schedule
 from .safety import SkipRateExceeded, SkipRateMonitor, StepCSVLog, StepRecord, TrainStep
+from .stopping import STOP_SIGNALS, DeferredStop
 from .settings import TrainSettings
 from ..tensor import no_grad
 
@@ -106,34 +105,6 @@ class _Run:
             self.csv_log.close()
         if self.health is not None:
             self.health.close()
-
-
-class _DeferredInterrupt:
-    """Hold Ctrl-C until the current update has finished, so a checkpoint written for it is
-    exactly the state after a whole number of updates. A second Ctrl-C interrupts at once.
-
-    Only in the main thread and only when SIGINT has Python's default handler (signal
-    handlers can only be set there, and a program that set its own keeps it)."""
-
-    def __init__(self):
-        self.pending = False
-        self._previous = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame):
-        if self.pending:
-            raise KeyboardInterrupt
-        self.pending = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
 
 
 class Trainer:
@@ -253,7 +224,7 @@ class Trainer:
         update in progress is complete, and on Ctrl-C the checkpoint of the updates done."""
         run = self._prepare(model, resume, emit)
         try:
-            with _DeferredInterrupt() as interrupt:
+            with DeferredStop() as interrupt:
                 self._train(run, interrupt)
         except KeyboardInterrupt as e:
             if isinstance(e, TrainingInterrupted):
@@ -263,7 +234,8 @@ class Trainer:
             path = None  # a checkpoint only of a whole number of updates
             if not run.in_step and self.checkpoint_path is not None:
                 path = self._write_checkpoint(run)
-            raise TrainingInterrupted(len(run.history), path, run.history) from e
+            raise TrainingInterrupted(len(run.history), path, run.history,
+                                      signum=getattr(e, "signum", None)) from e
         finally:
             run.close()
         return self._finish(run)
@@ -278,8 +250,9 @@ class Trainer:
         else:
             run.emit(Started(self._evaluate(run.model)))
         for step in range(run.start, s.steps):
-            if self._stop_requested(interrupt, step):
-                raise _AgreedStop
+            signum = self._stop_requested(interrupt, step)
+            if signum:
+                raise _AgreedStop(signum)
             x, y = self._sample(run)
             self._step(run, step, x, y)
             if step % s.eval_every == 0 or step == s.steps - 1:
@@ -523,14 +496,16 @@ class Trainer:
             total = float(summed[0])
         return total / (s.eval_batches * s.grad_accum * comm.size)
 
-    def _stop_requested(self, interrupt, step: int) -> bool:
-        """Whether to stop before update `step`: Ctrl-C is pending here, or, with N ranks,
-        on any rank (one small allreduce, so every rank stops after the same update)."""
+    def _stop_requested(self, interrupt, step: int) -> int:
+        """The stop signal to act on before update `step` (0: none): one pending here, or,
+        with N ranks, on any rank (one small allreduce, so every rank stops after the same
+        update and names the same signal: the first of SIGINT, SIGTERM, SIGHUP received)."""
         if self.comm.size == 1:
             return interrupt.pending
-        flag = np.array([1.0 if interrupt.pending else 0.0])
-        self.comm.allreduce_sum(flag, what=f"interrupt check before step {step}")
-        return bool(flag[0] > 0)
+        flags = np.array([1.0 if interrupt.pending == signum else 0.0
+                          for signum in STOP_SIGNALS])
+        self.comm.allreduce_sum(flags, what=f"interrupt check before step {step}")
+        return next((int(signum) for signum, n in zip(STOP_SIGNALS, flags) if n > 0), 0)
 
     def _check_ranks_agree(self, model: GlassLM, resume_state) -> None:
         """Every rank runs the same settings, model and data, and resumes the same step."""
@@ -614,7 +589,11 @@ class Trainer:
 
 
 class _AgreedStop(KeyboardInterrupt):
-    """Every rank agreed to stop at this step boundary (Ctrl-C on some rank)."""
+    """Every rank agreed to stop at this step boundary (a stop signal on some rank)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 # What the Trainer raises on every rank at once (decided on reduced values); anything else
@@ -633,8 +612,8 @@ def _interrupt_on_keyboard_interrupt(emit, interrupt):
     def guarded(event):
         try:
             emit(event)
-        except KeyboardInterrupt:
-            interrupt.pending = True
+        except KeyboardInterrupt as e:
+            interrupt.pending = interrupt.pending or getattr(e, "signum", 2)
     return guarded
 
 
