@@ -225,13 +225,14 @@ def _prepare_train(args, comm, held):
                "health.jsonl (next to --out)": settings.health_log,
                "loss.png (next to --out)": paths["plot"]}
     writer = comm.rank == 0  # the one rank that writes
-    if writer:
-        runfiles.check_output_paths(outputs)  # before reading any data: a bad path fails now
+    data_dirs = [s for s in sources or () if os.path.isdir(s)]
+    if writer:  # before reading any data: a bad path fails now
+        runfiles.check_output_paths(outputs, data_dirs=data_dirs)
     corpus = load_corpus(sources, settings.seq_len)
     for name, note in corpus.notes if writer else ():
         print(f"note: {name}: {note}", file=sys.stderr, flush=True)
-    if writer:
-        runfiles.check_output_paths(outputs, inputs=corpus.sources)
+    if writer:  # an output that is a data file by another name (a link) too
+        runfiles.check_output_paths(outputs, inputs=corpus.input_files(), data_dirs=data_dirs)
     if resume is not None:
         check_same_data(resume.data, corpus.train, corpus.val, where=f"--resume {args.resume}")
     else:

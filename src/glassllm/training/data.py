@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 import numpy as np
 
 from ..formats.atomic import AtomicFile, about, atomic_write
+from ..formats.paths import read_regular_file, regular_file_size
 from ..formats.tokenizer import ByteTokenizer, tokenizer_from_json
 from ..train import get_batch  # the one batch sampler
 
@@ -423,28 +424,36 @@ class Progress:
     total: int
 
 
+class NoInputFiles(ValueError):
+    """`list_text_files` found no file at all."""
+
+
 def list_text_files(inputs: Iterable) -> list[str]:
-    """Files named by `inputs`, in order; a directory contributes every regular file below
-    it whose name does not start with ".", in sorted path order.
+    """Files named by `inputs`, in order; a directory contributes every file below it whose
+    name does not start with ".", in sorted path order. Every file is checked to be a regular
+    file (after symbolic links) before anyone reads it (`regular_file_size`).
 
     Raises:
-        FileNotFoundError: an input does not exist. ValueError: no files at all.
+        FileNotFoundError: an input does not exist. ValueError: no files at all, or one that is
+        not a regular file (a FIFO would hang the reader, /dev/zero never ends), naming it.
     """
     files = []
     for item in inputs:
         item = os.fspath(item)
-        if os.path.isfile(item):
-            files.append(item)
-        elif os.path.isdir(item):
+        if os.path.isdir(item):
             found = []
             for root, dirs, names in os.walk(item):
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
                 found += [os.path.join(root, n) for n in names if not n.startswith(".")]
             files += sorted(found)
+        elif os.path.lexists(item):
+            files.append(item)
         else:
             raise FileNotFoundError(f"input not found: {item}")
+    for path in files:
+        regular_file_size(path, "data file")
     if not files:
-        raise ValueError("no input text files")
+        raise NoInputFiles("no input text files")
     return files
 
 
@@ -750,6 +759,15 @@ class Corpus:
         h.update(json.dumps(self.identity(), sort_keys=True).encode())
         return h.hexdigest()
 
+    def input_files(self) -> list[str]:
+        """Every file this corpus was read from (text files, or token files and their
+        sidecars): what no output of a run may be."""
+        found = [s for s in self.sources or () if not os.path.isdir(s)]
+        for split in (self.train, self.val):
+            if isinstance(split, TokenFile):
+                found += [split.path, sidecar_path(split.path)]
+        return found
+
     def describe(self) -> dict:
         """JSON facts for a checkpoint's `extra`: sources (None: the stdlib corpus), token
         counts and the fingerprint."""
@@ -820,7 +838,7 @@ def _read_text_files(sources) -> tuple[list[str], list[bytes], list[tuple[str, s
         named = os.path.isfile(source)
         try:
             found = list_text_files([source])
-        except ValueError:  # an empty directory: nothing to take from it
+        except NoInputFiles:  # an empty directory: nothing to take from it
             found = []
         for path in found:
             data = _read_bytes(path)
@@ -848,8 +866,7 @@ def _read_text_files(sources) -> tuple[list[str], list[bytes], list[tuple[str, s
 
 
 def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    return read_regular_file(path, "data file")  # a FIFO or device: ValueError, no hang
 
 
 def _check_long_enough(n_train: int, n_val: int, seq_len: int, name: str) -> None:
@@ -880,7 +897,7 @@ def stdlib_corpus(cap_bytes: int = STDLIB_CORPUS_BYTES) -> tuple[list[str], byte
             break
         try:
             data = _read_bytes(path)[:cap_bytes - size]
-        except OSError:
+        except (OSError, ValueError):
             continue  # an unreadable file is skipped: the corpus is a sample anyway
         files.append(path)
         chunks.append(data)

@@ -33,6 +33,7 @@ import numpy as np
 from ..formats import checkpoint as ckpt_io
 from . import distributed
 from ..formats.atomic import atomic_write, remove_leftover_temporaries
+from ..formats.paths import same_file
 from .data import check_same_data, data_identity
 from .errors import NoProgressError, NonFiniteLossError, TrainingInterrupted
 from .events import (Checkpointed, Evaluated, Finished, Resumed, Saved, Started, Stepped,
@@ -470,7 +471,15 @@ class Trainer:
         if s.seq_len > model.cfg.max_len:
             raise ValueError(f"Trainer: seq_len={s.seq_len} exceeds the model's "
                              f"max_len={model.cfg.max_len}")
+        outputs = [self.model_path, self.checkpoint_path, s.log_csv, s.health_log]
         for name, data in (("training", self.train_data), ("validation", self.val_data)):
+            source = getattr(data, "path", None)  # a TokenFile: no output may be its file
+            for out in outputs if isinstance(source, str) else ():
+                if out is not None and (same_file(out, source) or
+                                        same_file(out, source + ".json")):
+                    raise ValueError(f"Trainer: the output {out} is the {name} data file "
+                                     f"{source} (or its sidecar); training would overwrite "
+                                     f"its own data")
             n = int(data.token_count())
             if n <= s.seq_len:
                 raise ValueError(f"Trainer: the {name} data has {n} tokens; it needs more "

@@ -1,0 +1,80 @@
+"""A run's files against its inputs and other runs: nothing a user does with paths, links or
+moved folders loses a file (docs/faults.md)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from glassllm.cli import main
+from glassllm.formats import files
+from glassllm.formats.checkpoint import load_checkpoint
+
+TINY = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "1",
+        "--seq-len", "16", "--batch-size", "4", "--eval-batches", "2", "--threads", "1"]
+TEXT = "The quick brown fox jumps over the lazy dog.\n" * 60
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def refused(capsys, argv) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# ---------------------------------------------------------------- outputs vs inputs, by identity
+@pytest.mark.parametrize("flag", ["--log-csv", "history", "health"])
+def test_an_output_hard_linked_to_the_data_is_refused_and_the_data_kept(tmp_path, text_file,
+                                                                        capsys, flag):
+    """A hard link is the data file under another name: comparing names missed it and the
+    step CSV (or the appended health.jsonl) replaced the text."""
+    run = tmp_path / "run"
+    run.mkdir()
+    linked = {"--log-csv": tmp_path / "steps.csv", "history": run / "history.csv",
+              "health": run / "health.jsonl"}[flag]
+    os.link(text_file, linked)
+    argv = ["train", "--data", str(text_file), "--out", str(run / "model.safetensors"),
+            "--steps", "3", "--health-every", "1", *TINY]
+    if flag == "--log-csv":
+        argv += ["--log-csv", str(linked)]
+    err = refused(capsys, argv)
+    assert f"{linked} is one of the data files ({text_file}, by a link)" in err
+    assert text_file.read_text(encoding="utf-8") == TEXT
+    assert not (run / "model.safetensors").exists()
+
+
+def test_an_output_hard_linked_to_a_prepared_token_file_is_refused(tmp_path, text_file,
+                                                                   capsys):
+    assert main(["prepare", str(text_file), "--out", str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    before = (tmp_path / "p" / "train.bin").read_bytes()
+    os.link(tmp_path / "p" / "train.bin", tmp_path / "steps.csv")
+    err = refused(capsys, ["train", "--data", str(tmp_path / "p"), "--out",
+                           str(tmp_path / "run" / "model.safetensors"), "--log-csv",
+                           str(tmp_path / "steps.csv"), "--steps", "2", *TINY])
+    assert "is one of the data files" in err
+    assert (tmp_path / "p" / "train.bin").read_bytes() == before
+
+
+@pytest.mark.parametrize("where", ["--out", "--log-csv"])
+def test_an_output_inside_a_data_directory_is_refused_at_start(tmp_path, capsys, where):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text(TEXT)
+    out = tmp_path / "run" / "model.safetensors"
+    extra = ["--log-csv", str(data / "sub" / "steps.csv")] if where == "--log-csv" else []
+    if where == "--out":
+        out = data / "run" / "model.safetensors"
+    err = refused(capsys, ["train", "--data", str(data), "--out", str(out), "--steps", "2",
+                           *extra, *TINY])
+    assert f"is inside the data directory {data}" in err
+    assert sorted(p.name for p in data.rglob("*")) == ["a.txt"]
