@@ -78,3 +78,61 @@ def test_an_output_inside_a_data_directory_is_refused_at_start(tmp_path, capsys,
                            *extra, *TINY])
     assert f"is inside the data directory {data}" in err
     assert sorted(p.name for p in data.rglob("*")) == ["a.txt"]
+
+
+# ---------------------------------------------------------------------------- relocatable runs
+def test_a_moved_run_resumes_where_it_now_is_and_leaves_the_new_run_alone(tmp_path,
+                                                                          text_file,
+                                                                          monkeypatch):
+    """`mv runs archive`, a new run in runs/, then `--resume archive/checkpoint...`: the
+    resumed run writes beside its checkpoint; the new run's model and history stay."""
+    from glassllm.formats.checkpoint import save_checkpoint
+    monkeypatch.chdir(tmp_path)
+    common = ["--data", str(text_file), "--steps", "6", "--eval-every", "2", *TINY]
+    assert main(["train", *common, "--out", "runs/model.safetensors", "--log-csv",
+                 "runs/steps.csv", "--checkpoint-every", "3"]) == 0
+    ckpt = load_checkpoint(tmp_path / "runs" / "checkpoint.safetensors")
+    assert ckpt.extra["out"] == "model.safetensors" and ckpt.extra["log_csv"] == "steps.csv"
+    finished = (tmp_path / "runs" / "model.safetensors").read_bytes()
+    os.rename(tmp_path / "runs", tmp_path / "archive")
+    os.remove(tmp_path / "archive" / "history.csv")  # to see where the resume writes it
+    wide = [a if a != "16" else "32" for a in TINY]  # d_model 32
+    assert main(["train", "--data", str(text_file), "--steps", "2", *wide,
+                 "--out", "runs/model.safetensors"]) == 0
+    new_model = (tmp_path / "runs" / "model.safetensors").read_bytes()
+    new_history = (tmp_path / "runs" / "history.csv").read_text()
+    assert main(["train", "--resume", "archive/checkpoint.safetensors"]) == 0
+    assert (tmp_path / "runs" / "model.safetensors").read_bytes() == new_model
+    assert (tmp_path / "runs" / "history.csv").read_text() == new_history
+    assert files.load(tmp_path / "runs" / "model.safetensors").cfg.d_model == 32
+    assert (tmp_path / "archive" / "model.safetensors").read_bytes() == finished
+    assert len((tmp_path / "archive" / "history.csv").read_text().splitlines()) == 7
+    assert not (tmp_path / "runs" / "steps.csv").exists()
+    # the same with the new run's folder gone: it is not made again
+    import shutil
+    shutil.rmtree(tmp_path / "runs")
+    assert main(["train", "--resume", "archive/checkpoint.safetensors"]) == 0
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_old_checkpoint_with_absolute_paths_into_another_run_is_refused(tmp_path,
+                                                                           text_file, capsys):
+    """A checkpoint written before paths were relative records where its run was; moved,
+    that path may hold another run now: the resume is refused, naming the files."""
+    from glassllm.formats.checkpoint import save_checkpoint
+    a = tmp_path / "runs" / "model.safetensors"
+    assert main(["train", "--data", str(text_file), "--out", str(a), "--steps", "4",
+                 "--checkpoint-every", "2", "--eval-every", "2", *TINY]) == 0
+    ckpt = load_checkpoint(tmp_path / "runs" / "checkpoint.safetensors")
+    os.rename(tmp_path / "runs", tmp_path / "archive")
+    ckpt.extra["out"] = str(a)  # as an old checkpoint recorded it: absolute
+    save_checkpoint(tmp_path / "archive" / "checkpoint.safetensors", ckpt)
+    assert main(["train", "--data", str(text_file), "--out", str(a), "--steps", "2",
+                 *TINY]) == 0
+    capsys.readouterr()
+    before = a.read_bytes()
+    err = refused(capsys, ["train", "--resume", str(tmp_path / "archive" /
+                                                    "checkpoint.safetensors")])
+    assert f"would write into {a.parent}, which holds another run's files (" in err
+    assert str(a.parent / "history.csv") in err
+    assert a.read_bytes() == before

@@ -187,7 +187,8 @@ def _prepare_train(args, comm, held):
     given = {k: getattr(args, k) for k in _MODEL_FLAGS + _SETTING_FLAGS
              if getattr(args, k) is not None}
     resume = checkpoint.load_checkpoint(args.resume) if args.resume is not None else None
-    saved = _resumed_extra(resume, args.resume) if resume is not None else {}
+    saved = runfiles.resolve_saved_paths(_resumed_extra(resume, args.resume), args.resume) \
+        if resume is not None else {}
     # A resumed run keeps writing where the interrupted one did, unless told otherwise.
     out = _first_given(args.out, saved.get("out"), os.path.join("runs", "model.safetensors"))
     threads = _first_given(args.threads, saved.get("threads"))  # None: measure at start
@@ -200,7 +201,7 @@ def _prepare_train(args, comm, held):
                          f"--resume ...` (the global batch and the order of the gradient sums "
                          f"depend on the number of ranks)")
     if resume is not None:
-        settings = _resumed_settings(resume, given, args)
+        settings = _resumed_settings(resume, given, args, saved.get("log_csv"))
         cfg = Config.from_dict(resume.config)
         sources = args.data or saved.get("sources")
     else:
@@ -215,6 +216,8 @@ def _prepare_train(args, comm, held):
         sources = args.data
     paths = runfiles.run_paths(out, _first_given(args.checkpoint, args.resume),
                                settings.log_csv)
+    if resume is not None and comm.rank == 0:  # never into another run's folder
+        runfiles.check_resume_outputs(paths, args.resume)
     health_every = _first_given(args.health_every, settings.health_every)
     settings = dataclasses.replace(  # health.jsonl lives beside history.csv
         settings, health_every=health_every,
@@ -279,7 +282,11 @@ def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
 
     out = paths["model"]
     model = GlassLM(cfg, seed=settings.seed)
-    extra = {"data": corpus.describe(), "out": os.path.abspath(out)}
+    # Output paths relative to the checkpoint's folder: a run moved as a whole (`mv runs
+    # archive`) resumes where it now is, never into the folder it came from.
+    extra = {"data": corpus.describe(),
+             **runfiles.relative_paths({"out": out, "log_csv": settings.log_csv},
+                                       paths["checkpoint"])}
     if threads is not None:  # an explicit --threads is kept for --resume
         extra["threads"] = threads
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
@@ -379,7 +386,8 @@ def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
         if summary.model_path is not None:
             print(f"model: {summary.model_path}")
         else:  # resumed with a new --out, and no evaluation since beat the checkpoint's best
-            before = resume.extra.get("out") if resume is not None else None
+            before = runfiles.saved_path(resume.extra.get("out"), args.resume) \
+                if resume is not None else None
             print(f"model: none written to {out}: no evaluation after the resume improved on "
                   f"step {summary.best_step}'s" + (f", whose model is in {before}" if before
                                                    else ""))
@@ -475,10 +483,12 @@ def _resumed_extra(resume, path: str) -> dict:
 
     extra, found = resume.extra, {}
     where = f"checkpoint {path!r}"
-    if "out" in extra:
-        if not isinstance(extra["out"], str) or not extra["out"]:
-            raise ValueError(f"{where}: extra.out must be a file path, got {extra['out']!r}")
-        found["out"] = extra["out"]
+    for key in ("out", "log_csv"):
+        if key in extra:
+            if not isinstance(extra[key], str) or not extra[key]:
+                raise ValueError(f"{where}: extra.{key} must be a file path, got "
+                                 f"{extra[key]!r}")
+            found[key] = extra[key]
     if "threads" in extra:
         lo, hi = _TRAIN_INT_BOUNDS["threads"]
         found["threads"] = check_int(extra["threads"], f"{where}: extra.threads", lo, hi)
@@ -517,7 +527,7 @@ def _default_kv_heads(model_args: dict) -> int:
     return n_heads
 
 
-def _resumed_settings(resume, given: dict, args):
+def _resumed_settings(resume, given: dict, args, saved_log_csv: str | None = None):
     """The checkpoint's settings; flags that would change them are refused (the result would
     no longer equal an uninterrupted run), output flags may change.
 
@@ -542,6 +552,8 @@ def _resumed_settings(resume, given: dict, args):
         raise ValueError(f"checkpoint {args.resume!r}: invalid settings: {e}") from None
     if args.log_csv is not None:
         saved["log_csv"] = _absolute(args.log_csv)
+    elif saved_log_csv is not None:  # where it is now, beside the (maybe moved) checkpoint
+        saved["log_csv"] = saved_log_csv
     if args.checkpoint_every is not None:
         saved["checkpoint_every"] = args.checkpoint_every
     try:
