@@ -136,3 +136,56 @@ def test_an_old_checkpoint_with_absolute_paths_into_another_run_is_refused(tmp_p
     assert f"would write into {a.parent}, which holds another run's files (" in err
     assert str(a.parent / "history.csv") in err
     assert a.read_bytes() == before
+
+
+# ------------------------------------------------------------------------------ prepare's files
+def test_prepare_refuses_to_replace_its_own_input(tmp_path, text_file, capsys):
+    assert main(["prepare", str(text_file), "--out", str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    train = tmp_path / "p" / "train.bin"
+    before = train.read_bytes()
+    err = refused(capsys, ["prepare", str(train), "--out", str(tmp_path / "p")])
+    assert f"{train} is an input and {train} an output of this prepare" in err
+    assert train.read_bytes() == before
+
+
+def test_an_id_outside_the_vocabulary_in_train_bin_is_found_at_start(tmp_path, text_file,
+                                                                     capsys):
+    """One bad id among many: drawn rarely, it trained to exit 0; now it is named at once."""
+    assert main(["prepare", str(text_file), "--out", str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    train = tmp_path / "p" / "train.bin"
+    ids = np.fromfile(train, dtype="<u2")
+    ids[100] = 300  # byte vocabulary: 257 ids
+    ids.tofile(train)
+    err = refused(capsys, ["train", "--data", str(tmp_path / "p"), "--steps", "2", "--out",
+                           str(tmp_path / "run" / "model.safetensors"), *TINY])
+    assert f"{train}: token 100 is 300, outside the vocabulary [0, 257)" in err
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------- a full disk
+def test_a_full_disk_mid_run_exits_1_and_writes_the_history_so_far(tmp_path, text_file,
+                                                                   capsys, monkeypatch):
+    """ENOSPC while writing the step log at update 5: not a usage error (exit 1, not 2),
+    and history.csv holds the 5 updates done."""
+    import errno
+    from glassllm.training import safety
+    real = safety.StepCSVLog.write
+
+    def write(self, record):
+        if record.step == 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+        real(self, record)
+
+    monkeypatch.setattr(safety.StepCSVLog, "write", write)
+    run = tmp_path / "run"
+    rc = main(["train", "--data", str(text_file), "--steps", "20", "--out",
+               str(run / "model.safetensors"), "--log-csv", str(tmp_path / "steps.csv"),
+               *TINY])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert f"glassllm train: error: {tmp_path / 'steps.csv'}: No space left on device (after " \
+        f"5 updates; the run stopped)" in err
+    assert len((run / "history.csv").read_text().splitlines()) == 1 + 5
+    assert not list(run.glob("*.lock"))

@@ -278,7 +278,8 @@ def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
     from .training.safety import SkipRateExceeded
     from .training import stopping
     from .training import (Checkpointed, Evaluated, HealthWarning, NonFiniteLossError,
-                           Resumed, Saved, Started, Stepped, Trainer, TrainingInterrupted)
+                           Resumed, RunWriteError, Saved, Started, Stepped, Trainer,
+                           TrainingInterrupted)
 
     out = paths["model"]
     model = GlassLM(cfg, seed=settings.seed)
@@ -301,7 +302,7 @@ def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
                 trainer.run(model, resume=resume)
         except TrainingInterrupted as e:
             return stopping.exit_code(e)
-        except (NonFiniteLossError, SkipRateExceeded, RanksDisagree):
+        except (NonFiniteLossError, SkipRateExceeded, RanksDisagree, RunWriteError):
             return 1
         return 0
 
@@ -372,6 +373,16 @@ def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
         if getattr(e, "history", None):
             runfiles.write_history_csv(paths["history_csv"], e.history)
         print(f"glassllm train: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except RunWriteError as e:  # a full disk mid-run: not a usage error (exit 1)
+        bar.close()
+        print(f"glassllm train: error: {e}", file=sys.stderr, flush=True)
+        if e.history:  # the history of the updates done, if there is room for it
+            try:
+                runfiles.write_history_csv(paths["history_csv"], e.history)
+            except OSError as again:
+                print(f"glassllm train: {paths['history_csv']} not written either: "
+                      f"{_one_line(again)}", file=sys.stderr, flush=True)
         return 1
     finally:
         bar.close()  # any other error: main() prints it, on a line of its own

@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 import numpy as np
 
 from ..formats.atomic import AtomicFile, about, atomic_write
-from ..formats.paths import read_regular_file, regular_file_size
+from ..formats.paths import read_regular_file, regular_file_size, same_file
 from ..formats.tokenizer import ByteTokenizer, tokenizer_from_json
 from ..train import get_batch  # the one batch sampler
 
@@ -642,6 +642,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     files = list_text_files(inputs)
+    _check_not_an_input(out_dir, files)
     splits = [(path, _split_offset(path, val_fraction), os.path.getsize(path))
               for path in files]
     train_total = sum(cut for _, cut, _ in splits)
@@ -710,6 +711,21 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         raise
     return {"train": metas["train"], "val": metas["val"], "tokenizer": tokenizer,
             "files": files}
+
+
+PREPARE_OUTPUTS = ("train.bin", "val.bin", "train.bin.json", "val.bin.json", "tokenizer.json")
+
+
+def _check_not_an_input(out_dir, files: list[str]) -> None:
+    """ValueError when a file `prepare` writes in out_dir is one of its inputs (by identity:
+    `prepare p/train.bin --out p` would replace its own input)."""
+    for name in PREPARE_OUTPUTS:
+        out = os.path.join(os.fspath(out_dir), name)
+        for path in files:
+            if same_file(out, path):
+                raise ValueError(f"{path} is an input and {out} an output of this prepare: "
+                                 f"it would replace its own input; give --out another "
+                                 f"directory")
 
 
 # --- load_corpus: what `glassllm train --data` reads --------------------------------------------
@@ -805,8 +821,10 @@ def load_corpus(sources=None, seq_len: int = 64, val_fraction: float = VAL_FRACT
         raise ValueError(f"{prepared[0]} is a `glassllm prepare` directory (its own tokens and "
                          f"split); give it alone, not with other data")
     if prepared:
-        train = TokenFile(os.path.join(sources[0], "train.bin"))
-        val = TokenFile(os.path.join(sources[0], "val.bin"))
+        # every id checked now, naming the file: one id >= vocab_size would otherwise fail
+        # mid-run without a name, or, drawn rarely, never
+        train = TokenFile(os.path.join(sources[0], "train.bin"), check_ids=True)
+        val = TokenFile(os.path.join(sources[0], "val.bin"), check_ids=True)
         _check_long_enough(train.token_count(), val.token_count(), seq_len, sources[0])
         return Corpus(sources[0], [os.path.abspath(sources[0])], train, val, train.tokenizer(),
                       val.text_bytes)

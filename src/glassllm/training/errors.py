@@ -76,3 +76,27 @@ class NoProgressError(NonFiniteLossError):
         self.skipped = skipped
         self.skip_reason = reason
 
+
+
+class RunWriteError(OSError):
+    """A file of the run could not be written in the middle of it (a full disk, a lost
+    mount, a removed folder): the run stops. Not the user's input, so the CLI exits 1, not 2.
+
+    errno, strerror, filename: those of the OSError. step: updates completed. history: one
+    dict per completed update (the CLI writes it to history.csv if it can)."""
+
+    def __init__(self, error: OSError, step: int, history: list):
+        super().__init__(error.errno, error.strerror or str(error), error.filename)
+        self.step, self.history = step, list(history)
+
+    def __str__(self) -> str:
+        where = f"{self.filename}: " if self.filename is not None else ""
+        return f"{where}{self.strerror} (after {self.step} updates; the run stopped)"
+
+    def __reduce__(self):
+        return (_rebuild_write_error, (self.errno, self.strerror, self.filename, self.step,
+                                       self.history))
+
+
+def _rebuild_write_error(errno, strerror, filename, step, history):
+    return RunWriteError(OSError(errno, strerror, filename), step, history)

@@ -35,7 +35,7 @@ from . import distributed
 from ..formats.atomic import atomic_write, remove_leftover_temporaries
 from ..formats.paths import same_file
 from .data import check_same_data, data_identity
-from .errors import NoProgressError, NonFiniteLossError, TrainingInterrupted
+from .errors import NoProgressError, NonFiniteLossError, RunWriteError, TrainingInterrupted
 from .events import (Checkpointed, Evaluated, Finished, Resumed, Saved, Started, Stepped,
                      TrainSummary)
 from ..lens.health import HealthMonitor
@@ -227,6 +227,10 @@ class Trainer:
         try:
             with DeferredStop() as interrupt:
                 self._train(run, interrupt)
+        except OSError as e:  # a file of the run mid-way (a full disk): stop, say how far
+            if isinstance(e, RunWriteError):
+                raise
+            raise RunWriteError(e, len(run.history), run.history) from e
         except KeyboardInterrupt as e:
             if isinstance(e, TrainingInterrupted):
                 raise
