@@ -292,6 +292,8 @@ class Trainer:
         if run.health is not None:  # its row is written before any divergence stop
             run.events += run.health.after_step(step, record)
         run.entry = {"step": step, "loss": _json_float(record.loss), "lr": lr}
+        if not record.skipped and s.clip is not None and record.grad_l2_pre_clip > s.clip:
+            run.entry["clipped"] = True  # a resumed run's health counts clip events from it
         self._count_skip(run, step)
         run.events.append(Stepped(step, record.loss, lr, run.speed.per_s(), record.skipped))
 
@@ -363,9 +365,12 @@ class Trainer:
         GradScaler finding its scale (it halves on each), which an fp16 run of a few steps
         may spend entirely; only max_consecutive_skips of them in a row mean no progress."""
         history = run.history
-        if run.record is not None and run.skipped_in_a_row == len(history) and any(
+        # judged on the history, not on this call's updates: a run resumed from the
+        # checkpoint of its last update (no update left to make) is judged the same
+        if history and run.skipped_in_a_row == len(history) and any(
                 h.get("skipped") == "nonfinite_loss" for h in history):
-            raise self._no_progress(len(history) - 1, run.skipped_in_a_row, run.record,
+            record = run.record or _record_of(history[-1], run.train_step)
+            raise self._no_progress(len(history) - 1, run.skipped_in_a_row, record,
                                     run.best_step, history)
         if run.monitor is not None:
             run.monitor.finish(len(history) - 1)
@@ -441,6 +446,8 @@ class Trainer:
             run.health = HealthMonitor(run.model, run.optimizer, s.health_every, s.clip,
                                        s.health_log,
                                        keep_from=run.start if run.resumed else None)
+            if run.resumed:
+                run.health.resume_counts(run.history)
 
     # ------------------------------------------------------------------ pieces
     def _kept(self, best_step: int | None) -> tuple[str | None, int | None]:
@@ -637,6 +644,15 @@ def _version() -> str:
 
 def _weights_finite(model: GlassLM) -> bool:
     return all(np.isfinite(p.data).all() for p in model.parameters())
+
+
+def _record_of(entry: dict, train_step: TrainStep) -> StepRecord:
+    """The StepRecord of a skipped update, rebuilt from its history entry (a resumed run
+    that made no update of its own)."""
+    nan = float("nan")
+    loss = nan if entry.get("loss") is None else entry["loss"]
+    return StepRecord(entry["step"], entry["lr"], nan, nan, loss, True, entry["skipped"],
+                      train_step.scaler.get_scale())
 
 
 def _trailing_skips(history: list[dict]) -> int:
