@@ -189,3 +189,15 @@ def test_a_full_disk_mid_run_exits_1_and_writes_the_history_so_far(tmp_path, tex
         f"5 updates; the run stopped)" in err
     assert len((run / "history.csv").read_text().splitlines()) == 1 + 5
     assert not list(run.glob("*.lock"))
+
+
+def test_steps_0_is_refused_and_overwrites_nothing(tmp_path, text_file, capsys):
+    out = tmp_path / "run" / "model.safetensors"
+    assert main(["train", "--data", str(text_file), "--out", str(out), "--steps", "3",
+                 *TINY]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.parent.iterdir()}
+    err = refused(capsys, ["train", "--data", str(text_file), "--out", str(out), "--steps",
+                           "0", *TINY])
+    assert "--steps must be an integer in [1, 1000000000], got 0" in err
+    assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before

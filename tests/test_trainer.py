@@ -585,3 +585,30 @@ def test_the_first_health_row_after_a_resume_counts_its_whole_interval(tmp_path)
     resumed = [{k: r[k] for k in keys} for r in read_health(tmp_path / "resumed.jsonl")]
     assert straight == resumed
     assert straight[2]["interval_steps"] == 4 and straight[2]["clip_events"] == 4
+
+
+@pytest.mark.parametrize("train, val, hint", [
+    ("array", "batches", "train_data must be a Batches (token_count() and batch(), e.g. "
+     "glassllm.training.data.ArrayBatches or TokenFile), got ndarray; wrap an array of ids "
+     "as ArrayBatches(ids)"),
+    ("batches", None, "val_data must be a Batches (token_count() and batch(), e.g. "
+     "glassllm.training.data.ArrayBatches or TokenFile), got NoneType; validation picks the "
+     "best model and needs its own ids")])
+def test_a_plain_array_or_no_validation_data_is_a_clear_error(train, val, hint):
+    train_ids, val_ids = corpus()
+    pick = {"array": train_ids, "batches": ArrayBatches(train_ids), None: None}
+    with pytest.raises(TypeError) as info:
+        Trainer(settings(), pick[train], pick[val] if val != "batches" else
+                ArrayBatches(val_ids))
+    assert str(info.value) == f"Trainer: {hint}"
+
+
+def test_a_missing_output_directory_is_named_not_its_lock_file(tmp_path):
+    train_ids, val_ids = corpus()
+    missing = tmp_path / "no" / "such"
+    trainer = Trainer(settings(steps=2), ArrayBatches(train_ids), ArrayBatches(val_ids),
+                      model_path=missing / "model.safetensors")
+    with pytest.raises(FileNotFoundError) as info:
+        trainer.run(GlassLM(Config(**CFG), seed=0))
+    assert info.value.filename == str(missing) and ".lock" not in str(info.value)
+    assert "the output's directory does not exist" in str(info.value)

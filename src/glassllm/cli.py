@@ -33,7 +33,9 @@ _SETTING_FLAGS = ("steps", "batch_size", "seq_len", "lr", "warmup", "eval_every"
 _TRAIN_INT_BOUNDS = {
     "d_model": (1, 1 << 16), "n_layers": (1, 1 << 10), "n_heads": (1, 1 << 12),
     "n_kv_heads": (1, 1 << 12), "seq_len": (1, 1 << 20), "batch_size": (1, 1 << 20),
-    "steps": (0, 10**9), "warmup": (0, 10**9), "eval_every": (1, 10**9),
+    # --steps 0 would train nothing yet replace the run's history (and leave its model and
+    # plot): refused, as `glassllm train` is for training
+    "steps": (1, 10**9), "warmup": (0, 10**9), "eval_every": (1, 10**9),
     "eval_batches": (1, 10**6), "seed": (0, 2**63 - 1), "checkpoint_every": (1, 10**9),
     "max_consecutive_skips": (1, 10**9), "threads": (1, 1024), "health_every": (1, 10**9),
     "grad_accum": (1, 1 << 20),

@@ -125,6 +125,10 @@ class Trainer:
         comm: a communicator (`glassllm.training.distributed`): None or a SerialCommunicator for one
             process, an MPICommunicator for data parallelism over N ranks.
 
+    Raises:
+        TypeError: train_data or val_data is not a `Batches` (a plain array, None).
+        ValueError: checkpoint_every without a checkpoint_path.
+
     Every checkpoint records `glassllm.training.data.data_identity(train_data, val_data)` and a resume
     on other data is refused. While `run` lasts, model_path, checkpoint_path and log_csv are
     locked (`glassllm.training.lock`): a second run on one of them is refused, naming the first one.
@@ -153,6 +157,16 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, train_data, val_data, model_path=None,
                  checkpoint_path=None, tokenizer=None, extra: dict | None = None, comm=None):
+        for name, data in (("train_data", train_data), ("val_data", val_data)):
+            if not (callable(getattr(data, "batch", None)) and
+                    callable(getattr(data, "token_count", None))):
+                hint = f"; wrap an array of ids as ArrayBatches(ids)" \
+                    if isinstance(data, (np.ndarray, list)) else \
+                    "; validation picks the best model and needs its own ids" \
+                    if data is None else ""
+                raise TypeError(f"Trainer: {name} must be a Batches (token_count() and "
+                                f"batch(), e.g. glassllm.training.data.ArrayBatches or "
+                                f"TokenFile), got {type(data).__name__}{hint}")
         self.settings = settings
         self.train_data = train_data
         self.val_data = val_data
