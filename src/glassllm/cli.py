@@ -5,7 +5,8 @@ Each subcommand is a pair of functions: `add_<name>(subparsers)` declares its op
 `print`); the library reports through return values and events.
 
 Errors a user can cause (bad paths, bad options, corrupt files) end with one line on stderr
-and exit code 2, never a traceback; Ctrl-C ends with exit code 130.
+and exit code 2, never a traceback; Ctrl-C ends with exit code 130, SIGTERM 143, SIGHUP 129
+(`glassllm train` handles all three alike: `glassllm.training.stopping`).
 """
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def add_train(sub) -> None:
         "train", help="train a model on text files",
         description="Train a GlassLM on text, evaluating on the last 10% of it, and save the "
                     "best model. Without --data it trains on the Python standard library's own "
-                    "source code. Ctrl-C writes a checkpoint that --resume continues exactly.")
+                    "source code. Ctrl-C, SIGTERM or SIGHUP (kill, timeout, Slurm) stops "
+                    "at the end of the update in progress and writes a checkpoint that --resume "
+                    "continues exactly (exit 130, 143, 129; docs/faults.md).")
     p.add_argument("--data", nargs="+", metavar="FILE_OR_DIR",
                    help="UTF-8 text files or directories (read as bytes, byte tokenizer; a "
                         "directory gives its files that are UTF-8 text without NUL bytes, "
