@@ -242,8 +242,8 @@ class Trainer:
             with DeferredStop() as interrupt:
                 self._train(run, interrupt)
         except OSError as e:  # a file of the run mid-way (a full disk): stop, say how far
-            if isinstance(e, RunWriteError):
-                raise
+            if isinstance(e, (RunWriteError, BrokenPipeError)):
+                raise  # BrokenPipeError: the reader of the caller's output left, no file
             raise RunWriteError(e, len(run.history), run.history) from e
         except KeyboardInterrupt as e:
             if isinstance(e, TrainingInterrupted):
