@@ -209,7 +209,11 @@ class Trainer:
                 max_consecutive_skips updates in a row skipped, or every update of the run
                 with a non-finite loss among them.
             glassllm.training.safety.SkipRateExceeded: too many skipped steps (max_skip_rate).
-            TrainingInterrupted: Ctrl-C; the checkpoint (if any) holds every completed update.
+            TrainingInterrupted: Ctrl-C, SIGTERM or SIGHUP (held until the update in progress
+                is complete: `glassllm.training.stopping`); the checkpoint (if any) holds every
+                completed update, `signum` says which signal.
+            RunWriteError: an output could not be written mid-run (a full disk); its history
+                holds the completed updates.
         """
         comm = self.comm
         emit = on_event if on_event is not None else (lambda event: None)
