@@ -34,7 +34,7 @@ _REPEATS_INTERRUPT = (signal.SIGINT,)  # a second one of these stops at once
 
 
 class StopSignal(KeyboardInterrupt):
-    """A stop signal (SIGTERM, SIGHUP, or a second Ctrl-C) raised where the program was.
+    """SIGTERM or SIGHUP, raised where the program was (`signals_raise`).
 
     signum: the signal's number. A KeyboardInterrupt, so code that handles Ctrl-C handles it."""
 
@@ -111,8 +111,8 @@ class DeferredStop:
 
     pending: the number of the first stop signal received, or 0. A second SIGINT raises
     `KeyboardInterrupt` at once (a second Ctrl-C); a repeated SIGTERM or SIGHUP is ignored
-    (module doc). Nested: an inner one hands what it held to the outer one on exit, so a
-    signal that arrives as the inner block completes is not lost. Only in the main thread,
+    (module doc). Nested: an inner one starts with what the outer one holds and hands what
+    it held back on exit, so no signal is lost between the two. Only in the main thread,
     over default handlers (module doc).
     """
 
