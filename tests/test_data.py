@@ -488,6 +488,9 @@ def test_a_fifo_or_device_in_a_data_directory_is_one_line_naming_it_not_a_hang(t
         os.mkfifo(odd)
     else:
         odd.symlink_to(f"/dev/{kind}")
+    def hung(signum, frame):
+        raise TimeoutError(f"reading {odd} hung")
+    previous = signal.signal(signal.SIGALRM, hung)
     signal.alarm(20)  # a hang fails the test instead of blocking the suite
     try:
         for call in (lambda: load_corpus([str(folder)], seq_len=8),
@@ -499,6 +502,7 @@ def test_a_fifo_or_device_in_a_data_directory_is_one_line_naming_it_not_a_hang(t
                 in str(e.value) and "\n" not in str(e.value)
     finally:
         signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     assert not (tmp_path / "out").exists()
 
 
