@@ -633,7 +633,7 @@ def test_a_fully_skipped_fp16_run_exits_1(tmp_path, text_file, capsys, monkeypat
     (["--seed", str(2**64)], "--seed must be an integer in [0, 9223372036854775807]"),
     (["--d-model", "100000"], "--d-model must be an integer in [1, 65536]"),
     (["--n-layers", "0"], "--n-layers must be an integer in [1, 1024]"),
-    (["--steps", str(10**10)], "--steps must be an integer in [0, 1000000000]"),
+    (["--steps", str(10**10)], "--steps must be an integer in [1, 1000000000]"),
     (["--seq-len", str(2**40)], "--seq-len must be an integer in [1, 1048576]"),
     (["--checkpoint-every", "0"], "--checkpoint-every must be an integer in [1, 1000000000]"),
     (["--max-consecutive-skips", "0"], "--max-consecutive-skips must be an integer in [1, "),

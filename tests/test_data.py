@@ -470,3 +470,61 @@ except OSError as e:
     assert result.returncode == 0, result.stderr
     assert result.stdout.split(" ", 2)[:2] == ["True", str(out / "train.bin")], result.stdout
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+# ------------------------------------------------ only regular files are read, with a size check
+@pytest.mark.parametrize("kind", ["fifo", "urandom", "zero"])
+def test_a_fifo_or_device_in_a_data_directory_is_one_line_naming_it_not_a_hang(tmp_path,
+                                                                               kind):
+    """A FIFO blocks its reader until a writer comes (forever); /dev/urandom and /dev/zero
+    never end (the second one read until out of memory). Each is refused before reading."""
+    import signal
+    from glassllm.training.data import load_corpus
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello there\n" * 50)
+    odd = folder / "b.txt"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    else:
+        odd.symlink_to(f"/dev/{kind}")
+    def hung(signum, frame):
+        raise TimeoutError(f"reading {odd} hung")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)  # a hang fails the test instead of blocking the suite
+    memory = _limit_memory(2 << 30)  # reading /dev/zero whole: MemoryError, not the OOM killer
+    try:
+        for call in (lambda: load_corpus([str(folder)], seq_len=8),
+                     lambda: load_corpus([str(odd)], seq_len=8),
+                     lambda: prepare([str(folder)], tmp_path / "out")):
+            with pytest.raises(ValueError) as e:
+                call()
+            assert str(e.value).startswith(f"{odd} is a ") and "not a regular data file" \
+                in str(e.value) and "\n" not in str(e.value)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        memory()
+    assert not (tmp_path / "out").exists()
+
+
+def _limit_memory(extra: int):
+    """Cap this process's address space at its present size + `extra` bytes (Linux); returns
+    the function that lifts the cap again."""
+    import resource
+    try:
+        with open("/proc/self/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+    except (OSError, StopIteration):
+        return lambda: None
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (size + extra, hard))
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_read_regular_file_reads_at_most_the_size_it_checked(tmp_path, monkeypatch):
+    from glassllm.formats import paths
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"x" * 10)
+    monkeypatch.setattr(paths, "regular_file_size", lambda p, what="file": 4)
+    assert paths.read_regular_file(path) == b"xxxx"

@@ -264,7 +264,8 @@ def test_the_launcher_size_and_rank_come_from_the_environment():
 
 @pytest.mark.parametrize("signum, cause", [
     ("SIGKILL", "`kill -9`, the out-of-memory killer or a crash"),
-    ("SIGINT", "Ctrl-C (SIGINT) outside the training loop (while starting or ending)")])
+    ("SIGINT", "Ctrl-C (SIGINT) outside the training loop (while starting or ending)"),
+    ("SIGTERM", "SIGTERM outside the training loop (while starting or ending)")])
 def test_the_supervisor_names_the_rank_and_dies_of_its_childs_signal(signum, cause):
     """The supervisor says which rank died and why (a Ctrl-C while a rank starts or ends is
     no crash), then dies of the same signal: an exit code before MPI_Init would leave the
@@ -303,3 +304,26 @@ def test_a_checkpoint_from_before_grad_accum_and_world_size_resumes(tmp_path):
     assert max_weight_diff(resumed, straight) == 0.0 and summary.history == expected.history
     with pytest.raises(ValueError, match=r"grad_accum: checkpoint 1 vs 2"):
         train_once(batch_size=2, grad_accum=2, resume=old)
+
+
+def test_the_supervisor_passes_sigterm_and_sighup_on_to_its_child():
+    """`kill -TERM <supervisor>` (or a closed terminal's SIGHUP) reaches the rank's real work,
+    which stops as for Ctrl-C; the supervisor returns the child's exit code."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    child = ("import signal, sys, time; "
+             "signal.signal(signal.SIGTERM, lambda n, f: sys.exit(128 + n)); "
+             "signal.signal(signal.SIGHUP, lambda n, f: sys.exit(128 + n)); "
+             "print('ready', flush=True); time.sleep(60)")
+    supervisor = f"import sys; from glassllm.training import launch; " \
+                 f"sys.exit(launch.supervise([sys.executable, '-c', {child!r}]))"
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        proc = subprocess.Popen([sys.executable, "-c", supervisor], stdout=subprocess.PIPE,
+                                text=True, env={**os.environ, "PMI_SIZE": "2",
+                                                "PMI_RANK": "0"})
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(number)  # to the supervisor alone
+        assert proc.wait(timeout=30) == 128 + number

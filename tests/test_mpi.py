@@ -329,3 +329,37 @@ def test_ctrl_c_then_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(
     assert log.read_text() == (tmp_path / "b.csv").read_text()
     assert (tmp_path / "a" / "history.csv").read_text() == \
         (tmp_path / "b" / "history.csv").read_text()
+
+
+@pytest.mark.parametrize("to", ["mpiexec", "ranks"])
+def test_sigterm_then_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(
+        mpiexec, shakespeare, tmp_path, to):
+    """SIGTERM to mpiexec (as `timeout` or `kill` sends it) or to every rank's processes (as
+    Slurm's `scancel` / a time limit does): every rank stops after the same update, rank 0
+    writes the checkpoint, and --resume under mpiexec -n 2 gives the uninterrupted weights."""
+    common = ["train", "--data", shakespeare, *MODEL, "--steps", "40", "--batch-size", "2"]
+    log = tmp_path / "a.csv"
+    proc = _start(mpiexec, [*common, "--out", str(tmp_path / "a" / "model.safetensors"),
+                            "--log-csv", str(log)], log, rows=8)
+    if to == "mpiexec":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        for rank in (0, 1):
+            os.killpg(os.getpgid(_rank_pid(proc.pid, rank)), signal.SIGTERM)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 143, err[-3000:]
+    assert err.count("glassllm train: interrupted by SIGTERM; checkpoint after") == 1, err
+    ckpt_path = tmp_path / "a" / "checkpoint.safetensors"
+    assert f"; continue with `mpiexec -n 2 glassllm train --resume {ckpt_path}`" in err, err
+    ckpt = load_checkpoint(ckpt_path)
+    assert 8 <= ckpt.step < 40 and ckpt.world_size == 2
+    assert not list((tmp_path / "a").glob("*.lock"))
+    done = mpi(mpiexec, "train", "--resume", str(ckpt_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = mpi(mpiexec, *common, "--out", str(tmp_path / "b" / "model.safetensors"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = weights(tmp_path / "a" / "model.safetensors"), \
+        weights(tmp_path / "b" / "model.safetensors")
+    assert max_diff(a, b) == 0.0
+    assert (tmp_path / "a" / "history.csv").read_text() == \
+        (tmp_path / "b" / "history.csv").read_text()

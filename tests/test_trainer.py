@@ -536,3 +536,79 @@ def test_every_event_in_its_order(tmp_path):
         expected += [("Checkpointed", step + 1)] * ((step + 1) % 3 == 0)
     assert seen == expected + [("Finished", None)]
     assert saved[0] == 0
+
+
+def test_a_fully_skipped_fp16_run_checkpointed_and_resumed_still_fails(tmp_path):
+    """Its checkpoint after the last update resumed: no update is left, but the run is
+    judged on its whole history, as the straight run was (it returned normally before)."""
+    from glassllm.training import NoProgressError
+    train_ids, val_ids = corpus()
+    ckpt = tmp_path / "ckpt.safetensors"
+
+    def trainer():
+        return Trainer(settings(precision="fp16", steps=6, checkpoint_every=3),
+                       ArrayBatches(train_ids), ArrayBatches(val_ids),
+                       checkpoint_path=ckpt)
+    with pytest.raises(NoProgressError):
+        trainer().run(OverflowingLM(Config(**CFG)))
+    for _ in range(2):  # resumed from the checkpoint of update 6 (of 6), twice
+        with pytest.raises(NoProgressError) as info:
+            trainer().run(OverflowingLM(Config(**CFG)), resume=ckpt)
+        assert info.value.skipped == 6 and info.value.step == 5
+        assert "the last 6 updates were all skipped (last: non-finite training loss" in \
+            str(info.value)
+
+
+def test_the_first_health_row_after_a_resume_counts_its_whole_interval(tmp_path):
+    """Health every 4 updates, interrupted with a checkpoint after 6: the row of update 8
+    counts updates 5..8 (4, with their clip events), as in the run that never stopped."""
+    from glassllm.lens.health import read_health
+    train_ids, val_ids = corpus()
+
+    def trainer(name, **kw):
+        return Trainer(settings(steps=10, health_every=4, clip=0.05, **kw,
+                                health_log=str(tmp_path / f"{name}.jsonl")),
+                       ArrayBatches(train_ids), ArrayBatches(val_ids),
+                       checkpoint_path=tmp_path / f"{name}.ckpt", model_path=None)
+    trainer("straight").run(GlassLM(Config(**CFG), seed=0))
+
+    def stop_after_6(event):
+        if isinstance(event, Stepped) and event.step == 5:
+            raise KeyboardInterrupt
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer("resumed").run(GlassLM(Config(**CFG), seed=0), on_event=stop_after_6)
+    assert info.value.step == 6
+    trainer("resumed").run(GlassLM(Config(**CFG), seed=0),
+                           resume=tmp_path / "resumed.ckpt")
+    keys = ("step", "interval_steps", "clip_events", "skipped_steps")
+    straight = [{k: r[k] for k in keys} for r in read_health(tmp_path / "straight.jsonl")]
+    resumed = [{k: r[k] for k in keys} for r in read_health(tmp_path / "resumed.jsonl")]
+    assert straight == resumed
+    assert straight[2]["interval_steps"] == 4 and straight[2]["clip_events"] == 4
+
+
+@pytest.mark.parametrize("train, val, hint", [
+    ("array", "batches", "train_data must be a Batches (token_count() and batch(), e.g. "
+     "glassllm.training.data.ArrayBatches or TokenFile), got ndarray; wrap an array of ids "
+     "as ArrayBatches(ids)"),
+    ("batches", None, "val_data must be a Batches (token_count() and batch(), e.g. "
+     "glassllm.training.data.ArrayBatches or TokenFile), got NoneType; validation picks the "
+     "best model and needs its own ids")])
+def test_a_plain_array_or_no_validation_data_is_a_clear_error(train, val, hint):
+    train_ids, val_ids = corpus()
+    pick = {"array": train_ids, "batches": ArrayBatches(train_ids), None: None}
+    with pytest.raises(TypeError) as info:
+        Trainer(settings(), pick[train], pick[val] if val != "batches" else
+                ArrayBatches(val_ids))
+    assert str(info.value) == f"Trainer: {hint}"
+
+
+def test_a_missing_output_directory_is_named_not_its_lock_file(tmp_path):
+    train_ids, val_ids = corpus()
+    missing = tmp_path / "no" / "such"
+    trainer = Trainer(settings(steps=2), ArrayBatches(train_ids), ArrayBatches(val_ids),
+                      model_path=missing / "model.safetensors")
+    with pytest.raises(FileNotFoundError) as info:
+        trainer.run(GlassLM(Config(**CFG), seed=0))
+    assert info.value.filename == str(missing) and ".lock" not in str(info.value)
+    assert "the output's directory does not exist" in str(info.value)

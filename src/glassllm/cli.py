@@ -5,7 +5,8 @@ Each subcommand is a pair of functions: `add_<name>(subparsers)` declares its op
 `print`); the library reports through return values and events.
 
 Errors a user can cause (bad paths, bad options, corrupt files) end with one line on stderr
-and exit code 2, never a traceback; Ctrl-C ends with exit code 130.
+and exit code 2, never a traceback; Ctrl-C ends with exit code 130, SIGTERM 143, SIGHUP 129
+(`glassllm train` handles all three alike: `glassllm.training.stopping`).
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ _SETTING_FLAGS = ("steps", "batch_size", "seq_len", "lr", "warmup", "eval_every"
 _TRAIN_INT_BOUNDS = {
     "d_model": (1, 1 << 16), "n_layers": (1, 1 << 10), "n_heads": (1, 1 << 12),
     "n_kv_heads": (1, 1 << 12), "seq_len": (1, 1 << 20), "batch_size": (1, 1 << 20),
-    "steps": (0, 10**9), "warmup": (0, 10**9), "eval_every": (1, 10**9),
+    # --steps 0 would train nothing yet replace the run's history (and leave its model and
+    # plot): refused, as `glassllm train` is for training
+    "steps": (1, 10**9), "warmup": (0, 10**9), "eval_every": (1, 10**9),
     "eval_batches": (1, 10**6), "seed": (0, 2**63 - 1), "checkpoint_every": (1, 10**9),
     "max_consecutive_skips": (1, 10**9), "threads": (1, 1024), "health_every": (1, 10**9),
     "grad_accum": (1, 1 << 20),
@@ -62,7 +65,9 @@ def add_train(sub) -> None:
         "train", help="train a model on text files",
         description="Train a GlassLM on text, evaluating on the last 10% of it, and save the "
                     "best model. Without --data it trains on the Python standard library's own "
-                    "source code. Ctrl-C writes a checkpoint that --resume continues exactly.")
+                    "source code. Ctrl-C, SIGTERM or SIGHUP (kill, timeout, Slurm) stops "
+                    "at the end of the update in progress and writes a checkpoint that --resume "
+                    "continues exactly (exit 130, 143, 129; docs/faults.md).")
     p.add_argument("--data", nargs="+", metavar="FILE_OR_DIR",
                    help="UTF-8 text files or directories (read as bytes, byte tokenizer; a "
                         "directory gives its files that are UTF-8 text without NUL bytes, "
@@ -163,7 +168,7 @@ def run_train(args) -> int:
     this; rank 0 alone checks and locks the outputs, prints and writes files)."""
     import contextlib
 
-    from .training import distributed
+    from .training import distributed, stopping
 
     try:
         comm = distributed.from_environment()
@@ -171,7 +176,9 @@ def run_train(args) -> int:
         raise UsageError(str(e)) from None
     args.comm = comm  # main() prints errors on rank 0 only
     try:
-        with contextlib.ExitStack() as held:
+        # SIGTERM and SIGHUP (kill, timeout, Slurm, a closed terminal) stop the run as Ctrl-C
+        # does: held at a step boundary inside the loop, raised as an interrupt outside it.
+        with stopping.signals_raise(), contextlib.ExitStack() as held:
             # A mistake found on some ranks only (a data file missing on one node) stops
             # every rank here, before the first collective of the training loop; one that
             # every rank finds (a flag out of range) is printed once, by rank 0.
@@ -208,7 +215,8 @@ def _prepare_train(args, comm, held):
              if getattr(args, k) is not None}
     initial, init_tokenizer = _init_from(args, given)
     resume = checkpoint.load_checkpoint(args.resume) if args.resume is not None else None
-    saved = _resumed_extra(resume, args.resume) if resume is not None else {}
+    saved = runfiles.resolve_saved_paths(_resumed_extra(resume, args.resume), args.resume) \
+        if resume is not None else {}
     if resume is not None and "init_from" in resume.extra:  # its data, in its tokenizer
         init_tokenizer = _resumed_tokenizer(resume, args.resume)
     # A resumed run keeps writing where the interrupted one did, unless told otherwise.
@@ -223,7 +231,7 @@ def _prepare_train(args, comm, held):
                          f"--resume ...` (the global batch and the order of the gradient sums "
                          f"depend on the number of ranks)")
     if resume is not None:
-        settings = _resumed_settings(resume, given, args)
+        settings = _resumed_settings(resume, given, args, saved.get("log_csv"))
         cfg = Config.from_dict(resume.config)
         sources = args.data or saved.get("sources")
     else:
@@ -238,6 +246,8 @@ def _prepare_train(args, comm, held):
         sources = args.data
     paths = runfiles.run_paths(out, _first_given(args.checkpoint, args.resume),
                                settings.log_csv)
+    if resume is not None and comm.rank == 0:  # never into another run's folder
+        runfiles.check_resume_outputs(paths, args.resume)
     health_every = _first_given(args.health_every, settings.health_every)
     settings = dataclasses.replace(  # health.jsonl lives beside history.csv
         settings, health_every=health_every,
@@ -248,13 +258,14 @@ def _prepare_train(args, comm, held):
                "health.jsonl (next to --out)": settings.health_log,
                "loss.png (next to --out)": paths["plot"]}
     writer = comm.rank == 0  # the one rank that writes
-    if writer:
-        runfiles.check_output_paths(outputs)  # before reading any data: a bad path fails now
+    data_dirs = [s for s in sources or () if os.path.isdir(s)]
+    if writer:  # before reading any data: a bad path fails now
+        runfiles.check_output_paths(outputs, data_dirs=data_dirs)
     corpus = load_corpus(sources, settings.seq_len, tokenizer=init_tokenizer)
     for name, note in corpus.notes if writer else ():
         print(f"note: {name}: {note}", file=sys.stderr, flush=True)
-    if writer:
-        runfiles.check_output_paths(outputs, inputs=corpus.sources)
+    if writer:  # an output that is a data file by another name (a link) too
+        runfiles.check_output_paths(outputs, inputs=corpus.input_files(), data_dirs=data_dirs)
     if resume is not None:
         check_same_data(resume.data, corpus.train, corpus.val, where=f"--resume {args.resume}")
     elif initial is not None:
@@ -279,7 +290,18 @@ def _prepare_train(args, comm, held):
 
 def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     """The run itself, output paths checked and locked: build, train, report, write files.
-    Every rank trains; rank 0 alone prints and writes."""
+    Every rank trains; rank 0 alone prints and writes.
+
+    A stop signal from here on is held (`glassllm.training.stopping.DeferredStop`): inside the
+    loop until a step boundary, where the run stops with a checkpoint; after the last step
+    until the run's files are written, and the run, complete, ends as one (exit 0)."""
+    from .training import stopping
+    with stopping.DeferredStop() as late:
+        return _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
+
+
+def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late) -> int:
+    import signal
     import time
 
     import numpy as np
@@ -289,13 +311,19 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     from .training.distributed import RanksDisagree
     from .model import GlassLM
     from .training.safety import SkipRateExceeded
+    from .training import stopping
     from .training import (Checkpointed, Evaluated, HealthWarning, NonFiniteLossError,
-                           Resumed, Saved, Started, Stepped, Trainer, TrainingInterrupted)
+                           Resumed, RunWriteError, Saved, Started, Stepped, Trainer,
+                           TrainingInterrupted)
 
     out = paths["model"]
     initial = getattr(args, "initial_model", None)  # --init-from's model (_init_from)
     model = GlassLM(cfg, seed=settings.seed) if initial is None else initial
-    extra = {"data": corpus.describe(), "out": os.path.abspath(out)}
+    # Output paths relative to the checkpoint's folder: a run moved as a whole (`mv runs
+    # archive`) resumes where it now is, never into the folder it came from.
+    extra = {"data": corpus.describe(),
+             **runfiles.relative_paths({"out": out, "log_csv": settings.log_csv},
+                                       paths["checkpoint"])}
     if initial is not None:
         extra["init_from"] = os.path.abspath(args.init_from)
     if threads is not None:  # an explicit --threads is kept for --resume
@@ -310,9 +338,9 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
             with cpu.use_threads(threads), np.errstate(over="ignore", invalid="ignore",
                                                        divide="ignore"):
                 trainer.run(model, resume=resume)
-        except TrainingInterrupted:
-            return 130
-        except (NonFiniteLossError, SkipRateExceeded, RanksDisagree):
+        except TrainingInterrupted as e:
+            return stopping.exit_code(e)
+        except (NonFiniteLossError, SkipRateExceeded, RanksDisagree, RunWriteError):
             return 1
         return 0
 
@@ -366,7 +394,9 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     except TrainingInterrupted as e:
         bar.close()  # ends the bar's line: the message starts on a fresh one
         if e.history:
-            runfiles.write_history_csv(paths["history_csv"], e.history)
+            history_csv = runfiles.write_history_csv(paths["history_csv"], e.history)
+            runfiles.write_plot(history_csv, paths["plot"], on_failure=lambda message: print(
+                f"glassllm train: warning: {message}", file=sys.stderr, flush=True))
         # No checkpoint for this moment (Ctrl-C inside an update): the last periodic one.
         step, path = (e.step, e.checkpoint_path) if e.checkpoint_path else \
             (last_checkpoint[0].step, last_checkpoint[0].path) if last_checkpoint else (0, None)
@@ -374,13 +404,24 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
         where = (f"checkpoint after {step} steps: {path}; continue with "
                  f"`{_train_command(comm.size)} --resume {path}`" if path
                  else "no checkpoint written")
-        print(f"glassllm train: interrupted; {where}", file=sys.stderr, flush=True)
-        return 130
+        by = "" if e.signum == signal.SIGINT else f" by {stopping.signal_name(e.signum)}"
+        print(f"glassllm train: interrupted{by}; {where}", file=sys.stderr, flush=True)
+        return stopping.exit_code(e)
     except (NonFiniteLossError, SkipRateExceeded, RanksDisagree) as e:
         bar.close()
         if getattr(e, "history", None):
             runfiles.write_history_csv(paths["history_csv"], e.history)
         print(f"glassllm train: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except RunWriteError as e:  # a full disk mid-run: not a usage error (exit 1)
+        bar.close()
+        print(f"glassllm train: error: {e}", file=sys.stderr, flush=True)
+        if e.history:  # the history of the updates done, if there is room for it
+            try:
+                runfiles.write_history_csv(paths["history_csv"], e.history)
+            except OSError as again:
+                print(f"glassllm train: {paths['history_csv']} not written either: "
+                      f"{_one_line(again)}", file=sys.stderr, flush=True)
         return 1
     finally:
         bar.close()  # any other error: main() prints it, on a line of its own
@@ -395,7 +436,8 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
         if summary.model_path is not None:
             print(f"model: {summary.model_path}")
         else:  # resumed with a new --out, and no evaluation since beat the checkpoint's best
-            before = resume.extra.get("out") if resume is not None else None
+            before = runfiles.saved_path(resume.extra.get("out"), args.resume) \
+                if resume is not None else None
             print(f"model: none written to {out}: no evaluation after the resume improved on "
                   f"step {summary.best_step}'s" + (f", whose model is in {before}" if before
                                                    else ""))
@@ -403,6 +445,9 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     print(f"{summary.steps - (resume.step if resume else 0)} steps in {elapsed:.1f} s "
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
           + (f", {summary.skipped_steps} skipped" if summary.skipped_steps else ""), flush=True)
+    if late.pending:
+        print(f"glassllm train: {stopping.signal_name(late.pending)} arrived after the last "
+              f"step; the run is complete", file=sys.stderr, flush=True)
     return 0
 
 
@@ -561,10 +606,12 @@ def _resumed_extra(resume, path: str) -> dict:
 
     extra, found = resume.extra, {}
     where = f"checkpoint {path!r}"
-    if "out" in extra:
-        if not isinstance(extra["out"], str) or not extra["out"]:
-            raise ValueError(f"{where}: extra.out must be a file path, got {extra['out']!r}")
-        found["out"] = extra["out"]
+    for key in ("out", "log_csv"):
+        if key in extra:
+            if not isinstance(extra[key], str) or not extra[key]:
+                raise ValueError(f"{where}: extra.{key} must be a file path, got "
+                                 f"{extra[key]!r}")
+            found[key] = extra[key]
     if "threads" in extra:
         lo, hi = _TRAIN_INT_BOUNDS["threads"]
         found["threads"] = check_int(extra["threads"], f"{where}: extra.threads", lo, hi)
@@ -645,7 +692,7 @@ def _resumed_tokenizer(resume, path: str):
     return tokenizer_from_json(text)
 
 
-def _resumed_settings(resume, given: dict, args):
+def _resumed_settings(resume, given: dict, args, saved_log_csv: str | None = None):
     """The checkpoint's settings; flags that would change them are refused (the result would
     no longer equal an uninterrupted run), output flags may change.
 
@@ -670,6 +717,8 @@ def _resumed_settings(resume, given: dict, args):
         raise ValueError(f"checkpoint {args.resume!r}: invalid settings: {e}") from None
     if args.log_csv is not None:
         saved["log_csv"] = _absolute(args.log_csv)
+    elif saved_log_csv is not None:  # where it is now, beside the (maybe moved) checkpoint
+        saved["log_csv"] = saved_log_csv
     if args.checkpoint_every is not None:
         saved["checkpoint_every"] = args.checkpoint_every
     try:
@@ -1370,15 +1419,19 @@ def main(argv: list[str] | None = None) -> int:
         if line is not None and getattr(getattr(args, "comm", None), "rank", 0) == 0:
             print(line, file=sys.stderr, flush=True)
         if isinstance(e, KeyboardInterrupt):  # e.g. before MPI_Init: see interrupted_exit
-            return launch.interrupted_exit(code)
+            return launch.interrupted_exit(code, getattr(e, "signum", None))
         return code
 
 
 def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
     """(exit code, the one line for stderr or None) of an error that reached main()."""
-    if isinstance(e, KeyboardInterrupt):
-        # "\n": the terminal echoed ^C on the current line
-        return 130, f"\nglassllm {command}: interrupted"
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or SIGTERM / SIGHUP (StopSignal)
+        from .training import stopping
+        signum = getattr(e, "signum", None)
+        if signum is None or signum == 2:  # "\n": the terminal echoed ^C on the current line
+            return 130, f"\nglassllm {command}: interrupted"
+        return stopping.exit_code(e), \
+            f"glassllm {command}: interrupted by {stopping.signal_name(signum)}"
     if isinstance(e, BrokenPipeError):
         # The reader of stdout left (`glassllm train ... | head -1`): stop quietly, as Unix
         # tools do; stdout -> devnull so the interpreter's final flush does not complain.

@@ -274,7 +274,9 @@ _STATE_FIELDS = ("step", "config", "optimizer", "rng_state", "settings", "best_v
                  "best_step", "history", "scaler", "extra")
 _OPTIONAL_STATE_FIELDS = ("world_size",)  # newer than version 2 itself; absent means 1
 _OPTIMIZER_FIELDS = ("steps", "t", "lr", "betas", "eps", "weight_decay")
-_HISTORY_FIELDS = {"step", "loss", "lr", "train_loss", "val_loss", "skipped"}
+# "clipped": true on an update whose gradient norm was clipped (a resumed run's health
+# counts clip events since the last health row from it)
+_HISTORY_FIELDS = {"step", "loss", "lr", "train_loss", "val_loss", "skipped", "clipped"}
 _SCALER_FIELDS = ("scale", "growth_factor", "backoff_factor", "growth_interval",
                   "_growth_tracker")
 _DTYPE_NAMES = {np.dtype(np.float32): "F32"}
@@ -400,7 +402,7 @@ def _check_history(history, step: int, where: str) -> None:
         if not isinstance(entry, dict) or not {"step", "loss", "lr"} <= set(entry) or \
                 not set(entry) <= _HISTORY_FIELDS:
             raise ValueError(f"{where}: {label} must be an object with step, loss, lr (and "
-                             f"optionally train_loss, val_loss, skipped), got {_short(entry)}")
+                             f"optionally train_loss, val_loss, skipped, clipped), got {_short(entry)}")
         if entry["step"] != i or not is_int(entry["step"]):
             raise ValueError(f"{where}: {label}.step must be {i}, got {entry['step']!r}")
         for key in ("loss", "train_loss"):
@@ -409,6 +411,9 @@ def _check_history(history, step: int, where: str) -> None:
         _number(entry, "lr", where, label=f"{label}.lr", low=0.0)
         if "val_loss" in entry:
             _number(entry, "val_loss", where, label=f"{label}.val_loss")
+        if "clipped" in entry and entry["clipped"] is not True:
+            raise ValueError(f"{where}: {label}.clipped must be true when present, got "
+                             f"{entry['clipped']!r}")
         if "skipped" in entry and entry["skipped"] not in SKIP_REASONS[1:]:
             raise ValueError(f"{where}: {label}.skipped must be one of {list(SKIP_REASONS[1:])}"
                              f", got {entry['skipped']!r}")

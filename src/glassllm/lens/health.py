@@ -167,6 +167,17 @@ class HealthMonitor:
         self._out_of_band: dict[str, int] = {}
         self._warned: set[str] = set()
 
+    def resume_counts(self, history: list[dict]) -> None:
+        """A resumed run: count the updates since the last health row (its interval, skips
+        and clip events) from the history of the updates done, as the interrupted run had
+        counted them (history entries: "skipped" and "clipped" keys, as `Trainer` writes)."""
+        start = len(history)
+        last_row = ((start - 1) // self.every) * self.every if start else -1
+        since = [h for h in history[last_row + 1:]]
+        self._since = dict(clip_events=sum(1 for h in since if h.get("clipped")),
+                           skipped_steps=sum(1 for h in since if h.get("skipped")),
+                           interval_steps=len(since))
+
     def wants(self, step: int) -> bool:
         return step % self.every == 0
 

@@ -6,12 +6,12 @@
 - `data`: corpora, token files, batches; `distributed`, `launch`: data parallelism over MPI;
 - `lock`: one run per output; `runfiles`: a run's file paths, history CSV and plot.
 """
-from .errors import NoProgressError, NonFiniteLossError, TrainingInterrupted
+from .errors import NoProgressError, NonFiniteLossError, RunWriteError, TrainingInterrupted
 from .events import (Checkpointed, Evaluated, Finished, HealthChecked, HealthWarning, Resumed,
                      Saved, Started, Stepped, TrainSummary)
 from .settings import TrainSettings
 from .trainer import Trainer
 
 __all__ = ["Trainer", "TrainSettings", "TrainSummary", "TrainingInterrupted",
-           "NonFiniteLossError", "NoProgressError", "Started", "Resumed", "Stepped",
+           "NonFiniteLossError", "NoProgressError", "RunWriteError", "Started", "Resumed", "Stepped",
            "Evaluated", "Saved", "Checkpointed", "Finished", "HealthChecked", "HealthWarning"]

@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Iterator, Protocol, runtime_checkable
 import numpy as np
 
 from ..formats.atomic import AtomicFile, about, atomic_write
+from ..formats.paths import read_regular_file, regular_file_size, same_file
 from ..formats.tokenizer import ByteTokenizer, tokenizer_from_json
 from ..train import get_batch  # the one batch sampler
 
@@ -423,28 +424,36 @@ class Progress:
     total: int
 
 
+class NoInputFiles(ValueError):
+    """`list_text_files` found no file at all."""
+
+
 def list_text_files(inputs: Iterable) -> list[str]:
-    """Files named by `inputs`, in order; a directory contributes every regular file below
-    it whose name does not start with ".", in sorted path order.
+    """Files named by `inputs`, in order; a directory contributes every file below it whose
+    name does not start with ".", in sorted path order. Every file is checked to be a regular
+    file (after symbolic links) before anyone reads it (`regular_file_size`).
 
     Raises:
-        FileNotFoundError: an input does not exist. ValueError: no files at all.
+        FileNotFoundError: an input does not exist. ValueError: no files at all, or one that is
+        not a regular file (a FIFO would hang the reader, /dev/zero never ends), naming it.
     """
     files = []
     for item in inputs:
         item = os.fspath(item)
-        if os.path.isfile(item):
-            files.append(item)
-        elif os.path.isdir(item):
+        if os.path.isdir(item):
             found = []
             for root, dirs, names in os.walk(item):
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
                 found += [os.path.join(root, n) for n in names if not n.startswith(".")]
             files += sorted(found)
+        elif os.path.lexists(item):
+            files.append(item)
         else:
             raise FileNotFoundError(f"input not found: {item}")
+    for path in files:
+        regular_file_size(path, "data file")
     if not files:
-        raise ValueError("no input text files")
+        raise NoInputFiles("no input text files")
     return files
 
 
@@ -633,6 +642,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     files = list_text_files(inputs)
+    _check_not_an_input(out_dir, files)
     splits = [(path, _split_offset(path, val_fraction), os.path.getsize(path))
               for path in files]
     train_total = sum(cut for _, cut, _ in splits)
@@ -703,6 +713,21 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
             "files": files}
 
 
+PREPARE_OUTPUTS = ("train.bin", "val.bin", "train.bin.json", "val.bin.json", "tokenizer.json")
+
+
+def _check_not_an_input(out_dir, files: list[str]) -> None:
+    """ValueError when a file `prepare` writes in out_dir is one of its inputs (by identity:
+    `prepare p/train.bin --out p` would replace its own input)."""
+    for name in PREPARE_OUTPUTS:
+        out = os.path.join(os.fspath(out_dir), name)
+        for path in files:
+            if same_file(out, path):
+                raise ValueError(f"{path} is an input and {out} an output of this prepare: "
+                                 f"it would replace its own input; give --out another "
+                                 f"directory")
+
+
 # --- load_corpus: what `glassllm train --data` reads --------------------------------------------
 
 STDLIB_CORPUS_BYTES = 4 << 20  # the default corpus: the first 4 MiB of the stdlib's .py files
@@ -750,6 +775,15 @@ class Corpus:
         h.update(json.dumps(self.identity(), sort_keys=True).encode())
         return h.hexdigest()
 
+    def input_files(self) -> list[str]:
+        """Every file this corpus was read from (text files, or token files and their
+        sidecars): what no output of a run may be."""
+        found = [s for s in self.sources or () if not os.path.isdir(s)]
+        for split in (self.train, self.val):
+            if isinstance(split, TokenFile):
+                found += [split.path, sidecar_path(split.path)]
+        return found
+
     def describe(self) -> dict:
         """JSON facts for a checkpoint's `extra`: sources (None: the stdlib corpus), token
         counts and the fingerprint."""
@@ -791,8 +825,10 @@ def load_corpus(sources=None, seq_len: int = 64, val_fraction: float = VAL_FRACT
         raise ValueError(f"{prepared[0]} is a `glassllm prepare` directory (its own tokens and "
                          f"split); give it alone, not with other data")
     if prepared:
-        train = TokenFile(os.path.join(sources[0], "train.bin"))
-        val = TokenFile(os.path.join(sources[0], "val.bin"))
+        # every id checked now, naming the file: one id >= vocab_size would otherwise fail
+        # mid-run without a name, or, drawn rarely, never
+        train = TokenFile(os.path.join(sources[0], "train.bin"), check_ids=True)
+        val = TokenFile(os.path.join(sources[0], "val.bin"), check_ids=True)
         if tokenizer is not None and train.tokenizer().to_json() != tokenizer.to_json():
             raise ValueError(f"{sources[0]}: prepared with another tokenizer than the model's; "
                              f"give text files, or prepare them with the model's tokenizer")
@@ -843,7 +879,7 @@ def _read_text_files(sources) -> tuple[list[str], list[bytes], list[tuple[str, s
         named = os.path.isfile(source)
         try:
             found = list_text_files([source])
-        except ValueError:  # an empty directory: nothing to take from it
+        except NoInputFiles:  # an empty directory: nothing to take from it
             found = []
         for path in found:
             data = _read_bytes(path)
@@ -871,8 +907,7 @@ def _read_text_files(sources) -> tuple[list[str], list[bytes], list[tuple[str, s
 
 
 def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    return read_regular_file(path, "data file")  # a FIFO or device: ValueError, no hang
 
 
 def _check_long_enough(n_train: int, n_val: int, seq_len: int, name: str) -> None:
@@ -903,7 +938,7 @@ def stdlib_corpus(cap_bytes: int = STDLIB_CORPUS_BYTES) -> tuple[list[str], byte
             break
         try:
             data = _read_bytes(path)[:cap_bytes - size]
-        except OSError:
+        except (OSError, ValueError):
             continue  # an unreadable file is skipped: the corpus is a sample anyway
         files.append(path)
         chunks.append(data)

@@ -336,11 +336,14 @@ def agreement(comm, errors: tuple = (OSError, ValueError, MemoryError)):
 
 def fail(comm, e: BaseException):
     """End the job for an error of this rank alone: "glassllm: rank R of N: <error>; ending
-    the job" on stderr, then `comm.abort` (exit code 130 for an interrupt, else 1)."""
-    what = "interrupted (Ctrl-C) outside a step boundary" if isinstance(e, KeyboardInterrupt) \
+    the job" on stderr, then `comm.abort` (exit code 128 + the signal for an interrupt: 130
+    for Ctrl-C, 143 for SIGTERM; else 1)."""
+    signum = getattr(e, "signum", None) or 2  # SIGTERM / SIGHUP carry theirs (StopSignal)
+    how = "Ctrl-C" if signum == 2 else f"signal {signum}"
+    what = f"interrupted ({how}) outside a step boundary" if isinstance(e, KeyboardInterrupt) \
         else f"{type(e).__name__}: {_one_line(e)}"
     comm.abort(f"glassllm: rank {comm.rank} of {comm.size}: {what}; ending the job",
-               130 if isinstance(e, KeyboardInterrupt) else 1)
+               128 + signum if isinstance(e, KeyboardInterrupt) else 1)
 
 
 def _flatten(facts: dict, prefix: str = "") -> dict:

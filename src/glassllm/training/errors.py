@@ -3,19 +3,26 @@ from __future__ import annotations
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or another KeyboardInterrupt) stopped the run.
+    """Ctrl-C, SIGTERM or SIGHUP (or another KeyboardInterrupt) stopped the run.
 
     step: updates completed. checkpoint_path: the checkpoint written for them, or None (no
     checkpoint_path was given, or a second Ctrl-C arrived in the middle of an update, when the
-    state is not one a checkpoint may hold). history: one dict per completed update. A
+    state is not one a checkpoint may hold). history: one dict per completed update. signum:
+    the signal (2 SIGINT, 15 SIGTERM, 1 SIGHUP; `glassllm.training.stopping`). A
     KeyboardInterrupt, so callers that only know Ctrl-C still stop.
     """
 
-    def __init__(self, step: int, checkpoint_path: str | None, history: list | None = None):
+    def __init__(self, step: int, checkpoint_path: str | None, history: list | None = None,
+                 signum: int | None = None):
         where = f"; checkpoint {checkpoint_path}" if checkpoint_path else "; no checkpoint"
         super().__init__(f"training interrupted after {step} updates{where}")
         self.step, self.checkpoint_path = step, checkpoint_path
         self.history = history if history is not None else []
+        self.signum = int(signum) if signum else 2  # SIGINT
+
+    def __reduce__(self):
+        return (TrainingInterrupted, (self.step, self.checkpoint_path, self.history,
+                                      self.signum))
 
 
 class NonFiniteLossError(FloatingPointError, ValueError):
@@ -69,3 +76,27 @@ class NoProgressError(NonFiniteLossError):
         self.skipped = skipped
         self.skip_reason = reason
 
+
+
+class RunWriteError(OSError):
+    """A file of the run could not be written in the middle of it (a full disk, a lost
+    mount, a removed folder): the run stops. Not the user's input, so the CLI exits 1, not 2.
+
+    errno, strerror, filename: those of the OSError. step: updates completed. history: one
+    dict per completed update (the CLI writes it to history.csv if it can)."""
+
+    def __init__(self, error: OSError, step: int, history: list):
+        super().__init__(error.errno, error.strerror or str(error), error.filename)
+        self.step, self.history = step, list(history)
+
+    def __str__(self) -> str:
+        where = f"{self.filename}: " if self.filename is not None else ""
+        return f"{where}{self.strerror} (after {self.step} updates; the run stopped)"
+
+    def __reduce__(self):
+        return (_rebuild_write_error, (self.errno, self.strerror, self.filename, self.step,
+                                       self.history))
+
+
+def _rebuild_write_error(errno, strerror, filename, step, history):
+    return RunWriteError(OSError(errno, strerror, filename), step, history)

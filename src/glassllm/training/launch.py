@@ -74,7 +74,12 @@ def supervise(command: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     child = subprocess.Popen(command, env={**os.environ, SUPERVISED: "1"}, close_fds=False,
                              preexec_fn=_child_setup())
-    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    # SIGTERM / SIGHUP sent to this process alone are passed on (the child stops as for
+    # Ctrl-C; glassllm.training.stopping); sent to the group, the child gets them twice, which
+    # it counts once.
+    for number in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+            signal.signal(number, lambda signum, frame: child.send_signal(signum))
     while True:
         try:
             code = child.wait()
@@ -89,10 +94,11 @@ def supervise(command: list[str]) -> int:
     except ValueError:
         name = f"signal {number}"
     who = f"rank {rank} of {size}" if rank is not None else "an MPI rank"
-    if number == signal.SIGINT:
-        # Ctrl-C, which the launcher sends to every rank, landed where the rank cannot stop at
-        # a step boundary (importing, starting MPI, or ending after its last step): no crash.
-        cause = "Ctrl-C (SIGINT) outside the training loop (while starting or ending)"
+    if number in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        # Ctrl-C or SIGTERM, which the launcher sends to every rank, landed where the rank cannot
+        # stop at a step boundary (importing, starting MPI, or ending after its last step): no crash.
+        what = "Ctrl-C (SIGINT)" if number == signal.SIGINT else name
+        cause = f"{what} outside the training loop (while starting or ending)"
     else:
         cause = f"`kill -{number}`, the out-of-memory killer or a crash"
     print(f"glassllm: {who} (pid {child.pid} on {socket.gethostname()}) was killed by {name} "
@@ -106,7 +112,7 @@ def supervise(command: list[str]) -> int:
     return 128 + number  # a signal whose default action does not end a process
 
 
-def interrupted_exit(code: int = 130) -> int:
+def interrupted_exit(code: int = 130, signum: int | None = None) -> int:
     """How a process that Ctrl-C ended outside the code that handles it exits: `code`, or,
     as one of N > 1 ranks of an MPI launcher, by killing itself with SIGINT.
 
@@ -114,11 +120,12 @@ def interrupted_exit(code: int = 130) -> int:
     never reached MPI_Init; but a process that exits with a code before MPI_Init leaves the
     others waiting in MPI_Init forever (seen: Ctrl-C half a second after `mpiexec -n 2
     glassllm train` reached one rank while it built the parser and another in MPI_Init: the
-    job hung). Every rank gets the Ctrl-C, so ending the job is what the user asked for."""
+    job hung). Every rank gets the Ctrl-C, so ending the job is what the user asked for.
+    SIGTERM and SIGHUP (`signum`) end it the same way, by themselves."""
     if launcher_size() == 1:
         return code
-    _end_by_signal(signal.SIGINT)
-    return code  # not reached: the default action of SIGINT ends the process
+    _end_by_signal(signum or signal.SIGINT)
+    return code  # not reached: the default action of these signals ends the process
 
 
 def _end_by_signal(number: int) -> None:

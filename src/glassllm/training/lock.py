@@ -103,6 +103,7 @@ def lock_outputs(paths) -> OutputLock:
 
     Raises:
         OutputLocked: a path is held by another running process (nothing stays locked).
+        FileNotFoundError: an output's directory does not exist, naming that directory.
         OSError: a lock file cannot be created (e.g. no permission in its directory),
             naming it.
     """
@@ -128,6 +129,10 @@ def _acquire(path: str, lock_file: str) -> dict | None:
         if key in _held:
             _held[key][1] += 1
             return None
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):  # say the folder the user named, not our lock file
+            raise FileNotFoundError(errno.ENOENT, "the output's directory does not exist "
+                                    "(create it first)", folder)
         while True:
             fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)
             try:

@@ -46,6 +46,58 @@ def run_paths(model_path, checkpoint=None, log_csv=None) -> dict[str, str | None
             "plot": os.path.join(run_dir, "loss.png")}
 
 
+# The files `glassllm train` writes beside its model file (the model file's own name varies)
+RUN_FILE_NAMES = ("checkpoint.safetensors", "history.csv", "health.jsonl", "loss.png")
+SAVED_PATH_KEYS = ("out", "log_csv")  # output paths a checkpoint's extra records
+
+
+def relative_paths(named: dict, checkpoint) -> dict:
+    """{key: path relative to the checkpoint's folder} of the paths given (None left out):
+    what a checkpoint records, so that a run moved as a whole resumes where it now is."""
+    base = os.path.dirname(os.path.abspath(checkpoint))
+    return {key: os.path.relpath(os.path.abspath(path), base)
+            for key, path in named.items() if path is not None}
+
+
+def saved_path(value, checkpoint) -> str | None:
+    """A path a checkpoint recorded, as a path to use now: relative ones are relative to the
+    checkpoint's folder; absolute ones (checkpoints written before paths were relative) are
+    kept as they are."""
+    if value is None or os.path.isabs(value):
+        return value
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(checkpoint)), value))
+
+
+def resolve_saved_paths(found: dict, checkpoint) -> dict:
+    """`found` with its SAVED_PATH_KEYS made usable (`saved_path`)."""
+    return {key: saved_path(value, checkpoint) if key in SAVED_PATH_KEYS else value
+            for key, value in found.items()}
+
+
+def check_resume_outputs(paths: dict, checkpoint) -> None:
+    """Refuse a resume that would write into a folder holding another run's files.
+
+    A resume writes its model, history, plot and health log beside its model file. When that
+    folder is not the checkpoint's own, and already holds files of those names, they belong to
+    another run (a checkpoint of a run moved away, whose recorded paths point to where a new
+    run now lives): overwriting them would lose that run.
+
+    Raises:
+        ValueError: one line naming the checkpoint, the folder and the files.
+    """
+    run_dir = os.path.dirname(os.path.abspath(paths["model"]))
+    ckpt_dir = os.path.dirname(os.path.abspath(checkpoint))
+    if not os.path.isdir(run_dir) or same_file(run_dir, ckpt_dir):
+        return
+    names = {os.path.basename(paths["model"]), *RUN_FILE_NAMES}
+    found = sorted(os.path.join(run_dir, n) for n in names
+                   if os.path.lexists(os.path.join(run_dir, n)))
+    if found:
+        raise ValueError(f"--resume {checkpoint} would write into {run_dir}, which holds "
+                         f"another run's files ({', '.join(found)}); give --out in a new "
+                         f"folder, or resume a checkpoint beside its own run")
+
+
 def make_parent_dirs(paths) -> None:
     """Create the missing parent directories of each path (None entries skipped).
 

@@ -24,8 +24,6 @@ import csv
 import dataclasses
 import math
 import os
-import signal
-import threading
 import warnings
 import time  # read as `time.monotonic()` here so tests can patch the clock
 from typing import Callable
@@ -35,8 +33,9 @@ import numpy as np
 from ..formats import checkpoint as ckpt_io
 from . import distributed
 from ..formats.atomic import atomic_write, remove_leftover_temporaries
+from ..formats.paths import same_file
 from .data import check_same_data, data_identity
-from .errors import NoProgressError, NonFiniteLossError, TrainingInterrupted
+from .errors import NoProgressError, NonFiniteLossError, RunWriteError, TrainingInterrupted
 from .events import (Checkpointed, Evaluated, Finished, Resumed, Saved, Started, Stepped,
                      TrainSummary)
 from ..lens.health import HealthMonitor
@@ -44,6 +43,7 @@ from .lock import lock_outputs
 from ..model import GlassLM
 from ..optim import AdamW, lr_schedule
 from .safety import SkipRateExceeded, SkipRateMonitor, StepCSVLog, StepRecord, TrainStep
+from .stopping import STOP_SIGNALS, DeferredStop
 from .settings import TrainSettings
 from ..tensor import no_grad
 
@@ -108,34 +108,6 @@ class _Run:
             self.health.close()
 
 
-class _DeferredInterrupt:
-    """Hold Ctrl-C until the current update has finished, so a checkpoint written for it is
-    exactly the state after a whole number of updates. A second Ctrl-C interrupts at once.
-
-    Only in the main thread and only when SIGINT has Python's default handler (signal
-    handlers can only be set there, and a program that set its own keeps it)."""
-
-    def __init__(self):
-        self.pending = False
-        self._previous = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame):
-        if self.pending:
-            raise KeyboardInterrupt
-        self.pending = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-
-
 class Trainer:
     """The training program: events, best-model file, checkpoints, exact resume.
 
@@ -152,6 +124,10 @@ class Trainer:
         extra: JSON-serialisable facts stored in checkpoints (e.g. the data sources).
         comm: a communicator (`glassllm.training.distributed`): None or a SerialCommunicator for one
             process, an MPICommunicator for data parallelism over N ranks.
+
+    Raises:
+        TypeError: train_data or val_data is not a `Batches` (a plain array, None).
+        ValueError: checkpoint_every without a checkpoint_path.
 
     Every checkpoint records `glassllm.training.data.data_identity(train_data, val_data)` and a resume
     on other data is refused. While `run` lasts, model_path, checkpoint_path and log_csv are
@@ -181,6 +157,16 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, train_data, val_data, model_path=None,
                  checkpoint_path=None, tokenizer=None, extra: dict | None = None, comm=None):
+        for name, data in (("train_data", train_data), ("val_data", val_data)):
+            if not (callable(getattr(data, "batch", None)) and
+                    callable(getattr(data, "token_count", None))):
+                hint = f"; wrap an array of ids as ArrayBatches(ids)" \
+                    if isinstance(data, (np.ndarray, list)) else \
+                    "; validation picks the best model and needs its own ids" \
+                    if data is None else ""
+                raise TypeError(f"Trainer: {name} must be a Batches (token_count() and "
+                                f"batch(), e.g. glassllm.training.data.ArrayBatches or "
+                                f"TokenFile), got {type(data).__name__}{hint}")
         self.settings = settings
         self.train_data = train_data
         self.val_data = val_data
@@ -223,7 +209,11 @@ class Trainer:
                 max_consecutive_skips updates in a row skipped, or every update of the run
                 with a non-finite loss among them.
             glassllm.training.safety.SkipRateExceeded: too many skipped steps (max_skip_rate).
-            TrainingInterrupted: Ctrl-C; the checkpoint (if any) holds every completed update.
+            TrainingInterrupted: Ctrl-C, SIGTERM or SIGHUP (held until the update in progress
+                is complete: `glassllm.training.stopping`); the checkpoint (if any) holds every
+                completed update, `signum` says which signal.
+            RunWriteError: an output could not be written mid-run (a full disk); its history
+                holds the completed updates.
         """
         comm = self.comm
         emit = on_event if on_event is not None else (lambda event: None)
@@ -253,8 +243,12 @@ class Trainer:
         update in progress is complete, and on Ctrl-C the checkpoint of the updates done."""
         run = self._prepare(model, resume, emit)
         try:
-            with _DeferredInterrupt() as interrupt:
+            with DeferredStop() as interrupt:
                 self._train(run, interrupt)
+        except OSError as e:  # a file of the run mid-way (a full disk): stop, say how far
+            if isinstance(e, (RunWriteError, BrokenPipeError)):
+                raise  # BrokenPipeError: the reader of the caller's output left, no file
+            raise RunWriteError(e, len(run.history), run.history) from e
         except KeyboardInterrupt as e:
             if isinstance(e, TrainingInterrupted):
                 raise
@@ -263,7 +257,8 @@ class Trainer:
             path = None  # a checkpoint only of a whole number of updates
             if not run.in_step and self.checkpoint_path is not None:
                 path = self._write_checkpoint(run)
-            raise TrainingInterrupted(len(run.history), path, run.history) from e
+            raise TrainingInterrupted(len(run.history), path, run.history,
+                                      signum=getattr(e, "signum", None)) from e
         finally:
             run.close()
         return self._finish(run)
@@ -278,8 +273,9 @@ class Trainer:
         else:
             run.emit(Started(self._evaluate(run.model)))
         for step in range(run.start, s.steps):
-            if self._stop_requested(interrupt, step):
-                raise _AgreedStop
+            signum = self._stop_requested(interrupt, step)
+            if signum:
+                raise _AgreedStop(signum)
             x, y = self._sample(run)
             self._step(run, step, x, y)
             if step % s.eval_every == 0 or step == s.steps - 1:
@@ -314,6 +310,8 @@ class Trainer:
         if run.health is not None:  # its row is written before any divergence stop
             run.events += run.health.after_step(step, record)
         run.entry = {"step": step, "loss": _json_float(record.loss), "lr": lr}
+        if not record.skipped and s.clip is not None and record.grad_l2_pre_clip > s.clip:
+            run.entry["clipped"] = True  # a resumed run's health counts clip events from it
         self._count_skip(run, step)
         run.events.append(Stepped(step, record.loss, lr, run.speed.per_s(), record.skipped))
 
@@ -385,9 +383,12 @@ class Trainer:
         GradScaler finding its scale (it halves on each), which an fp16 run of a few steps
         may spend entirely; only max_consecutive_skips of them in a row mean no progress."""
         history = run.history
-        if run.record is not None and run.skipped_in_a_row == len(history) and any(
+        # judged on the history, not on this call's updates: a run resumed from the
+        # checkpoint of its last update (no update left to make) is judged the same
+        if history and run.skipped_in_a_row == len(history) and any(
                 h.get("skipped") == "nonfinite_loss" for h in history):
-            raise self._no_progress(len(history) - 1, run.skipped_in_a_row, run.record,
+            record = run.record or _record_of(history[-1], run.train_step)
+            raise self._no_progress(len(history) - 1, run.skipped_in_a_row, record,
                                     run.best_step, history)
         if run.monitor is not None:
             run.monitor.finish(len(history) - 1)
@@ -463,6 +464,8 @@ class Trainer:
             run.health = HealthMonitor(run.model, run.optimizer, s.health_every, s.clip,
                                        s.health_log,
                                        keep_from=run.start if run.resumed else None)
+            if run.resumed:
+                run.health.resume_counts(run.history)
 
     # ------------------------------------------------------------------ pieces
     def _kept(self, best_step: int | None) -> tuple[str | None, int | None]:
@@ -497,7 +500,15 @@ class Trainer:
         if s.seq_len > model.cfg.max_len:
             raise ValueError(f"Trainer: seq_len={s.seq_len} exceeds the model's "
                              f"max_len={model.cfg.max_len}")
+        outputs = [self.model_path, self.checkpoint_path, s.log_csv, s.health_log]
         for name, data in (("training", self.train_data), ("validation", self.val_data)):
+            source = getattr(data, "path", None)  # a TokenFile: no output may be its file
+            for out in outputs if isinstance(source, str) else ():
+                if out is not None and (same_file(out, source) or
+                                        same_file(out, source + ".json")):
+                    raise ValueError(f"Trainer: the output {out} is the {name} data file "
+                                     f"{source} (or its sidecar); training would overwrite "
+                                     f"its own data")
             n = int(data.token_count())
             if n <= s.seq_len:
                 raise ValueError(f"Trainer: the {name} data has {n} tokens; it needs more "
@@ -523,14 +534,16 @@ class Trainer:
             total = float(summed[0])
         return total / (s.eval_batches * s.grad_accum * comm.size)
 
-    def _stop_requested(self, interrupt, step: int) -> bool:
-        """Whether to stop before update `step`: Ctrl-C is pending here, or, with N ranks,
-        on any rank (one small allreduce, so every rank stops after the same update)."""
+    def _stop_requested(self, interrupt, step: int) -> int:
+        """The stop signal to act on before update `step` (0: none): one pending here, or,
+        with N ranks, on any rank (one small allreduce, so every rank stops after the same
+        update and names the same signal: the first of SIGINT, SIGTERM, SIGHUP received)."""
         if self.comm.size == 1:
             return interrupt.pending
-        flag = np.array([1.0 if interrupt.pending else 0.0])
-        self.comm.allreduce_sum(flag, what=f"interrupt check before step {step}")
-        return bool(flag[0] > 0)
+        flags = np.array([1.0 if interrupt.pending == signum else 0.0
+                          for signum in STOP_SIGNALS])
+        self.comm.allreduce_sum(flags, what=f"interrupt check before step {step}")
+        return next((int(signum) for signum, n in zip(STOP_SIGNALS, flags) if n > 0), 0)
 
     def _check_ranks_agree(self, model: GlassLM, resume_state) -> None:
         """Every rank runs the same settings, model and data, and resumes the same step."""
@@ -614,7 +627,11 @@ class Trainer:
 
 
 class _AgreedStop(KeyboardInterrupt):
-    """Every rank agreed to stop at this step boundary (Ctrl-C on some rank)."""
+    """Every rank agreed to stop at this step boundary (a stop signal on some rank)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 # What the Trainer raises on every rank at once (decided on reduced values); anything else
@@ -633,8 +650,8 @@ def _interrupt_on_keyboard_interrupt(emit, interrupt):
     def guarded(event):
         try:
             emit(event)
-        except KeyboardInterrupt:
-            interrupt.pending = True
+        except KeyboardInterrupt as e:
+            interrupt.pending = interrupt.pending or getattr(e, "signum", 2)
     return guarded
 
 
@@ -645,6 +662,15 @@ def _version() -> str:
 
 def _weights_finite(model: GlassLM) -> bool:
     return all(np.isfinite(p.data).all() for p in model.parameters())
+
+
+def _record_of(entry: dict, train_step: TrainStep) -> StepRecord:
+    """The StepRecord of a skipped update, rebuilt from its history entry (a resumed run
+    that made no update of its own)."""
+    nan = float("nan")
+    loss = nan if entry.get("loss") is None else entry["loss"]
+    return StepRecord(entry["step"], entry["lr"], nan, nan, loss, True, entry["skipped"],
+                      train_step.scaler.get_scale())
 
 
 def _trailing_skips(history: list[dict]) -> int:
