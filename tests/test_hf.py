@@ -600,7 +600,7 @@ def test_cli_convert_both_ways(tmp_path, capsys, gpt2_dir_with_tokenizer, gpt2_c
     code, stdout, _ = run_cli(capsys, "convert", "--model", out, "--to-hf", exported)
     assert code == 0
     assert sorted(p.name for p in exported.iterdir()) == \
-        ["config.json", "model.safetensors", "tokenizer.json"]
+        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     assert json.loads((exported / "config.json").read_text())["eos_token_id"] == bpe.eot_id
     np.testing.assert_array_equal(hf.tokenizer_from_hf(exported, V).encode(TEXT),
                                   bpe.encode(TEXT))
@@ -628,20 +628,25 @@ def test_cli_generate_from_hf_directory(capsys, gpt2_dir_with_tokenizer, gpt2_ch
 
 
 def test_cli_byte_model_round_trip(tmp_path, capsys):
-    """A byte-level glassllm model exported to HF needs no tokenizer file to generate."""
+    """A byte-level glassllm model exported to HF carries its tokenizer.json (which
+    AutoTokenizer reads: tests/test_hf_tokenizer.py) and generates as the file does; a
+    directory without one still gets the byte tokenizer from vocab_size 257."""
     from glassllm.formats import files
     model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)
     from glassllm.formats.tokenizer import ByteTokenizer
     files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
     code, _, _ = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors",
                          "--to-hf", tmp_path / "hf")
-    assert code == 0 and not (tmp_path / "hf" / "tokenizer.json").exists()
+    assert code == 0 and (tmp_path / "hf" / "tokenizer.json").exists()
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert written["eos_token_id"] == written["bos_token_id"] == 256  # no BOS: start at eot
     args = ("--prompt", "ab", "--max-new-tokens", 6, "--temperature", 0)
     code, from_file, _ = run_cli(capsys, "generate", "--model", tmp_path / "m.safetensors", *args)
     code2, from_dir, _ = run_cli(capsys, "generate", "--model", tmp_path / "hf", *args)
     assert code == code2 == 0 and from_dir == from_file and from_dir.startswith("ab")
+    (tmp_path / "hf" / "tokenizer.json").unlink()  # an export of an earlier glassllm
+    code3, without, _ = run_cli(capsys, "generate", "--model", tmp_path / "hf", *args)
+    assert code3 == 0 and without == from_file
 
 
 def test_cli_convert_errors(tmp_path, capsys, gpt2_checkpoint):
@@ -794,26 +799,27 @@ def test_to_hf_refuses_an_empty_directory_path(tmp_path, monkeypatch, capsys):
     assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]
 
 
-def test_a_tokenizer_to_hf_cannot_store_is_said_not_claimed(tmp_path, capsys, bpe):
+def test_every_glassllm_tokenizer_is_stored_by_to_hf(tmp_path, capsys, bpe):
     """`convert --model FILE --to-hf DIR` of a model with a SentencePiece tokenizer (a
-    llama2.c import) printed "tokenizer sentencepiece" and wrote none: the directory then
-    generated nothing ("no tokenizer") and converted back weights-only. The note says so."""
+    llama2.c import) once wrote none; now every kind is written (tokenizer.json, which
+    AutoTokenizer reads: tests/test_hf_tokenizer.py) unless it does not fit the model."""
     from glassllm.formats import files
     from glassllm.formats.tokenizer import ByteTokenizer, SentencePieceTokenizer
     pieces = ["<unk>", "\n<s>\n", "\n</s>\n"] + [f"<0x{b:02X}>" for b in range(256)] + \
         [" ", "a", "b", "ab"]
     sp = SentencePieceTokenizer(pieces, [0.0] * 259 + [-1.0, -2.0, -3.0, -4.0])
     assert hf.stores_tokenizer(bpe, V) and hf.stores_tokenizer(ByteTokenizer(), 257)
-    assert not hf.stores_tokenizer(sp, 263) and not hf.stores_tokenizer(ByteTokenizer(), 300)
+    assert hf.stores_tokenizer(sp, 263) and hf.stores_tokenizer(ByteTokenizer(), 300)
+    assert not hf.stores_tokenizer(sp, 262) and not hf.stores_tokenizer(object(), 10**6)
     model = GlassLM(Config(vocab_size=263, d_model=16, n_layers=1, n_heads=2, max_len=8))
     source = tmp_path / "sp.safetensors"
     files.save(model, source, sp)
     code, out, err = run_cli(capsys, "convert", "--model", source, "--to-hf", tmp_path / "d")
-    assert code == 0 and out.rstrip().endswith("tokenizer none"), out
-    assert "note:" in err and "sentencepiece" in err and err.count("\n") == 1, err
-    assert hf.tokenizer_from_hf(tmp_path / "d", 263) is None
+    assert (code, err) == (0, "") and out.rstrip().endswith("tokenizer sentencepiece"), out
+    back = hf.tokenizer_from_hf(tmp_path / "d", 263)
+    assert back.pieces == pieces and back.encode(" ab a").tolist() == sp.encode(" ab a").tolist()
     files.save(GlassLM(Config(vocab_size=V, d_model=16, n_layers=1, n_heads=2, max_len=8)),
-               tmp_path / "bpe.safetensors", bpe)  # a BPE tokenizer is written: no note
+               tmp_path / "bpe.safetensors", bpe)
     code, out, err = run_cli(capsys, "convert", "--model", tmp_path / "bpe.safetensors",
                              "--to-hf", tmp_path / "e")
     assert (code, err) == (0, "") and out.rstrip().endswith("tokenizer bpe")

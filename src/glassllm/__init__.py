@@ -1,6 +1,7 @@
 """glassllm: a small language-model library whose every part is visible.
 
-Root exports: `Tensor`, `no_grad`, `Config`, `GlassLM`. The package is laid out as the library
+Root exports: `Tensor`, `no_grad`, `Config`, `GlassLM`, and `load` (a model with its tokenizer
+from local files, ready to generate: `glassllm.formats.lm`, imported on first use). The package is laid out as the library
 is built:
 
 - the glass, at the top: `tensor` (autograd), `functional` (every op's reference forward and
@@ -21,8 +22,22 @@ from .tensor import Tensor, no_grad
 from . import amp, engine  # noqa: E402,F401  (imported for their registrations)
 
 _moved.install()
-# `import glassllm; glassllm.blas`: 0.1 loaded a few modules as a side effect of the import
-__getattr__ = _moved.package_attribute
 
-__all__ = ["Tensor", "no_grad", "Config", "GlassLM"]
+# Imported on first use: `import glassllm` stays cheap (no safetensors, tokenizers, ...).
+_LAZY = {"load": ("glassllm.formats.lm", "load"), "LM": ("glassllm.formats.lm", "LM")}
+
+
+def __getattr__(name: str):
+    """`glassllm.load` / `glassllm.LM` on first use; `glassllm.<old module name>` (0.1 loaded a
+    few modules as a side effect of the import) through `_moved.package_attribute`."""
+    if name in _LAZY:
+        import importlib
+        module, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module), attribute)
+        globals()[name] = value
+        return value
+    return _moved.package_attribute(name, stacklevel=3)
+
+
+__all__ = ["Tensor", "no_grad", "Config", "GlassLM", "load", "LM"]
 __version__ = "0.1.0"

@@ -58,13 +58,15 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return compile(source, f"<{fullname}: moved to {MOVED[fullname]}>", "exec")
 
 
-def package_attribute(name: str):
+def package_attribute(name: str, stacklevel: int = 2):
     """`glassllm.<old name>` as an attribute of the package (its module `__getattr__`): the
-    moved module, with the DeprecationWarning, once (the attribute is set on the package)."""
+    moved module, with the DeprecationWarning, once (the attribute is set on the package).
+    `stacklevel` as `warnings.warn`'s: 2 when this is the package's `__getattr__` itself, one
+    more for each function between (the warning points at the user's line)."""
     old = f"glassllm.{name}"
     if old not in MOVED:
         raise AttributeError(f"module 'glassllm' has no attribute {name!r}")
-    warnings.warn(message(old), DeprecationWarning, stacklevel=2)
+    warnings.warn(message(old), DeprecationWarning, stacklevel=stacklevel)
     module = importlib.import_module(MOVED[old])
     setattr(sys.modules["glassllm"], name, module)
     return module

@@ -536,18 +536,16 @@ def _progress_bar(total: int):
 
 
 def load_model_and_tokenizer(path):
-    """(GlassLM, tokenizer) from a glassllm model file (see `glassllm.formats.files`), or from a
-    Hugging Face checkpoint directory, one holding config.json (see `glassllm.formats.hf`). The
-    tokenizer is None for a weights-only file or a directory without tokenizer files.
+    """(GlassLM, tokenizer) from a glassllm model file, a Hugging Face checkpoint directory (one
+    holding config.json) or a llama2.c checkpoint (.bin): `glassllm.formats.lm`. The tokenizer
+    is None for a weights-only file, a llama2.c checkpoint or a directory without tokenizer
+    files.
 
-    Raises FileNotFoundError / IsADirectoryError / ValueError as `files.load`, `hf.from_hf`
-    and `hf.tokenizer_from_hf` do.
+    Raises FileNotFoundError (with how to download, for a hub name such as "gpt2") /
+    IsADirectoryError / ValueError as `files.load`, `hf.from_hf` and `hf.tokenizer_from_hf` do.
     """
-    from .formats import files, hf
-    if hf.is_hf_dir(path):
-        model = hf.from_hf(path)
-        return model, hf.tokenizer_from_hf(path, model.cfg.vocab_size)
-    return files.load(path), files.load_tokenizer(path)
+    from .formats import lm
+    return lm.load_model_and_tokenizer(path)
 
 
 def add_generate(sub) -> None:
@@ -556,18 +554,25 @@ def add_generate(sub) -> None:
         description="Continue a prompt with a saved model, printing text as it is produced. "
                     "Stops after --max-new-tokens tokens or at the end-of-text token.")
     p.add_argument("--model", required=True, metavar="PATH",
-                   help="model file written by `glassllm train` (glassllm safetensors), or a "
+                   help="model file written by `glassllm train` (glassllm safetensors), a "
                         "Hugging Face GPT-2/Llama directory (config.json + model.safetensors, "
-                        "tokenizer from vocab.json + merges.txt or tokenizer.json)")
-    p.add_argument("--prompt", required=True, metavar="TEXT",
-                   help="text to continue; \"\" samples unconditionally, from the tokenizer's "
-                        "begin-of-sequence token (end-of-text for GPT-2 and byte tokenizers), "
-                        "which is not printed")
+                        "tokenizer from vocab.json + merges.txt or tokenizer.json), or a "
+                        "llama2.c checkpoint (.bin, with --tokenizer); local files only")
+    p.add_argument("--prompt", metavar="TEXT",
+                   help="text to continue; none (or \"\") samples unconditionally, from the "
+                        "tokenizer's start token: its begin-of-sequence token (SentencePiece/"
+                        "Llama), else end-of-text (GPT-2 and byte tokenizers), never printed")
+    p.add_argument("--prompt-file", metavar="PATH",
+                   help="read the prompt from this UTF-8 text file (as it is, final newline "
+                        "included), instead of --prompt")
+    p.add_argument("--num-samples", type=int, default=1, metavar="N",
+                   help="generate N samples of the prompt, one after the other from one "
+                        "random stream, separated by a line of dashes (default 1)")
     p.add_argument("--tokenizer", metavar="PATH",
                    help="tokenizer to use instead of the model's (needed for a weights-only "
-                        "model): a tokenizer JSON (BPETokenizer.save, a Hugging Face "
-                        "tokenizer.json), a directory with GPT-2's vocab.json + merges.txt, or "
-                        "`byte`")
+                        "model or a llama2.c checkpoint): a tokenizer JSON (BPETokenizer.save, "
+                        "a Hugging Face tokenizer.json), a directory with GPT-2's vocab.json + "
+                        "merges.txt, a llama2.c tokenizer.bin, or `byte`")
     p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
                    help="most tokens to generate (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T",
@@ -583,61 +588,46 @@ def add_generate(sub) -> None:
 
 
 def run_generate(args) -> int:
-    import os
-
     import numpy as np
 
-    from .generate import Generator, Sampling
-    from .formats.tokenizer import StreamDecoder, start_id
+    from .formats.lm import LM
+    from .generate import Sampling
 
-    try:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise UsageError(f"--prompt is not valid UTF-8 text (undecodable byte(s) at character "
-                         f"{e.start}); give the prompt in UTF-8") from None
+    prompt = _generate_prompt(args)
     if args.max_new_tokens < 0:
         raise UsageError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.num_samples < 1:
+        raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
     try:
-        sampling = Sampling(args.temperature, args.top_k, args.top_p)
+        Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         raise UsageError(f"bad --temperature/--top-k/--top-p: {e}") from None
     model, tokenizer = load_model_and_tokenizer(args.model)
     if args.tokenizer is not None:
         tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
     elif tokenizer is None:
-        raise UsageError(f"{args.model} has no tokenizer (a weights-only model); give one with "
-                         f"--tokenizer PATH (a tokenizer JSON, a directory with GPT-2's "
-                         f"vocab.json + merges.txt, or `byte`)")
-    # A tokenizer with a begin-of-sequence id (SentencePiece/Llama: BOS 1) starts every
-    # context with it, as llama2.c's run.c and Llama's training do; an empty prompt is then
-    # BOS alone: an unconditional sample. A tokenizer without one (GPT-2, byte) starts an
-    # unconditional sample from end-of-text, as nanoGPT and transformers do (`start_id`).
-    # The start token is never printed. Generation stops at the tokenizer's `stop_ids`
-    # (SentencePieceTokenizer: EOS and, as run.c, BOS), else at end-of-text.
-    bos = getattr(tokenizer, "bos_id", None)
-    prompt_ids = [int(i) for i in tokenizer.encode(args.prompt)]
-    if bos is not None:
-        prompt_ids = [int(bos)] + prompt_ids
-    if not prompt_ids:
-        prompt_ids = [start_id(tokenizer)]
-    stop_ids = set(getattr(tokenizer, "stop_ids", (tokenizer.eot_id,)))
-    # A model whose vocabulary is bigger than its tokenizer's (padded) draws only ids the
-    # tokenizer can decode.
-    generator = Generator(model, prompt_ids, vocab_limit=tokenizer.vocab_size)
-    rng = np.random.default_rng(args.seed)
-    # holds back bytes of a character not yet complete; knows the token before the first
-    decoder = StreamDecoder(tokenizer, prev_id=prompt_ids[-1])
-    # The first draw comes before any output, so an error (a model whose logits are NaN)
-    # is a clean one-line error rather than a prompt followed by a message.
-    first = generator.next_token(sampling, rng) if args.max_new_tokens > 0 else None
+        raise UsageError(f"{args.model} has no tokenizer (a weights-only model or a llama2.c "
+                         f"checkpoint); give one with --tokenizer PATH (a tokenizer JSON, a "
+                         f"directory with GPT-2's vocab.json + merges.txt, a llama2.c "
+                         f"tokenizer.bin, or `byte`)")
+    # The prompt is encoded as `LM.encode` does: BOS first where the tokenizer has one
+    # (SentencePiece/Llama, as llama2.c's run.c), an empty prompt is the start token alone (an
+    # unconditional sample; GPT-2 and byte: end-of-text, as nanoGPT and transformers). The
+    # start token is never printed; generation stops at the tokenizer's stop ids.
+    lm = LM(model, tokenizer)
+    rng = np.random.default_rng(args.seed)  # one stream for all samples, as nanoGPT's sample.py
     try:
-        print(args.prompt, end="", flush=True)
-        for i in range(args.max_new_tokens):
-            token = first if i == 0 else generator.next_token(sampling, rng)
-            if token in stop_ids:
-                break
-            print(decoder.push(token), end="", flush=True)
-        print(decoder.flush(), flush=True)
+        for n in range(args.num_samples):
+            # the first draw comes before any output, so an error (a model whose logits are
+            # NaN) is a clean one-line error rather than a prompt followed by a message
+            pieces = lm.stream(prompt, args.max_new_tokens, args.temperature, args.top_k,
+                               args.top_p, seed=rng)
+            if n:
+                print(SAMPLE_SEPARATOR, flush=True)
+            print(prompt, end="", flush=True)
+            for piece in pieces:
+                print(piece, end="", flush=True)
+            print(flush=True)
     except BrokenPipeError:
         # The reader left (`glassllm generate ... | head`): stop quietly, as Unix tools do;
         # point stdout at devnull so the interpreter's final flush does not complain.
@@ -645,18 +635,37 @@ def run_generate(args) -> int:
     return 0
 
 
+SAMPLE_SEPARATOR = "---------------"  # between --num-samples samples, as nanoGPT's sample.py
+
+
+def _generate_prompt(args) -> str:
+    """The prompt of generate: --prompt, the text of --prompt-file, or "" (the start token)."""
+    if args.prompt is not None and args.prompt_file is not None:
+        raise UsageError("give --prompt or --prompt-file, not both")
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                return f.read()
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--prompt-file {args.prompt_file}: not UTF-8 text (byte "
+                             f"{e.start})") from None
+        except OSError as e:
+            raise UsageError(f"--prompt-file {_one_line(e)}") from None
+    prompt = "" if args.prompt is None else args.prompt
+    try:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(f"--prompt is not valid UTF-8 text (undecodable byte(s) at character "
+                         f"{e.start}); give the prompt in UTF-8") from None
+    return prompt
+
+
 def _tokenizer_option(path: str, vocab_size: int):
     """--tokenizer PATH (or `byte`) of generate: the tokenizer, which must fit the model. A
     `.bin` file is read as llama2.c's tokenizer.bin, anything else as `load_tokenizer` does."""
-    from .formats.llama2c import tokenizer_from_llama2c
-    from .formats.tokenizer import ByteTokenizer, load_tokenizer
+    from .formats.lm import read_tokenizer
     try:
-        if path == "byte":
-            tokenizer = ByteTokenizer()
-        elif path.endswith(".bin") and os.path.isfile(path):
-            tokenizer = tokenizer_from_llama2c(path)
-        else:
-            tokenizer = load_tokenizer(path)
+        tokenizer = read_tokenizer(path)
     except (OSError, ValueError) as e:
         raise UsageError(f"--tokenizer {path}: {_one_line(e)}") from None
     if tokenizer.vocab_size > vocab_size:
@@ -911,10 +920,9 @@ def _convert_to_hf(args):
         raise UsageError(f"--to-hf: {e}") from None
     if tokenizer is not None and not hf.stores_tokenizer(tokenizer, model.cfg.vocab_size):
         kind = json.loads(tokenizer.to_json())["type"]
-        print(f"note: {args.to_hf} holds no tokenizer: glassllm writes only byte-level BPE "
-              f"(tokenizer.json) and the byte tokenizer of a vocab-257 model, not this "
-              f"{kind} tokenizer (it stays in {args.model}); give its file, e.g. llama2.c's "
-              f"tokenizer.bin, to `glassllm generate --tokenizer`",
+        print(f"note: {args.to_hf} holds no tokenizer: glassllm writes its byte, BPE and "
+              f"SentencePiece tokenizers (tokenizer.json), not this {kind} tokenizer (it "
+              f"stays in {args.model}); give its file to `glassllm generate --tokenizer`",
               file=sys.stderr, flush=True)
         tokenizer = None
     return model, tokenizer
@@ -1163,10 +1171,22 @@ SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert, add_
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glassllm", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"glassllm {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in SUBCOMMANDS:
         add(sub)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version (importlib.metadata), else the package's
+    `__version__` (a source tree on PYTHONPATH, never installed)."""
+    from importlib import metadata
+    try:
+        return metadata.version("glassllm")
+    except metadata.PackageNotFoundError:
+        from . import __version__
+        return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SHARD_FILE = "model-{index:05d}-of-{count:05d}.safetensors"  # transformers' shard names
 _SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 # save_pretrained's default in transformers 5 (4.x: "5GB"); huggingface_hub's decimal units
@@ -108,9 +109,9 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             A directory that already holds a model.safetensors or config.json is refused
             unless `overwrite=True` (a checkpoint, or a training run's model, is never
             replaced by accident).
-        tokenizer: optional. A `BPETokenizer` is written as `tokenizer.json` (the `tokenizers`
-            library's format); the `ByteTokenizer` needs no file (`tokenizer_from_hf` infers
-            it from vocab_size 257). Other tokenizers are not written (`stores_tokenizer`).
+        tokenizer: optional. glassllm's byte, BPE and SentencePiece tokenizers are written as
+            `tokenizer.json` (the `tokenizers` library's format) + `tokenizer_config.json`,
+            which `transformers.AutoTokenizer` loads with the same ids (`write_tokenizer`).
             Its `eot_id` becomes the config's eos_token_id and its start id
             (`glassllm.formats.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none, as
             GPT-2's config has bos = eos = 50256) the bos_token_id, from which
@@ -155,7 +156,7 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     if len(shards) > 1:
         stale = [p for p in stale if p.name != INDEX_FILE]
     targets = [out / n for n in names] + [out / INDEX_FILE, out / CONFIG_FILE,
-                                          out / TOKENIZER_FILE]
+                                          out / TOKENIZER_FILE, out / TOKENIZER_CONFIG_FILE]
     if source is not None:
         for target in targets + stale:
             if target.exists() and os.path.samefile(target, source):
@@ -182,11 +183,8 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
     for path in stale:  # a reader must not find the earlier checkpoint's weights
         path.unlink()
-    spec = json.loads(tokenizer.to_json()) if tokenizer is not None else {}
-    if spec.get("type") == "bpe":  # glassllm wraps the tokenizers-library JSON; unwrap it
-        text = json.dumps(spec["tokenizer"], ensure_ascii=False)
-        with atomic_write(out / TOKENIZER_FILE, "w") as f:
-            f.write(text)
+    if tokenizer is not None and stores_tokenizer(tokenizer, cfg.vocab_size):
+        write_tokenizer(out, tokenizer, cfg.max_len)
     text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
     with atomic_write(out / CONFIG_FILE, "w") as f:
         f.write(text)
@@ -236,23 +234,35 @@ def _split_into_shards(tensors: dict[str, np.ndarray], limit: int) -> list[dict]
 
 
 def stores_tokenizer(tokenizer, vocab_size: int) -> bool:
-    """Whether `to_hf` stores `tokenizer` so that `tokenizer_from_hf` finds it again: a
-    `BPETokenizer` (written as tokenizer.json), or the `ByteTokenizer` of a vocab-257 model
-    (inferred, no file). Any other (a SentencePiece tokenizer from llama2.c, the byte
-    tokenizer of a bigger model) is not written: the directory then holds the weights only."""
-    from .tokenizer import BPETokenizer, ByteTokenizer
-    if isinstance(tokenizer, BPETokenizer):
-        return True
-    return isinstance(tokenizer, ByteTokenizer) and vocab_size == ByteTokenizer.vocab_size
+    """Whether `to_hf` writes `tokenizer` (as tokenizer.json, which `tokenizer_from_hf` and
+    transformers' AutoTokenizer read): glassllm's byte, BPE and SentencePiece tokenizers, when
+    they fit the model's vocab_size."""
+    from .hf_tokenizer import writable
+    return writable(tokenizer) and tokenizer.vocab_size <= vocab_size
+
+
+def write_tokenizer(out_dir, tokenizer, max_len: int) -> None:
+    """Write `tokenizer.json` (built with the `tokenizers` library) and
+    `tokenizer_config.json` into `out_dir`, atomically, so that
+    `transformers.AutoTokenizer.from_pretrained(out_dir)` encodes as `tokenizer` does
+    (`glassllm.formats.hf_tokenizer`)."""
+    from .hf_tokenizer import to_hf_tokenizer, tokenizer_config
+    text = to_hf_tokenizer(tokenizer).to_str()
+    with atomic_write(Path(out_dir) / TOKENIZER_FILE, "w") as f:
+        f.write(text)
+    config = json.dumps(tokenizer_config(tokenizer, max_len), indent=2, ensure_ascii=False)
+    with atomic_write(Path(out_dir) / TOKENIZER_CONFIG_FILE, "w") as f:
+        f.write(config + "\n")
 
 
 def tokenizer_from_hf(path, vocab_size: int | None = None):
     """The tokenizer that goes with a checkpoint directory.
 
     Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json` (a
-    byte-level BPE with an "<|endoftext|>" token, as `to_hf` writes), both read by
-    `glassllm.formats.tokenizer.load_tokenizer`. With neither, a model of vocab_size 257 gets the
-    `ByteTokenizer` (a byte-level glassllm model exported by `to_hf` has no tokenizer file),
+    byte-level BPE with an "<|endoftext|>" token, or the byte or SentencePiece layout `to_hf`
+    writes), both read by `glassllm.formats.tokenizer.load_tokenizer`. With neither, a model of
+    vocab_size 257 gets the `ByteTokenizer` (`to_hf` of glassllm before tokenizer.json was
+    written for it),
     any other model none: the result is None (the weights convert alone, as a weights-only
     glassllm file; see `glassllm.formats.files.save`).
 

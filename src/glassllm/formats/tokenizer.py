@@ -419,8 +419,9 @@ class BPETokenizer:
 
 def load_tokenizer(path):
     """A tokenizer from disk: a JSON file written by any tokenizer's `to_json()` / `save`
-    (byte or bpe), a HF byte-level BPE `tokenizer.json`, or a directory holding GPT-2's
-    `vocab.json` + `merges.txt` (or a glassllm `tokenizer.json`).
+    (byte or bpe), a HF `tokenizer.json` (a byte-level BPE, or the byte or SentencePiece
+    layouts `glassllm.formats.hf.to_hf` writes: `glassllm.formats.hf_tokenizer`), or a
+    directory holding GPT-2's `vocab.json` + `merges.txt` (or a `tokenizer.json`).
 
     Raises:
         FileNotFoundError: path missing, or a directory without those files.
@@ -447,7 +448,11 @@ def load_tokenizer(path):
         raise ValueError(f"{path}: not a tokenizer JSON file: {e}") from None
     if isinstance(spec, dict) and "type" in spec:
         return tokenizer_from_json(text)
-    return BPETokenizer.from_json(text)
+    from .hf_tokenizer import from_hf_json  # the byte and SentencePiece layouts `to_hf` writes
+    try:
+        return from_hf_json(text) or BPETokenizer.from_json(text)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 # --- SentencePiece BPE, as llama2.c stores it (its tokenizer.py export, run.c's encode) --------
