@@ -13,8 +13,9 @@ block cannot lean on another's variables or files. What a fence's info string me
   `bash no-run`: shown, not run (installs, benches, mpiexec, clusters, servers);
   `bash download`: the download commands of the data, not run: every destination is one of
   the files below and its SHA-256 there is the workspace copy's.
-- anything else (`text`, no info string): output, not run. A Python or shell fence spelt any
-  other way is refused, so a block cannot drop out of this test by accident.
+- `text output` right after a `bash` block: what that block's last command prints on stdout,
+  exactly (the test compares); anything else (`text`, no info string): output, not run. A Python or shell
+  fence spelt any other way is refused, so a block cannot drop out of this test by accident.
 
 The pages name data by its download destination (`data/tinyshakespeare.txt`,
 `data/stories260K.bin`, ...; see "Get the data" in README.md). A block that mentions one gets
@@ -74,8 +75,18 @@ def where(path: Path, line: int) -> str:
     return f"{path.relative_to(REPO)}:{line}"
 
 
-BLOCKS = [(where(path, line), info, code) for path in PAGES
-          for line, info, code in fenced_blocks(path)]
+def page_blocks(path: Path) -> list[tuple[str, str, str, str | None]]:
+    """(place, info, code, expected stdout or None) of every block of `path`: a `bash` block
+    followed by a `text output` block must print that text."""
+    blocks = fenced_blocks(path)
+    return [(where(path, line), info, code,
+             blocks[i + 1][2] if info.startswith("bash") and i + 1 < len(blocks)
+             and blocks[i + 1][1] == "text output" else None)
+            for i, (line, info, code) in enumerate(blocks)]
+
+
+EXPECTED = {place: out for path in PAGES for place, _, _, out in page_blocks(path)}
+BLOCKS = [(place, info, code) for path in PAGES for place, info, code, _ in page_blocks(path)]
 
 
 def runnable(kind: str) -> list:
@@ -176,3 +187,18 @@ def test_shell_block_runs(kind, code, tmp_path, request):
     assert done.returncode == 0, (f"{place}: the block exited {done.returncode}\n"
                                   f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if EXPECTED[place] is not None:
+        # the text is what the block's last command prints: the end of its stdout
+        assert done.stdout.rstrip("\n").endswith("\n" + EXPECTED[place].rstrip("\n")), \
+            done.stdout[-3000:]
+
+
+def test_the_readme_shows_the_documented_run_trimmed():
+    """README.md's output of `glassllm train` is the run docs/getting-started.md prints in
+    full (and tests/test_cli_train.py re-measures): each of its lines is a line of that one."""
+    readme = [code for place, info, code in BLOCKS
+              if place.startswith("README.md:") and code.startswith("glassllm train:")]
+    page = [code for place, info, code in BLOCKS
+            if place.startswith("docs/getting-started.md:") and code.startswith("glassllm train:")]
+    assert len(readme) == 1 and page, (len(readme), len(page))
+    assert set(readme[0].splitlines()) <= set(page[0].splitlines())
