@@ -282,3 +282,51 @@ def test_stories260k_has_previous_token_heads_and_no_induction_head(stories260k)
     changes = [abs(copy_losses(heads=[(layer, head)])[1] - second)
                for layer in range(5) for head in range(8)]
     assert 0.03 < max(changes) < 0.07
+
+
+def _attribution_names(cfg):
+    return ["token_embedding", "blocks.*.attention.head_output", "blocks.*.mlp.output",
+            f"blocks.{cfg.n_layers - 1}.residual_out", "logits"]
+
+
+def test_stories260k_attribution_of_every_byte_piece_against_unk(stories260k):
+    """The self-check's tolerance is the float32 rounding of the logits it checks: a byte
+    piece and `<unk>` (never seen in training) have nearly equal logits, and a fixed 1e-4
+    relative tolerance raised AttributionError for 95 of the 256 pieces (the float64 sum of
+    the parts agreed with the logits to their float32 rounding)."""
+    from glassllm.formats.tokenizer import SP_BYTE_OFFSET
+    model, tok = stories260k
+    ids = [tok.bos_id] + list(tok.encode(STORY))
+    _, cache = run_with_cache(model, ids, names=_attribution_names(model.cfg))
+    totals = []
+    for position in (1, 9, len(ids) - 1):
+        for piece in range(SP_BYTE_OFFSET, SP_BYTE_OFFSET + 256):
+            attr = logit_attribution(model, ids, position, token=piece, against=tok.unk_id,
+                                     cache=cache)
+            assert attr.against == tok.unk_id
+            totals.append(attr.total)
+    # the hard case is there: most pieces were never trained, their logit is <unk>'s
+    assert len(totals) == 768 and sum(abs(t) < 1e-2 for t in totals) > 500
+
+
+def test_attribution_self_check_catches_a_frozen_scale_off_by_a_little(stories260k):
+    """The float32 bound is tight enough to be a check: a final-norm eps that differs from
+    the forward's (the frozen 1/rms off by ~1e-3 relative) is caught on stories260K."""
+    model, tok = stories260k
+    ids = [tok.bos_id] + list(tok.encode(STORY))
+    _, cache = run_with_cache(model, ids, names=_attribution_names(model.cfg))
+    logit_attribution(model, ids, cache=cache)  # passes as the forward ran
+    eps = model.final_norm.eps
+    try:
+        model.final_norm.eps = eps + 1e-3
+        with pytest.raises(AttributionError, match="float32 rounding bound"):
+            logit_attribution(model, ids, cache=cache)
+    finally:
+        model.final_norm.eps = eps
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.5, True, "3"])
+def test_token_surprise_refuses_a_k_that_is_not_a_positive_integer(k):
+    model = model_for("llama")
+    with pytest.raises(ValueError, match=r"^token_surprise: k must be an integer >= 1, got "):
+        token_surprise(model, seq(model.cfg), k=k)

@@ -172,7 +172,7 @@ def test_errors(glassllm_file, llama2c, tmp_path):
     with pytest.raises(ValueError, match="has no tokenizer .* tokenizer=PATH"):
         glassllm.load(llama2c[0])
     lm = glassllm.load(glassllm_file)
-    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0, got -1"):
         lm.stream("a", max_new_tokens=-1)
     with pytest.raises(ValueError, match="top_p"):
         lm.generate("a", top_p=2.0)

@@ -152,3 +152,82 @@ def test_report_in_headless_chromium(browser, report, tmp_path):
     assert errors == [], errors
     console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
     assert console == [], console
+
+
+# --------------------------------------------------------------------------- hostile strings
+# Each would end or bend the page's inline JSON block if it were inlined as it is: a
+# "</script>" ends the element; "<!--" then "<script" makes the parser swallow the page's own
+# "</script>" (WHATWG HTML's "script data double escaped" state); U+2028 ended a line of
+# JavaScript before ES2019; "&lt;" must stay four characters, not become "<".
+HOSTILE = ["</script><script>window.__pwned = 1</script>", "<!--<script>", "\u2028",
+           "&lt;"]
+HOSTILE_FILE = "<!--<script>&lt;\u2028&amp;>.safetensors"  # no "/": a file name
+
+
+def _hostile_tokenizer():
+    """A SentencePiece vocabulary whose pieces are the hostile strings, reached by merging
+    their prefixes left to right (each longer prefix scores higher)."""
+    from glassllm.formats.tokenizer import SentencePieceTokenizer
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [" "]
+    scores = [0.0] * len(pieces)
+    for char in sorted(set("".join(HOSTILE))):
+        if char not in pieces:
+            pieces.append(char)
+            scores.append(-1e10)  # characters never merge into anything by themselves
+    for text in HOSTILE:
+        for k in range(2, len(text) + 1):
+            if text[:k] not in pieces:
+                pieces.append(text[:k])
+                scores.append(k + len(pieces) * 1e-3)  # distinct scores
+    return SentencePieceTokenizer(pieces, scores)
+
+
+def test_hostile_strings_leave_the_whole_report_in_chromium(browser, tmp_path):
+    """Hostile strings as the model's file name, token pieces and health.jsonl names,
+    through `glassllm inspect`: the page is whole (its last element there, its script run to
+    the end), its JSON parses, and every string shows literally."""
+    from selenium.webdriver.common.by import By
+    from glassllm.cli import main
+    from glassllm.formats import files
+    tok = _hostile_tokenizer()
+    model = GlassLM(Config(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4,
+                           n_kv_heads=2, max_len=64), seed=0)
+    model_path = tmp_path / HOSTILE_FILE
+    files.save(model, model_path, tokenizer=tok)
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "health.jsonl", "w", encoding="utf-8") as f:
+        for step in (10, 20):
+            f.write(json.dumps({"step": step, "global_grad_norm": 1.0 / step,
+                                "note": "".join(HOSTILE),  # a string value: in the JSON only
+                                "params": {h: {"grad_norm": 0.1 * step} for h in HOSTILE},
+                                "activations": {HOSTILE[1]: {"std": 0.5}}},
+                               ensure_ascii=False) + "\n")  # the raw characters in the file
+    out = tmp_path / "report.html"
+    prompt = "".join(HOSTILE)
+    assert main(["inspect", "--model", str(model_path), "--prompt", prompt, "--run", str(run),
+                 "--out", str(out), "--color", "never"]) == 0
+    browser.get(out.as_uri())
+    page = browser.execute_script("""
+        const data = JSON.parse(document.getElementById('report-data').textContent);
+        return {ready: document.body.dataset.ready, pwned: window.__pwned === undefined,
+                last: document.body.lastElementChild.tagName, tooltip: !!$('tooltip'),
+                scripts: document.scripts.length, json_title: data.title, json_tokens: data.tokens,
+                json_note: data.run.health[1].note,
+                title: document.title, heading: $('title').textContent};""")
+    title = f"glassllm inspect: {HOSTILE_FILE}"
+    assert page == {"ready": "1", "pwned": True, "last": "SCRIPT", "tooltip": True, "scripts": 2,
+                    "json_title": title, "json_tokens": ["<s>", " "] + HOSTILE,
+                    "json_note": "".join(HOSTILE), "title": title,
+                    "heading": title}
+    browser.find_element(By.ID, "nav-attention").click()
+    shown = [t.get_attribute("textContent") for t in
+             browser.find_elements(By.CSS_SELECTOR, "#att-tokens .tok")]
+    assert shown[2:] == HOSTILE, shown
+    browser.find_element(By.ID, "nav-training").click()
+    legends = " ".join(e.get_attribute("textContent") for e in
+                       browser.find_elements(By.CSS_SELECTOR, "#health-charts .legend"))
+    for h in HOSTILE:
+        assert h in legends, (h, legends)
+    errors = browser.execute_script("return window.__errors")
+    assert errors == [], errors

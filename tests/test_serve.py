@@ -29,7 +29,7 @@ from glassllm.lens import interpret  # noqa: E402
 from glassllm.model import Config, GlassLM  # noqa: E402
 from glassllm.serve.limits import Limits  # noqa: E402
 from glassllm.serve.models import Loaded, encode_prompt  # noqa: E402
-from glassllm.serve.page import inline_json  # noqa: E402
+from glassllm.formats.inline_json import inline_json  # noqa: E402
 from glassllm.serve.run import RunWatcher  # noqa: E402
 from glassllm.serve.security import Gate, split_host  # noqa: E402
 
@@ -205,6 +205,10 @@ def test_page_headers_and_escaped_data(served):
     hostile = {"s": "</script><!--<script>\u2028\u2029&>"}
     text = inline_json(hostile)
     assert not any(c in text for c in "<>&\u2028\u2029") and json.loads(text) == hostile
+    # one escaping function for both pages (the report's escaped "<" only)
+    from glassllm.lens import report
+    from glassllm.serve import page
+    assert report.inline_json is inline_json and page.inline_json is inline_json
 
 
 def test_methods_paths_and_bodies(served):

@@ -134,7 +134,12 @@ def add_train(sub) -> None:
                    help=f"end the job when a collective waits this long for the other ranks "
                         f"(a hung or lost rank; default {DEFAULT_TIMEOUT_S:g})")
     _add_train_serve(p)
-    p.set_defaults(func=run_train)
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="read options from a TOML file, one key per flag (d_model = 128, "
+                        "steps = 2000, data = [\"input.txt\"], precision = \"bf16\"; dashes "
+                        "or underscores; paths from the current directory); a flag given on the "
+                        "command line overrides the file")
+    p.set_defaults(func=run_train, config_options=_config_options(p))
 
 
 def run_train(args) -> int:
@@ -156,6 +161,7 @@ def run_train(args) -> int:
             # every rank finds (a flag out of range) is printed once, by rank 0.
             with distributed.agreement(comm, errors=(UsageError, OSError, ValueError,
                                                      MemoryError)):
+                _apply_config_file(args)
                 _check_bounds(args, _TRAIN_INT_BOUNDS, _TRAIN_FLOAT_BOUNDS)
                 if args.mpi_timeout is not None:
                     comm.timeout_s = args.mpi_timeout  # the watchdog reads it at each check
@@ -293,6 +299,7 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
           flush=True)
     print(f"threads: {threads} ({why})", flush=True)
     print(blas.describe(), flush=True)  # which BLAS computes the matrix products
+    _warn_if_warmup_outlasts_the_run(settings)
 
     bpb = corpus.bits_per_byte
     started = time.monotonic()
@@ -370,6 +377,79 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
           f"({summary.tokens / max(elapsed, 1e-9):,.0f} tokens/s overall)"
           + (f", {summary.skipped_steps} skipped" if summary.skipped_steps else ""), flush=True)
     return 0
+
+
+def _config_options(parser) -> dict:
+    """{key: argparse action} of the options a --config file may set: every option of
+    `parser` but --help and --config."""
+    return {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+
+
+def _apply_config_file(args) -> None:
+    """Options from `--config FILE.toml` (read by the standard library's tomllib) for every
+    flag not given on the command line (still its default object). Paths in the file are
+    read as on the command line, from the current directory.
+
+    Raises:
+        UsageError: the file cannot be read or is not TOML; a key that is no option of
+            `glassllm train`, or a value of the wrong type (the file and the key named).
+    """
+    import tomllib
+    if args.config is None:
+        return
+    try:
+        with open(args.config, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise UsageError(f"--config {_one_line(e)}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"--config {args.config}: not valid TOML: {e}") from None
+    for key, value in table.items():
+        dest = key.replace("-", "_")
+        action = args.config_options.get(dest)
+        if action is None:
+            raise UsageError(f"{args.config}: unknown key {key!r}: not an option of glassllm "
+                             f"train (see glassllm train --help)")
+        if getattr(args, dest) is action.default:  # a flag on the command line wins
+            setattr(args, dest, _config_value(args.config, key, value, action))
+
+
+def _config_value(path: str, key: str, value, action):
+    """`value` of `key` in a --config file, checked as the option `action` would parse it."""
+    def wrong(kind: str) -> UsageError:
+        return UsageError(f"{path}: key {key!r} must be {kind}, got {value!r}")
+    if action.nargs == 0:  # a switch (store_true)
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if action.nargs == "+":
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list) or not values or \
+                not all(isinstance(v, str) for v in values):
+            raise wrong("a string or a list of strings")
+        return values
+    if action.type is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise wrong("an integer")
+    if action.type is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong("a number")
+        value = float(value)
+    if action.type is None and not isinstance(value, str):
+        raise wrong("a string")
+    if action.choices is not None and value not in action.choices:
+        raise wrong(f"one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+def _warn_if_warmup_outlasts_the_run(settings) -> None:
+    """A run whose last step comes before the warmup ends never reaches its learning rate:
+    `optim.lr_schedule` climbs base_lr * (step + 1) / warmup and stops at steps / warmup."""
+    if 0 < settings.steps < settings.warmup:
+        peak = settings.lr * settings.steps / settings.warmup
+        print(f"warning: --steps {settings.steps} ends before the warmup does (--warmup "
+              f"{settings.warmup}): the learning rate climbs to {peak:.3g}, "
+              f"{settings.steps / settings.warmup:.0%} of --lr {settings.lr:g}, and never "
+              f"decays; give --warmup below --steps", file=sys.stderr, flush=True)
 
 
 def _train_command(ranks: int) -> str:
@@ -1005,8 +1085,14 @@ def run_inspect(args) -> int:
     ins = inspect_model(model, ids, tokenizer, run_dir=args.run, k=args.top_k,
                         title=f"glassllm inspect: {os.path.basename(args.model.rstrip(os.sep))}")
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    print(summary(ins, color=color), flush=True)
-    print(f"report: {write_html(ins, args.out)}", flush=True)
+    report = write_html(ins, args.out)  # first: a reader that leaves early loses nothing
+    try:
+        print(summary(ins, color=color), flush=True)
+        print(f"report: {report}", flush=True)
+    except BrokenPipeError:
+        # `glassllm inspect ... | head`: the report is written; stop quietly with success,
+        # as Unix tools do (stdout -> devnull: the interpreter's final flush stays quiet)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

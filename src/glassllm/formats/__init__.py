@@ -1,10 +1,14 @@
 """The formats: everything glassllm reads from and writes to disk.
 
+- `lm`: `glassllm.load`: a model and its tokenizer from any of the sources below, with
+  `generate` / `stream` of text as `glassllm generate` gives it;
 - `files`: a model file (safetensors + config + tokenizer), float16 export;
 - `checkpoint`: a training run's resumable state;
 - `tokenizer`: byte, BPE (GPT-2) and SentencePiece tokenizers;
-- `hf`: Hugging Face checkpoints in and out; `llama2c`: llama2.c checkpoints and tokenizers;
+- `hf`: Hugging Face checkpoints in and out (`hf_tokenizer`: every tokenizer as a
+  tokenizer.json); `llama2c`: llama2.c checkpoints and tokenizers;
 - `safetensors_io`: the one safetensors reader (and signed writer) under files and checkpoints;
 - `integrity`: SHA-256 digests of tensors and metadata; `atomic`: files written atomically;
-- `paths`: output paths checked before a long computation writes them.
+- `paths`: output paths checked before a long computation writes them;
+- `inline_json`: JSON inlined in an HTML page (the report's and the server's), escaped.
 """

@@ -23,6 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..checks import check_int
 from ..generate import Generator, Sampling
 from ..model import GlassLM
 from . import files, hf, llama2c
@@ -196,9 +197,7 @@ class LM:
         return self._pieces(prompt, max_new_tokens, temperature, top_k, top_p, rng)
 
     def _pieces(self, prompt, max_new_tokens, temperature, top_k, top_p, rng) -> Iterator[str]:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
-                or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        max_new_tokens = check_int(max_new_tokens, "max_new_tokens", low=0)
         sampling = Sampling(temperature, top_k, top_p)
         ids = self.encode(prompt)
         # A model whose vocabulary is bigger than its tokenizer's (padded) draws only ids the

@@ -7,7 +7,8 @@ itself (parts that must sum to the whole, a last layer that must equal the model
   every head, every MLP (and biases), projected on a token's unembedding with the final norm's
   scale frozen (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits";
   TransformerLens' `ActivationCache.decompose_resid` / `logit_attrs`). The parts must sum to
-  the model's logit: `AttributionError` when they miss by more than 1e-4 relative.
+  the model's logit: `AttributionError` when they miss by more than the float32 rounding
+  of that logit (`logit_rounding_bound`).
 - `token_surprise`: per-token loss (nats and bits), rank of the true token, top-k alternatives;
   its mean must equal the model's cross-entropy.
 - `ablate`, `patch`, `patching_sweep`: interventions (zero / mean ablation of heads and MLPs,
@@ -183,6 +184,38 @@ def residual_parts(model: GlassLM, cache, position: int) -> tuple[list[str], np.
     return labels, np.stack(parts)
 
 
+FLOAT32_UNIT_ROUNDOFF = float(np.finfo(np.float32).eps) / 2  # u = 2^-24
+
+
+def logit_rounding_bound(final: np.ndarray, rstd: float, weight: np.ndarray,
+                         bias: np.ndarray | None, columns: list[np.ndarray],
+                         residual_error: float = 0.0) -> float:
+    """How far the model's float32 logit (or logit difference) may be from the exact value
+    of its own float32 final residual, to first order in u = 2^-24 (float32's unit roundoff).
+
+    final: (C,) the last residual_out; rstd: the final norm's 1/rms (1/std for LayerNorm);
+    weight, bias: (C,) the norm's (bias None for RMSNorm); columns: the (C,) unembedding
+    columns of the logits involved (one, or two for a difference); residual_error: max |sum
+    of the parts - final| (the parts' own float32 rounding), carried through the norm.
+
+    The bound (Higham 2002, "Accuracy and Stability of Numerical Algorithms", ch. 3: a sum or
+    dot product of n terms is off by at most n*u times the sum of the terms' magnitudes):
+    the norm's output n_i carries at most (C + 8) u a_i, with a_i = rstd |w_i| (|x_i| +
+    mean|x|) + |b_i| (the mean and the sum of squares are sums of C terms; sqrt, reciprocal
+    and the products a few roundings more; mean|x| only where LayerNorm centres), and the
+    unembedding's dot product adds C u sum_i |n_i| |W_U[i, t]| <= C u sum_i a_i |W_U[i, t]|.
+    Per logit: (2C + 8) u sum_i a_i |W_U[i, t]|; a difference adds both logits' bounds.
+    """
+    C = final.shape[0]
+    x = np.abs(final) + (np.abs(final).mean() if bias is not None else 0.0)
+    a = rstd * np.abs(weight) * x + (np.abs(bias) if bias is not None else 0.0)
+    magnitude = sum(float(a @ np.abs(col)) for col in columns)
+    # the parts miss final by residual_error per element (twice that once centred)
+    carried = 2 * residual_error * rstd * sum(float(np.abs(weight) @ np.abs(col))
+                                              for col in columns)
+    return (2 * C + 8) * FLOAT32_UNIT_ROUNDOFF * magnitude + carried
+
+
 def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None = None,
                       against: int | None = None, cache=None) -> Attribution:
     """Direct logit attribution of `token`'s logit (minus `against`'s, if given) at
@@ -195,10 +228,17 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     norm is linear, so logit = sum over parts of norm_part(part) . W_U[:, token], plus the
     norm's bias term (gpt2). LayerNorm's centring applies to each part.
 
+    The self-check: the float64 sum of the parts must equal the model's float32 logit (or
+    difference) within `logit_rounding_bound` -- the float32 rounding the model's own final
+    norm and unembedding may carry (a few units in the last place of every term of the
+    unembedding's dot product, summed over the C terms), plus what the parts' residual vectors
+    miss the final residual by, carried through the frozen norm. A logit difference of two
+    nearly equal logits (a byte piece against `<unk>`) is checked as tightly as float32 allows,
+    never below it.
+
     Raises:
-        AttributionError: the parts miss the model's logit by more than 1e-4 relative (plus
-            1e-6 absolute, for a logit difference near 0), or their vectors miss the final
-            residual by more than 1e-4 relative.
+        AttributionError: the parts miss the model's logit by more than that bound, or their
+            vectors miss the final residual by more than 1e-4 relative.
         ValueError: bad ids, position or token.
     """
     ids = _one_row(model, ids)
@@ -241,13 +281,18 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     else:  # RMSNorm: divide by the frozen rms
         rstd = 1.0 / math.sqrt((final ** 2).mean() + eps)
     values = (parts * rstd * w) @ direction
+    bias = None
     if cfg.family == "gpt2":
+        bias = norm.bias.data.astype(np.float64)
         labels.append("final_norm bias")
-        values = np.append(values, norm.bias.data.astype(np.float64) @ direction)
+        values = np.append(values, bias @ direction)
+    columns = [w_u[:, t] for t in (token, against) if t is not None]
+    tolerance = logit_rounding_bound(final, rstd, w, bias, columns, residual_error)
     error = abs(values.sum() - total)
-    if not error <= 1e-4 * abs(total) + 1e-6:
+    if not error <= tolerance:  # NaN fails too
         raise AttributionError(f"attribution parts sum to {values.sum():.6f}, the model's "
-                               f"logit is {total:.6f} (|diff| {error:.2e})")
+                               f"logit is {total:.6f} (|diff| {error:.2e}, over the float32 "
+                               f"rounding bound {tolerance:.2e})")
     return Attribution(labels, values, float(total), position, token, against,
                        residual_error)
 

@@ -8,16 +8,17 @@ self-contained HTML page (`glassllm inspect`).
 The page has no network access of any kind: its CSS, JavaScript and data are inline, it draws
 with the DOM, <canvas> and inline SVG, and opens from disk (`tests/test_report_browser.py`
 opens it in headless Chromium and checks there are no console errors). Views: attention per
-layer and head (hover a token: where it attends), the logit lens grid, token surprise,
+layer and head (a map with a token label per row and per column, each one cell wide, so they
+line up at any length; hover a token: where it attends), the logit lens grid, token surprise,
 direct logit attribution bars, head types, and, given a run directory, the training curves
-(history.csv) and health panels (health.jsonl) -- after CircuitsVis' attention and logit views
-and bertviz's head_view, without their CDN.
+(history.csv) and health panels (health.jsonl; of many tensors, the five whose latest value lies
+farthest from the others' median are named in colour, the rest drawn grey) -- after
+CircuitsVis' attention and logit views and bertviz's head_view, without their CDN.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import re
@@ -29,9 +30,10 @@ import numpy as np
 
 from . import interpret
 from ..formats.atomic import atomic_write
+from ..formats.inline_json import inline_json
 from ..formats.paths import check_output_paths
 from ..model import GlassLM
-from .trace import run_with_cache
+from .trace import run_with_cache, token_text
 
 
 @dataclasses.dataclass
@@ -48,23 +50,6 @@ class Inspection:
     history: dict | None = None
     health: list[dict] | None = None
     title: str = "glassllm inspect"
-
-
-def token_text(tokenizer, token_id: int) -> str:
-    """A token as display text: its bytes decoded as UTF-8 with undecodable bytes as \\xNN;
-    "<id>" without a tokenizer."""
-    token_id = int(token_id)
-    if tokenizer is None:
-        return f"<{token_id}>"
-    if token_id == getattr(tokenizer, "bos_id", None):
-        return "<s>"
-    if token_id == getattr(tokenizer, "eot_id", None):
-        return "<|eot|>"
-    if hasattr(tokenizer, "piece_bytes"):  # SentencePiece: the piece, its leading space kept
-        raw = tokenizer.piece_bytes(token_id, prev_id=-1)
-    else:
-        raw = tokenizer.decode_bytes([token_id])
-    return raw.decode("utf-8", errors="backslashreplace")
 
 
 def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
@@ -267,10 +252,8 @@ def render_html(ins: Inspection) -> str:
     policy `default-src 'none'` allows inline style and script only) and `page_data(ins)` as a
     JSON block that the script parses.
     """
-    # "<" as \u003c (the same string to JSON.parse): no "</script>" or "<!--" in the data can
-    # end or bend the block it sits in
-    payload = json.dumps(page_data(ins), ensure_ascii=False, allow_nan=False)
-    slots = {"TITLE": escape(ins.title), "DATA": payload.replace("<", "\\u003c")}
+    # inline_json: no "</script>" or "<!--" in the data can end or bend the block it sits in
+    slots = {"TITLE": escape(ins.title), "DATA": inline_json(page_data(ins))}
     # one pass: a title or token that reads "__DATA__" is text, never a slot
     return _SLOT.sub(lambda m: slots[m.group(1)], page_template())
 

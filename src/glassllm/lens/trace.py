@@ -11,6 +11,13 @@
         model(ids)
     tr.cache["logits"]
 
+    steer = lambda value, name: value + vector                        # (C,) broadcast over B, T
+    logits = run_with_hooks(model, ids, hooks=[("blocks.1.residual_out", steer)])
+    with Trace(model, names=[], hooks=[("blocks.1.residual_out", steer)]):
+        steered = generate(model, prompt, 20, Sampling(temperature=0))   # every step steered
+    run_with_hooks(model, ids, hooks=[("blocks.*.hook_attn_out", fn)])  # TransformerLens names
+    to_str_tokens(tokenizer, "Once upon a time")                      # ["<s>", " Once", ...]
+
 The names are frozen in `NAMES` (one table, below; `tests/test_trace.py` fails if one changes)
 and are the same for both families where the concept exists. The model passes each named value
 through `glassllm.taps.tap`; a `Trace` is a `taps.Hook` bound to ONE model in the thread that
@@ -34,7 +41,10 @@ float32 rounding, tested).
 
 Edits (`Edit`) replace part of a named value as the forward passes it (ablation, activation
 patching; see `glassllm.lens.interpret`): the replaced elements are constants (zero gradient), the
-others flow on unchanged.
+others flow on unchanged. Hooks (`hooks=[(name, fn)]`, TransformerLens' `run_with_hooks`) run
+any function on a named value, `fn(value, name)` returning the replacement (or None), and
+backward hooks the same on its gradient. Names may be TransformerLens hook names
+(`TRANSFORMER_LENS_NAMES`, from `transformer_lens_names`; docs/names-transformerlens.md).
 """
 from __future__ import annotations
 
@@ -50,6 +60,9 @@ from .. import functional as F
 from .. import taps
 from ..model import Config, GlassLM
 from ..tensor import Tensor, no_grad
+# the table of TransformerLens' hook names, importable from here beside NAMES
+from .transformer_lens_names import TRANSFORMER_LENS_NAMES  # noqa: F401
+from .transformer_lens_names import is_transformer_lens_name, to_glassllm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +151,9 @@ def estimate_bytes(cfg: Config, names: Iterable[str], B: int, T: int,
 
 def select_names(cfg: Config, names=None) -> list[str]:
     """The names of `names_for(cfg)` picked by `names`: None (all), or an iterable of exact
-    names and `fnmatch` patterns ("blocks.*.attention.pattern", "*.residual_out").
+    names and `fnmatch` patterns ("blocks.*.attention.pattern", "*.residual_out"), or
+    TransformerLens hook names ("blocks.0.hook_resid_post", "blocks.*.attn.hook_z"; mapped by
+    `TRANSFORMER_LENS_NAMES`).
 
     Raises:
         ValueError: an exact name the model does not have, or a pattern matching nothing (the
@@ -154,6 +169,8 @@ def select_names(cfg: Config, names=None) -> list[str]:
     for wanted in names:
         if not isinstance(wanted, str):
             raise ValueError(f"trace names must be strings, got {wanted!r}")
+        if is_transformer_lens_name(wanted):
+            wanted = to_glassllm(wanted, cfg.family)
         hits = fnmatch.filter(every, wanted) if any(c in wanted for c in "*?[") else \
             [wanted] if wanted in every else []
         if not hits:
@@ -276,18 +293,37 @@ class Trace(taps.Hook):
             pattern applies to every value it matches: "blocks.*.mlp.output").
         max_bytes: refuse (TraceTooLarge, before keeping anything of that forward) a cache
             estimated larger, the steps of a generation counted together; None for no limit.
+        hooks: (name_or_pattern, fn) pairs: `fn(value, name)` gets each matching value as the
+            forward passes it (after the edits), a read-only float32 array, and returns the
+            array that replaces it (same shape) or None to leave it. Applied in the order
+            given, to every forward of a generation (each step's own value). The replacement
+            passes the gradient through unchanged (d new / d value taken as the identity:
+            exact for an added vector -- steering -- and a straight-through estimate for any
+            other function; an `Edit`'s replaced elements get zero gradient instead).
+        backward_hooks: (name_or_pattern, fn) pairs: `fn(grad, name)` gets d loss / d value
+            (read-only, the value's shape) when a backward pass reaches the value, and returns
+            the gradient passed on towards the inputs (or None to leave it); `cache.grads`
+            keeps what arrived, before the hook. Names: as `names` (TransformerLens hook names
+            too).
 
     Raises:
         ValueError: unknown names (see `select_names`), stop_at unknown or a pattern, stop_at
-            together with grads, grads with a forward continuing the record's KV cache.
+            together with grads or backward hooks, grads or backward hooks with a forward
+            continuing the record's KV cache, a hook that is not a (name, callable) pair or
+            returns an array of another shape (naming the hook's name).
         RuntimeError: a trace is already open in this thread (they do not nest).
         TraceTooLarge: at a forward, if `estimate_bytes` of the record exceeds max_bytes.
     """
 
     def __init__(self, model: GlassLM, names=None, grads=False, stop_at: str | None = None,
-                 edits: Iterable[Edit] = (), max_bytes: int | None = DEFAULT_MAX_BYTES):
+                 edits: Iterable[Edit] = (), max_bytes: int | None = DEFAULT_MAX_BYTES,
+                 hooks: Iterable = (), backward_hooks: Iterable = ()):
         super().__init__(model)
         cfg = model.cfg
+        self.hooks = hooks_by_name(cfg, hooks, "hooks")
+        self.backward_hooks = hooks_by_name(cfg, backward_hooks, "backward_hooks")
+        if isinstance(stop_at, str) and is_transformer_lens_name(stop_at):
+            stop_at = to_glassllm(stop_at, cfg.family)
         if grads is False:
             grad_names = []
         elif grads is True:  # the gradient of every traced value
@@ -304,8 +340,9 @@ class Trace(taps.Hook):
             if not isinstance(stop_at, str) or any(c in stop_at for c in "*?["):
                 raise ValueError(f"trace: stop_at takes one exact name, not {stop_at!r}")
             select_names(cfg, [stop_at])  # raises for an unknown name
-            if grad_names:
-                raise ValueError("trace: stop_at skips the loss, so it cannot have grads")
+            if grad_names or self.backward_hooks:
+                raise ValueError("trace: stop_at skips the loss, so it cannot have grads or "
+                                 "backward hooks")
         self.stop_at = stop_at
         if stop_at is not None and stop_at not in self._wanted:
             self.names.append(stop_at)
@@ -340,10 +377,10 @@ class Trace(taps.Hook):
         recorded = self.cache.tokens
         self._appending = (kv_cache is not None and kv_cache is self._kv
                            and start == self._end and recorded is not None)
-        if self._appending and self._grad_names:
+        if self._appending and (self._grad_names or self.backward_hooks):
             raise ValueError("trace: gradients are kept for one forward; this forward continues "
                              "the recorded one's KV cache (generation): trace it with "
-                             "grads=False")
+                             "grads=False and no backward_hooks")
         tokens = np.concatenate([recorded, ids], axis=1) if self._appending else ids
         self._check_size(*tokens.shape)
         self.cache.tokens = tokens
@@ -357,6 +394,10 @@ class Trace(taps.Hook):
         replaces it."""
         for edit in self.edits.get(name, ()):
             x = edit.apply(x)
+        for fn in self.hooks.get(name, ()):
+            x = _replace(fn, name, x)
+        if x.requires_grad and name in self.backward_hooks:
+            x = _replace_grad(self.backward_hooks[name], name, x)
         if name in self._wanted:
             old = self.cache.values.get(name) if self._appending else None
             self.cache.values[name] = x.data if old is None else _join(name, old, x.data)
@@ -373,9 +414,10 @@ class Trace(taps.Hook):
         s_name = f"blocks.{layer}.attention.scores"
         p_name = f"blocks.{layer}.attention.pattern"
         involved = {s_name, p_name}
-        if not involved & (self._wanted | set(self.edits) | {self.stop_at}):
+        changed = set(self.edits) | set(self.hooks) | set(self.backward_hooks)
+        if not involved & (self._wanted | changed | {self.stop_at}):
             return F.causal_attention(q, k, v, q_start=q_start)
-        on_graph = bool(involved & (self._grad_names | set(self.edits)))
+        on_graph = bool(involved & (self._grad_names | changed))
         if not on_graph:
             with no_grad():
                 scores = Tensor(attention_scores(q.data, k.data, q_start))
@@ -416,6 +458,97 @@ def _join(name: str, old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return np.concatenate([old, new], axis=letters.index("T"))
 
 
+def hooks_by_name(cfg: Config, hooks: Iterable, what: str = "hooks") -> dict[str, list]:
+    """(name_or_pattern, fn) pairs -> {name: [fn, ...]} over the names each pattern matches,
+    in the order given (`select_names`: exact names, fnmatch patterns, TransformerLens names).
+
+    Raises:
+        ValueError: an item that is not a (str, callable) pair; an unknown name.
+    """
+    if isinstance(hooks, tuple) and len(hooks) == 2 and isinstance(hooks[0], str):
+        hooks = [hooks]  # one pair given bare
+    by_name: dict[str, list] = {}
+    for item in hooks:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and
+                isinstance(item[0], str) and callable(item[1])):
+            raise ValueError(f"trace: {what} must be (name_or_pattern, fn) pairs with fn "
+                             f"callable, got {item!r}"[:200])
+        for name in select_names(cfg, [item[0]]):
+            by_name.setdefault(name, []).append(item[1])
+    return by_name
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A view of `a` that refuses writes: a hook returns its replacement, it never writes
+    into the forward's own arrays (the autograd graph keeps them for the backward pass)."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+def _checked(result, like: np.ndarray, name: str, what: str) -> np.ndarray | None:
+    if result is None:
+        return None
+    # a copy: the result may be the read-only view itself, or another view of the forward's
+    out = np.array(result, dtype=like.dtype, copy=True)
+    if out.shape != like.shape:
+        raise ValueError(f"trace: the {what} on {name!r} returned shape {out.shape}; the "
+                         f"{what.split()[0]} it replaces has shape {like.shape}")
+    return out
+
+
+def _replace(fn, name: str, x: Tensor) -> Tensor:
+    """The forward hook `fn` on value x: its replacement, gradient passed straight through."""
+    new = _checked(fn(_read_only(x.data), name), x.data, name, "value hook")
+    if new is None:
+        return x
+    return Tensor.from_op(new, (x,), lambda g: (g,))
+
+
+def _replace_grad(fns: list, name: str, x: Tensor) -> Tensor:
+    """x as it is, whose gradient on the way back passes through the backward hooks `fns`."""
+
+    def backward(g):
+        for fn in fns:
+            new = _checked(fn(_read_only(g), name), g, name, "gradient hook")
+            g = g if new is None else new
+        return (g,)
+
+    return Tensor.from_op(x.data, (x,), backward)
+
+
+def run_with_hooks(model: GlassLM, ids, hooks: Iterable = (), backward_hooks: Iterable = (),
+                   targets=None) -> np.ndarray:
+    """Run the model once with `hooks` on its named values; return the logits (B, T, V),
+    float32, as `model(ids).data` (TransformerLens' `run_with_hooks`).
+
+    hooks: (name_or_pattern, fn) pairs; `fn(value, name)` returns the replacement array or
+    None (see `Trace`). Names: exact, fnmatch patterns, or TransformerLens hook names
+    ("blocks.0.hook_resid_post"; `TRANSFORMER_LENS_NAMES`).
+    backward_hooks: the same for gradients, `fn(grad, name)`; they need `targets` (B, T), the
+    loss (mean next-token cross-entropy) whose backward pass reaches them.
+    ids: (B, T) or (T,) token ids. Nothing is recorded (use `Trace(..., hooks=...)` or
+    `run_with_cache` to keep values too). Without backward hooks the forward runs under
+    `no_grad`; with them, the parameters' `.grad` accumulate as after any backward pass.
+
+    Raises:
+        ValueError: backward hooks without targets, and `Trace`'s and `GlassLM.check_ids`'
+            errors.
+    """
+    tr = Trace(model, names=[], hooks=hooks, backward_hooks=backward_hooks, max_bytes=None)
+    if tr.backward_hooks and targets is None:
+        raise ValueError("run_with_hooks: backward hooks need targets (the loss whose "
+                         "gradients they see)")
+    ids = model.check_ids(ids)
+    with tr:
+        if not tr.backward_hooks:
+            with no_grad():
+                return model.forward(ids).data
+        out = model.forward(ids)
+        F.cross_entropy(out, model.check_ids(targets, what="targets")).backward()
+        return out.data
+
+
 def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
                    stop_at: str | None = None, edits: Iterable[Edit] = (),
                    max_bytes: int | None = DEFAULT_MAX_BYTES):
@@ -452,6 +585,67 @@ def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
             loss.backward()
         logits = out.data
     return logits, tr.cache
+
+
+# --------------------------------------------------------------------------- tokens as text
+def token_text(tokenizer, token_id: int) -> str:
+    """A token as display text: its bytes decoded as UTF-8 with undecodable bytes as \\xNN;
+    "<id>" without a tokenizer."""
+    token_id = int(token_id)
+    if tokenizer is None:
+        return f"<{token_id}>"
+    if token_id == getattr(tokenizer, "bos_id", None):
+        return "<s>"
+    if token_id == getattr(tokenizer, "eot_id", None):
+        return "<|eot|>"
+    if hasattr(tokenizer, "piece_bytes"):  # SentencePiece: the piece, its leading space kept
+        raw = tokenizer.piece_bytes(token_id, prev_id=-1)
+    else:
+        raw = tokenizer.decode_bytes([token_id])
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+def to_str_tokens(tokenizer_or_lm, ids_or_text, prepend_bos: bool | None = None):
+    """Each token as its text (TransformerLens' `to_str_tokens`): list[str], one per token.
+
+    tokenizer_or_lm: a glassllm tokenizer, or an object holding one as `.tokenizer` (what
+    `glassllm.load` returns). ids_or_text: token ids (T,) or (1, T) -> list[str]; (B, T) ->
+    one list per row; or a text, encoded as `glassllm generate` encodes a prompt (BOS first
+    where the tokenizer has one; prepend_bos=False leaves it out, True requires one). Each
+    token's bytes are decoded alone (UTF-8; an incomplete character's bytes as \\xNN); BOS and
+    the end-of-text token as "<s>" and "<|eot|>" (`token_text`).
+
+    Raises:
+        ValueError: no tokenizer; ids that are not integers in [0, vocab_size) or not 1-D/2-D;
+            prepend_bos=True for a tokenizer without BOS.
+    """
+    def is_tokenizer(obj) -> bool:
+        return hasattr(obj, "encode") and hasattr(obj, "vocab_size")
+
+    tokenizer = tokenizer_or_lm if is_tokenizer(tokenizer_or_lm) else \
+        getattr(tokenizer_or_lm, "tokenizer", None)
+    if not is_tokenizer(tokenizer):
+        raise ValueError(f"to_str_tokens needs a tokenizer (or an object with .tokenizer), got "
+                         f"{type(tokenizer_or_lm).__name__}")
+    if isinstance(ids_or_text, str):
+        bos = getattr(tokenizer, "bos_id", None)
+        if prepend_bos and bos is None:
+            raise ValueError(f"to_str_tokens: prepend_bos=True but this "
+                             f"{type(tokenizer).__name__} has no BOS token")
+        ids = [int(i) for i in tokenizer.encode(ids_or_text)]
+        if bos is not None and prepend_bos is not False:
+            ids = [int(bos)] + ids
+        return [token_text(tokenizer, i) for i in ids]
+    ids = np.asarray(ids_or_text)
+    if ids.ndim == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dtype.kind not in "iu" or ids.ndim not in (1, 2) or ids.size and not (
+            0 <= ids.min() and ids.max() < tokenizer.vocab_size):
+        raise ValueError(f"to_str_tokens: ids must be integers in [0, {tokenizer.vocab_size}), "
+                         f"shape (T,) or (B, T); got dtype {ids.dtype}, shape {ids.shape}")
+    if ids.ndim == 2:
+        return [[token_text(tokenizer, i) for i in row] for row in ids]
+    return [token_text(tokenizer, i) for i in ids]
 
 
 # --------------------------------------------------------------------------- explicit attention

@@ -8,9 +8,10 @@ inline style, its own script (by a per-response nonce) and calls to its own serv
 from __future__ import annotations
 
 import functools
-import json
 import re
 from importlib import resources
+
+from ..formats.inline_json import inline_json
 
 PAGE_FILES = ("index.html", "app.css", "app.js")
 _SLOT = re.compile(r"__(NONCE|DATA)__")
@@ -18,17 +19,6 @@ _SLOT = re.compile(r"__(NONCE|DATA)__")
 CSP = ("default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
        "frame-ancestors 'none'")
-
-
-def inline_json(value) -> str:
-    """JSON for a <script type="application/json"> block: "<", ">", "&" and the line
-    separators U+2028/U+2029 as \\u escapes (the same string to JSON.parse), so no string in
-    the data -- a token piece, a file name -- can end the block ("</script>"), open a comment
-    ("<!--") or break a line of script."""
-    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    for char in "<>&\u2028\u2029":
-        text = text.replace(char, f"\\u{ord(char):04x}")
-    return text
 
 
 @functools.lru_cache(maxsize=1)

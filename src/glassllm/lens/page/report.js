@@ -41,10 +41,19 @@ function buildAttention() {
   for (let h = 0; h < H; h++) $("att-head").appendChild(el("option", {value: h}, String(h)));
   const spans = DATA.tokens.map((t, i) => { const s = el("span", {"class": "tok", "data-i": i}, vis(t));
     $("att-tokens").appendChild(s); return s; });
-  const cell = Math.max(6, Math.min(22, Math.floor(560 / T)));
+  // one cell per query x key; at least 12 px so that a label fits, at most 26 for short prompts
+  const cell = Math.max(12, Math.min(26, Math.floor(740 / T)));
   const canvas = $("att-canvas"); canvas.width = cell * T; canvas.height = cell * T;
+  canvas.style.width = cell * T + "px"; canvas.style.height = cell * T + "px";  // never scaled
   const ctx = canvas.getContext("2d");
   const rows = () => DATA.attention[+$("att-layer").value][+$("att-head").value];
+  const labels = (box, cls, size) => DATA.tokens.map((t, i) => {
+    const e = el("div", {"class": "att-label " + cls, "data-i": i, "title": i + " " + JSON.stringify(t)},
+                 vis(t).replace(/ /g, "\u2423"));
+    e.style[size] = cell + "px"; e.style.lineHeight = cell + "px";
+    e.style.fontSize = Math.min(12, cell - 3) + "px"; box.appendChild(e); return e; });
+  const xlabels = labels($("att-xlabels"), "att-xlabel", "width");
+  const ylabels = labels($("att-ylabels"), "att-ylabel", "height");
   function draw() {
     const r = rows(); ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
     for (let i = 0; i < T; i++) for (let j = 0; j <= i; j++) {
@@ -53,9 +62,12 @@ function buildAttention() {
   }
   function light(i) { const r = rows();
     spans.forEach((s, j) => { s.style.background = j <= i ? blue(r[i][j]) : "transparent";
-      s.classList.toggle("query", j === i); }); }
-  function clear() { spans.forEach((s) => { s.style.background = "transparent"; s.classList.remove("query"); }); }
-  spans.forEach((s, i) => { s.addEventListener("mouseenter", () => light(i)); s.addEventListener("mouseleave", clear); });
+      s.classList.toggle("query", j === i); });
+    ylabels.forEach((e, j) => e.classList.toggle("query", j === i)); }
+  function clear() { spans.forEach((s) => { s.style.background = "transparent"; s.classList.remove("query"); });
+    ylabels.forEach((e) => e.classList.remove("query")); }
+  for (const group of [spans, ylabels])
+    group.forEach((s, i) => { s.addEventListener("mouseenter", () => light(i)); s.addEventListener("mouseleave", clear); });
   canvas.addEventListener("mousemove", (ev) => { const b = canvas.getBoundingClientRect();
     const j = Math.floor((ev.clientX - b.left) / cell), i = Math.floor((ev.clientY - b.top) / cell);
     if (i < 0 || i >= T || j < 0 || j > i) { hideTip(); return; }
@@ -161,16 +173,39 @@ function lineChart(parent, title, series, opts) {
     t.textContent = opts.log ? "1e" + v.toFixed(1) : Number(v.toPrecision(3)); s.appendChild(t);
     const u = x0 + (x1 - x0) * k / 4, tx = svg("text", {x: X(u), y: Hh - m.b + 14, "text-anchor": "middle", "font-size": 10});
     tx.textContent = Math.round(u); s.appendChild(tx); }
-  series.forEach((d, n) => { let path = "";
+  const named = opts.top ? outliers(series, opts.top, tr, opts.log) : series.map((_, n) => n);
+  const colour = new Map(named.map((n, k) => [n, series[n].color || COLORS[k % COLORS.length]]));
+  const order = series.map((_, n) => n).filter((n) => !colour.has(n)).concat(named);  // grey under
+  for (const n of order) { const d = series[n]; let path = "";
     d.x.forEach((x, i) => { const y = d.y[i]; if (y === null || !isFinite(y) || (opts.log && y <= 0)) return;
       path += (path ? "L" : "M") + X(x).toFixed(1) + "," + Y(y).toFixed(1); });
-    if (path) s.appendChild(svg("path", {d: path, fill: "none", stroke: d.color || COLORS[n % COLORS.length], "stroke-width": 1.5})); });
+    if (!path) continue;
+    const line = svg("path", {d: path, fill: "none", "stroke-width": colour.has(n) ? 1.6 : 1,
+                              "class": colour.has(n) ? "named" : "grey", "data-name": d.name});
+    if (colour.has(n)) line.setAttribute("stroke", colour.get(n));
+    const hover = svg("title", {}); hover.textContent = d.name; line.appendChild(hover);
+    s.appendChild(line); }
   box.appendChild(s);
   const legend = el("div", {"class": "legend"});
-  series.slice(0, 12).forEach((d, n) => { const item = el("span", {}, "\u25a0 " + d.name + "  "); item.style.color = d.color || COLORS[n % COLORS.length]; legend.appendChild(item); });
-  if (series.length > 12) legend.appendChild(el("span", {}, "(+" + (series.length - 12) + " more)"));
+  named.forEach((n) => { const item = el("span", {"class": "legend-item"}, "\u25a0 " + series[n].name + "  ");
+    item.style.color = colour.get(n); legend.appendChild(item); });
+  const others = series.length - named.length;
+  if (others) legend.appendChild(el("span", {"class": "legend-rest"}, "\u25a0 " + others + " other" +
+    (others > 1 ? "s" : "") + " in grey (hover a line for its name)"));
   box.appendChild(legend); parent.appendChild(box);
 }
+// The indices of the `k` series to name: those whose last value lies farthest from the median
+// of all the last values (on the chart's scale: log10 for a log chart) -- the outliers a reader
+// looks for among ~30 tensors; the others are drawn grey. All of them when there are <= k.
+function outliers(series, k, tr, log) {
+  const last = series.map((d) => { for (let i = d.y.length - 1; i >= 0; i--) { const y = d.y[i];
+    if (y !== null && isFinite(y) && (!log || y > 0)) return tr(y); } return null; });
+  const known = series.map((_, n) => n).filter((n) => last[n] !== null);
+  if (known.length <= k) return known;
+  const sorted = known.map((n) => last[n]).sort((a, b) => a - b), median = sorted[Math.floor(sorted.length / 2)];
+  return known.sort((a, b) => Math.abs(last[b] - median) - Math.abs(last[a] - median) || a - b).slice(0, k);
+}
+const HEALTH_NAMED = 5;  // series named (in colour) per health panel; the rest are grey
 function buildTraining() {
   if (!DATA.run) return;
   const h = DATA.run.history;
@@ -193,7 +228,7 @@ function buildTraining() {
     if (!names.length) continue;
     const series = names.map((n) => ({name: n, x: steps, y: rows.map((r) => (r[group] && r[group][n] && r[group][n][key] !== undefined) ? r[group][n][key] : null)}));
     if (series.every((d) => d.y.every((y) => y === null))) continue;
-    lineChart($("health-charts"), title + (band ? " (healthy band shaded)" : ""), series, {log: log, band: band});
+    lineChart($("health-charts"), title + (band ? " (healthy band shaded)" : ""), series, {log: log, band: band, top: HEALTH_NAMED});
   }
   const totals = [["global_grad_norm", "global gradient norm"], ["clipped", "clip events"], ["nonfinite", "non-finite values"]];
   for (const [key, title] of totals) { const y = rows.map((r) => r[key] === undefined ? null : Number(r[key]));
