@@ -202,3 +202,9 @@ def test_the_readme_shows_the_documented_run_trimmed():
             if place.startswith("docs/getting-started.md:") and code.startswith("glassllm train:")]
     assert len(readme) == 1 and page, (len(readme), len(page))
     assert set(readme[0].splitlines()) <= set(page[0].splitlines())
+
+
+def test_the_readme_stays_a_front_door():
+    """README.md is read in five minutes: at most 400 lines; the rest lives in docs/."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 400, f"README.md has {lines} lines; move sections into docs/"
