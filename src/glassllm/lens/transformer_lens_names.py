@@ -25,6 +25,8 @@ TRANSFORMER_LENS_NAMES: dict[str, str] = {
     "position_embedding": "hook_pos_embed",
     "blocks.{layer}.residual_in": "blocks.{layer}.hook_resid_pre",
     "blocks.{layer}.attention.input": "blocks.{layer}.ln1.hook_normalized",
+    "blocks.{layer}.attention.q_normed": "",  # q/k norm (Qwen3, Gemma 3, OLMo-2): no hook named
+    "blocks.{layer}.attention.k_normed": "",
     "blocks.{layer}.attention.q": "blocks.{layer}.attn.hook_q",
     "blocks.{layer}.attention.k": "blocks.{layer}.attn.hook_k",
     "blocks.{layer}.attention.v": "blocks.{layer}.attn.hook_v",
@@ -32,14 +34,17 @@ TRANSFORMER_LENS_NAMES: dict[str, str] = {
     "blocks.{layer}.attention.pattern": "blocks.{layer}.attn.hook_pattern",
     "blocks.{layer}.attention.head_output": "blocks.{layer}.attn.hook_z",
     "blocks.{layer}.attention.output": "blocks.{layer}.hook_attn_out",
+    "blocks.{layer}.attention.output_normed": "",  # Gemma 2/3, OLMo-2 post-norms: no hook named
     "blocks.{layer}.residual_mid": "blocks.{layer}.hook_resid_mid",
     "blocks.{layer}.mlp.input": "blocks.{layer}.ln2.hook_normalized",
     "blocks.{layer}.mlp.hidden_pre": "blocks.{layer}.mlp.hook_pre",
     "blocks.{layer}.mlp.up": "blocks.{layer}.mlp.hook_pre_linear",
     "blocks.{layer}.mlp.hidden_post": "blocks.{layer}.mlp.hook_post",
     "blocks.{layer}.mlp.output": "blocks.{layer}.hook_mlp_out",
+    "blocks.{layer}.mlp.output_normed": "",
     "blocks.{layer}.residual_out": "blocks.{layer}.hook_resid_post",
     "final_norm": "ln_final.hook_normalized",
+    "logits_pre_softcap": "",  # Gemma 2's final soft-cap: TransformerLens hooks neither side
     "logits": "",  # TransformerLens has no hook on the logits: they are run_with_hooks' return
 }
 
@@ -60,10 +65,11 @@ def is_transformer_lens_name(name: str) -> bool:
     return isinstance(name, str) and name.rsplit(".", 1)[-1].startswith("hook_")
 
 
-def to_glassllm(name: str, family: str) -> str:
+def to_glassllm(name: str, family: str, rotary: bool | None = None) -> str:
     """The glassllm name (or pattern, for "*" as the layer) of a TransformerLens hook name.
 
-    family: "llama" (rotary: hook_rot_q/hook_rot_k are glassllm's q/k) or "gpt2".
+    family: the model's family, named in messages; rotary: whether its positions are rotary
+    (then hook_rot_q/hook_rot_k are glassllm's q/k); None -> family == "llama".
 
     Raises:
         ValueError: a hook name glassllm has no value for (naming the table), or, for a
@@ -72,7 +78,7 @@ def to_glassllm(name: str, family: str) -> str:
     match = _LAYER.match(name)
     layer, template = (match.group(1), f"blocks.{{layer}}.{match.group(2)}") if match else \
         (None, name)
-    rotary = family == "llama"
+    rotary = family == "llama" if rotary is None else rotary
     ours = (_ROTARY_BY_TL.get(template) if rotary else None) or _BY_TL.get(template)
     if rotary and template in ("blocks.{layer}.attn.hook_q", "blocks.{layer}.attn.hook_k"):
         ours = None
