@@ -11,10 +11,17 @@ START = "<!-- names table: generated from glassllm.lens.trace.NAMES (tests/test_
 END = "<!-- end of the names table -->"
 
 
+def exists_when(name) -> str:
+    """"every model", or the switch that adds the row and the family presets that have it."""
+    if name.when == "always":
+        return "every model"
+    return f"{name.when} ({', '.join(name.families)})"
+
+
 def names_table() -> str:
-    """NAMES as a Markdown table: name, shape letters, families, meaning."""
-    rows = ["| name | shape | families | what it is |", "|---|---|---|---|"]
-    rows += [f"| `{n.template}` | {n.shape} | {', '.join(n.families)} | "
+    """NAMES as a Markdown table: name, shape letters, when a model has it, meaning."""
+    rows = ["| name | shape | exists in | what it is |", "|---|---|---|---|"]
+    rows += [f"| `{n.template}` | {n.shape} | {exists_when(n)} | "
              f"{n.doc.replace('|', '&#124;')} |" for n in NAMES]
     return "\n".join(rows)
 
