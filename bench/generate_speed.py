@@ -77,7 +77,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="threads per side (default: all cores)")
     parser.add_argument("--markdown", action="store_true",
-                        help="also print the rows as the README's table rows")
+                        help="also print the rows as the table rows of docs/performance.md")
     common.add_load_arguments(parser)
     args = parser.parse_args()
     threads = common.set_threads(args.threads)

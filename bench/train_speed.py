@@ -151,7 +151,7 @@ def main():
                              "clock: with --threads 1 a busy machine disturbs it far less")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--markdown", action="store_true",
-                        help="also print the rows as the README's table rows")
+                        help="also print the rows as the table rows of docs/performance.md")
     common.add_load_arguments(parser)
     parser.add_argument("--memory-child", choices=["glassllm", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -225,7 +225,7 @@ def print_table(rows):
 
 
 def print_markdown(rows):
-    """The README's table rows (config | tok/s | ratio | MFU | memory | load of others)."""
+    """The table rows of docs/performance.md (config | tok/s | ratio | MFU | memory | load of others)."""
     for r in rows:
         mem, work = _memory_cells(r, missing="-")
         print(f"| {r['config']} training | {r['glassllm_tok_s']:.0f} | {r['torch_tok_s']:.0f} | "

@@ -1,4 +1,4 @@
-"""Mixed precision and the skip path, in 20 steps (the README's mixed-precision demo).
+"""Mixed precision and the skip path, in 20 steps (the demo of docs/mixed-precision.md).
 
 Trains a small Llama-style byte model for 20 steps under float16 autocast with a GradScaler,
 injects an inf into one gradient at step 5, and prints one line per step:

@@ -1,4 +1,4 @@
-"""PNG screenshots of a `glassllm inspect` report, one per view (the README's pictures).
+"""PNG screenshots of a `glassllm inspect` report, one per view (the pictures of docs/looking-inside.md).
 
     python examples/report_screenshots.py report.html docs/ --prefix stories260k \
         --layer 1 --head 3 --hover 12

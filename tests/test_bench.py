@@ -108,8 +108,8 @@ def test_generate_bench_exits_when_the_tokens_differ(bench, monkeypatch):
 
 
 def test_the_ring_allreduce_model_gives_the_readmes_prediction_table(monkeypatch):
-    """README "Scaling: measured and modelled": t_allreduce = 2(N-1)/N x 4P / bandwidth and
-    efficiency = t_compute / (t_compute + t_allreduce), with the rows the README prints for
+    """docs/distributed.md "Scaling: measured and modelled": t_allreduce = 2(N-1)/N x 4P / bandwidth and
+    efficiency = t_compute / (t_compute + t_allreduce), with the rows the page prints for
     config L (t_compute 4.204 s, 124.5 M parameters) and its "7.8 s at N = 64, 1 Gbit/s"."""
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -119,8 +119,9 @@ def test_the_ring_allreduce_model_gives_the_readmes_prediction_table(monkeypatch
     assert ds.ring_allreduce_s(params, 64, 1) == pytest.approx(2 * 63 / 64 * 4 * params / 125e6)
     assert round(ds.ring_allreduce_s(params, 64, 1), 1) == 7.8
     assert ds.ring_allreduce_s(params, 1, 1) == 0.0  # one machine sends nothing
-    # the README's prediction rows for L, read from the file: | L | 4.20 s | 498 MB | 1 Gbit/s | ...
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    # the page's prediction rows for L, read from the file: | L | 4.20 s | 498 MB | 1 Gbit/s | ...
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "distributed.md").read_text(
+        encoding="utf-8")
     rows = re.findall(r"^\| L \| ([\d.]+) s \| 498 MB \| (\d+) Gbit/s \| (.*) \|$", readme,
                       flags=re.M)
     assert sorted(int(gbit) for _, gbit, _ in rows) == [1, 10, 100], rows

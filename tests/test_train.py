@@ -1,4 +1,4 @@
-"""glassllm.train against its documented contract (README "The Python API"), sentence by sentence.
+"""glassllm.train against its documented contract (docs/training.md "The pieces of the loop"), sentence by sentence.
 
 Each test is headed by the sentence of ../shared/spec/001_*.txt it checks. Models are tiny
 (d_model 8, one layer), so the whole file runs in seconds.

@@ -62,7 +62,7 @@ def check_real(value, what: str, low: float | None = None, high: float | None = 
     finite unless finite=False, and > 0 when positive=True.
 
     Raises:
-        ValueError: "<what> must be a [finite ][positive ]number[ in range], got <value!r>".
+        ValueError: `"<what> must be a [finite ][positive ]number[ in range], got <value!r>"`.
     """
     try:  # an int beyond float's range (10**400) cannot be checked as a float: refused
         ok = is_real(value) and not (finite and not math.isfinite(value)) and \

@@ -3,7 +3,7 @@
 Sources: Adam (Kingma & Ba 2015), AdamW's decoupled weight decay (Loshchilov & Hutter 2019),
 the cosine shape of SGDR (Loshchilov & Hutter 2017) used once, without warm restarts, and
 global-norm clipping (Pascanu, Mikolov & Bengio 2013). The public API and its
-contract are in the README ("The Python API").
+contract are in docs/training.md ("The pieces of the loop").
 
 `adamw_update` and `sum_of_squares` are the reference forms, written as the papers do; the
 engine registers sliced, in-place forms of both (`glassllm.engine.optimizer`), run unless

@@ -44,9 +44,9 @@ def atomic_replace(path, write: Callable[[str], object], *, doing: str = "cannot
         make_parents: create missing parent directories first.
 
     Raises:
-        OSError (its subclass kept): naming `path`, see the module docstring; also for a
-        library's exception that wraps a failed system call ("(os error N)"). Whatever
-        `write` raises otherwise passes through; in every case the temporary is removed.
+        OSError: (its subclass kept) naming `path`, see the module docstring; also for a
+            library's exception that wraps a failed system call ("(os error N)"). Whatever
+            `write` raises otherwise passes through; in every case the temporary is removed.
     """
     path = os.fspath(path)
     tmp, mode = _new_temporary(path, doing, make_parents)
@@ -75,10 +75,11 @@ class AtomicFile:
     Args:
         path: the destination (str or os.PathLike); replaced if it exists.
         mode: "w" (text, `encoding`, `newline` as for open) or "wb".
-        doing / make_parents: as for `atomic_replace`.
+        doing: as for `atomic_replace`.
+        make_parents: as for `atomic_replace`.
 
     Raises:
-        OSError naming `path` (see the module docstring), from the constructor or `commit`.
+        OSError: naming `path` (see the module docstring), from the constructor or `commit`.
         ValueError: a mode other than "w" or "wb".
     """
 

@@ -169,7 +169,9 @@ class LM:
         Args:
             prompt: text to continue; "" samples unconditionally (from `start_id`).
             max_new_tokens: most tokens to draw (>= 0).
-            temperature, top_k, top_p: as `glassllm.generate.Sampling` (temperature 0: greedy).
+            temperature: as `glassllm.generate.Sampling` (0: greedy).
+            top_k: as `glassllm.generate.Sampling` (None: every token).
+            top_p: as `glassllm.generate.Sampling` (None: no nucleus cut).
             seed: an int >= 0 for a reproducible text (`np.random.default_rng(seed)`), None for
                 a fresh one, or a `np.random.Generator` to go on drawing from (not reseeded).
 

@@ -209,10 +209,10 @@ def read(path, kind: Kind, parse: Callable[[dict], object],
         Contents (metadata, parsed, tensors, signed).
 
     Raises:
-        the errors of `open_file`; ValueError, one line naming the file: a foreign marker,
-        an unknown version, a version 2 file without a digest, a tensor or metadata entry
-        that differs from its digest, what `parse` / `check_table` / `check_tensor` raise,
-        a NaN or inf.
+        OSError: the errors of `open_file`.
+        ValueError: one line naming the file: a foreign marker, an unknown version, a
+            version 2 file without a digest, a tensor or metadata entry that differs from its
+            digest, what `parse` / `check_table` / `check_tensor` raise, a NaN or inf.
     """
     with open_file(path, kind.noun, where, kind.directory_hint) as f:
         where = f.where
@@ -275,7 +275,8 @@ def write(path, kind: Kind, tensors: dict, metadata: dict, *, doing: str = "cann
 
     Args:
         tensors: {name: contiguous array}; metadata: {str: str} of the caller's entries.
-        doing, make_parents: as `atomic_replace`.
+        doing: as `atomic_replace`.
+        make_parents: as `atomic_replace`.
 
     Raises:
         OSError: naming `path` (see `atomic_replace`).

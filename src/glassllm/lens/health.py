@@ -136,7 +136,8 @@ class HealthMonitor:
         every: N >= 1; rows at steps 0, N, 2N, ...
         clip: the run's clip norm (a step with a larger pre-clip norm is a clip event).
         path: health.jsonl to append rows to (flushed per row; None: events only).
-        bands, patience: the warning rule (module doc; `BANDS` by default).
+        bands: the warning rule's bands (module doc; `BANDS` by default).
+        patience: how many checks in a row out of band make a warning (module doc).
         keep_from: on resume, rows with step >= keep_from are dropped from an existing file
             first (those steps are redone).
 

@@ -65,8 +65,9 @@ def read_history(path) -> dict[str, list[float]]:
         {"step", "train_loss", "val_loss", "lr"} -> lists of floats, NaN where missing.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: a bad JSON line, a file that is not
-        UTF-8 text / CSV (the message names the file), or no row with a step.
+        FileNotFoundError: no such file.
+        ValueError: a bad JSON line, a file that is not UTF-8 text / CSV (the message names
+            the file), or no row with a step.
     """
     path = os.fspath(path)
     with open(path, newline="", encoding="utf-8") as f:

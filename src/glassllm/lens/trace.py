@@ -274,9 +274,10 @@ class Cache(Mapping):
     Attributes:
         grads: dict name -> d loss / d value (same shape), filled by the backward pass.
         loss: mean cross-entropy in nats, when `run_with_cache` had targets (else None).
-        cfg: the model's Config. tokens: the (B, T) ids recorded (every step's, for a
-        generation). start: the position of tokens[:, 0] (0 unless the trace began after a
-        KV cache was filled).
+        cfg: the model's Config.
+        tokens: the (B, T) ids recorded (every step's, for a generation).
+        start: the position of tokens[:, 0] (0 unless the trace began after a KV cache was
+            filled).
     """
 
     def __init__(self, cfg: Config):

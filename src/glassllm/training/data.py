@@ -163,7 +163,8 @@ def check_same_data(saved: dict | None, train, val, where: str = "resume") -> No
 
     Args:
         saved: the checkpoint's `data_identity` (None: the checkpoint recorded none).
-        train, val: the sources of the run that resumes.
+        train: the training source of the run that resumes.
+        val: its validation source.
 
     Raises:
         ValueError: "<where>: ..." saying which split differs (token count or content), or
@@ -214,8 +215,12 @@ class TokenFile:
     pages of memory per batch.
 
     Attributes:
-        path, meta (the sidecar dict), vocab_size, dtype, text_bytes (or None),
-        tokens (a read-only 1-D array over the memory-mapped file).
+        path: the token file.
+        meta: the sidecar dict.
+        vocab_size: ids are below it.
+        dtype: of the stored ids.
+        text_bytes: UTF-8 bytes of the text the ids encode (or None).
+        tokens: a read-only 1-D array over the memory-mapped file.
 
     Raises:
         FileNotFoundError: the token file or its sidecar is missing.
@@ -622,11 +627,12 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         on_progress: called with a `Progress` after each chunk.
 
     Returns:
-        {"train": sidecar dict, "val": sidecar dict, "tokenizer": the tokenizer,
-         "files": [paths]}.
+        `{"train": sidecar dict, "val": sidecar dict, "tokenizer": the tokenizer,
+            "files": [paths]}`.
 
     Raises:
-        FileNotFoundError: an input is missing. ValueError: val_fraction outside [0, 1),
+        FileNotFoundError: an input is missing.
+        ValueError: val_fraction outside [0, 1),
             a file that is not UTF-8, a bad tokenizer spec. On any failure (Ctrl-C included),
             no output file of this call is left -- neither temporaries nor the files it had
             already published (train.bin, val.bin, their sidecars, tokenizer.json) -- and

@@ -32,7 +32,7 @@ class TrainSettings:
     The defaults are the `glassllm train` defaults: with the default model (llama family,
     d_model 128, 4 layers, 4 heads, 2 KV heads) they train on tinyshakespeare to a validation
     loss of 1.75 nats per byte (nanoGPT's CPU recipe: 1.88 after 2000 steps of 12 x 64) in
-    about 2 minutes on two CPU cores (README). 1000 steps rather than 2000 keep a wide time
+    about 2 minutes on two CPU cores (docs/getting-started.md). 1000 steps rather than 2000 keep a wide time
     margin on a busy machine; the loss is below 2.0 from step ~400.
 
     Fields:

@@ -113,10 +113,11 @@ class Trainer:
 
     Args:
         settings: a TrainSettings.
-        train_data, val_data: `Batches` (glassllm.training.data): `token_count() -> int`,
+        train_data: `Batches` (glassllm.training.data): `token_count() -> int`,
             `batch(rng, batch_size, seq_len) -> (x, y)` int arrays (B, T) and, for a run that
             writes or resumes checkpoints, `fingerprint() -> str` (its data identity). A
             600-token array (`ArrayBatches`) and a multi-GB memory-mapped file work alike.
+        val_data: `Batches` of the validation split, the same way.
         model_path: where the best model is written with `glassllm.formats.files.save` (None: never).
         checkpoint_path: where checkpoints go (None: no checkpoints, even on Ctrl-C).
         tokenizer: stored in the model file and in checkpoints; None (default): the model
