@@ -119,8 +119,8 @@ def regular_file_size(path, what: str = "file") -> int:
     /dev/zero or /dev/urandom never ends.
 
     Raises:
-        FileNotFoundError: `path` does not exist. ValueError: one line naming `path` and what it
-        is, when it is not a regular file.
+        FileNotFoundError: `path` does not exist.
+        ValueError: one line naming `path` and what it is, when it is not a regular file.
     """
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):

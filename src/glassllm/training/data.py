@@ -439,8 +439,9 @@ def list_text_files(inputs: Iterable) -> list[str]:
     file (after symbolic links) before anyone reads it (`regular_file_size`).
 
     Raises:
-        FileNotFoundError: an input does not exist. ValueError: no files at all, or one that is
-        not a regular file (a FIFO would hang the reader, /dev/zero never ends), naming it.
+        FileNotFoundError: an input does not exist.
+        ValueError: no files at all, or one that is not a regular file (a FIFO would hang the
+            reader, /dev/zero never ends), naming it.
     """
     files = []
     for item in inputs:
