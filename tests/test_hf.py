@@ -442,8 +442,8 @@ def test_config_without_weights(tmp_path, gpt2_checkpoint):
 def test_unknown_model_type(tmp_path, gpt2_checkpoint):
     _, _, directory, _ = gpt2_checkpoint
     bad = copy_checkpoint(directory, tmp_path / "m",
-                          edit_config=lambda c: c.update(model_type="mistral"))
-    with pytest.raises(ValueError, match="model_type 'mistral'"):
+                          edit_config=lambda c: c.update(model_type="mixtral"))
+    with pytest.raises(ValueError, match="model_type 'mixtral'"):
         hf.from_hf(bad)
 
 
@@ -514,10 +514,12 @@ LLAMA_BASE = {"model_type": "llama", "vocab_size": V, "hidden_size": 64, "num_hi
     (LLAMA_BASE, "rope_scaling", {"rope_type": "linear", "factor": 2.0}),
     (LLAMA_BASE, "rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
     (LLAMA_BASE, "sliding_window", 16),
-    (LLAMA_BASE, "attention_bias", True),
+    (LLAMA_BASE, "num_local_experts", 8),  # a field glassllm does not know: never ignored
+    (LLAMA_BASE, "pretraining_tp", 2),
     (LLAMA_BASE, "mlp_bias", True),
     (LLAMA_BASE, "hidden_act", "gelu"),
-    (LLAMA_BASE, "head_dim", 32),
+    (LLAMA_BASE, "rope_parameters", {"rope_type": "default", "rope_theta": 1e4,
+                                     "partial_rotary_factor": 0.5}),
 ])
 def test_unsupported_config_names_the_field(base, field, value):
     hf.config_from_hf(base)  # the base itself is fine
