@@ -183,8 +183,8 @@ def _llama_like(f: _Fields, family: str, act: str = "hidden_act", act_default="s
     if rope:
         theta, pct = _rope(f)
         if pct != 1.0:  # this class rotates the whole head
-            raise ValueError(f"{f.where}: partial_rotary_factor={pct} is not supported by "
-                             f"glassllm for model_type {f.hf.get('model_type')!r}")
+            raise ValueError(f"{f.where}: rope_parameters.partial_rotary_factor={pct} is not "
+                             f"supported by glassllm for model_type {f.hf.get('model_type')!r}")
     return dict(family=family, vocab_size=f.int("vocab_size"), d_model=d_model,
                 n_layers=f.int("num_hidden_layers"), n_heads=n_heads,
                 n_kv_heads=f.int("num_key_value_heads", n_heads),
