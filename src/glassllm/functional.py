@@ -135,10 +135,16 @@ def rms_norm_backward(dy, saved):
     return dx, _sum_rows(dy * xhat)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5) -> Tensor:
-    """RMSNorm: x (..., C), weight (C,) -> (..., C). See `rms_norm_forward`."""
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, offset: bool = False) -> Tensor:
+    """RMSNorm: x (..., C), weight (C,) -> (..., C). See `rms_norm_forward`.
+
+    offset=True: Gemma's form, y = x / sqrt(mean(x^2) + eps) * (1 + w) (Hugging Face's
+    `GemmaRMSNorm`; w is stored as they store it, 0 for a unit gain). The scale 1 + w is
+    rounded to w's dtype, as theirs; d(1 + w)/dw = 1, so the pair's gradients are w's as they
+    stand."""
     forward, backward = kernels.pick(rms_norm_forward), kernels.pick(rms_norm_backward)
-    y, saved = forward(x.data, weight.data, eps)
+    scale = weight.data + weight.data.dtype.type(1) if offset else weight.data   # [C]
+    y, saved = forward(x.data, scale, eps)
     return _node(y, (x, weight), backward, saved)
 
 
@@ -161,9 +167,13 @@ def layer_norm_backward(dy, saved):
     return dx, _sum_rows(dy * xhat), _sum_rows(dy)
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
-    """LayerNorm: x (..., C), weight (C,), bias (C,) -> (..., C). See `layer_norm_forward`."""
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5) -> Tensor:
+    """LayerNorm: x (..., C), weight (C,), bias (C,) or None -> (..., C). See
+    `layer_norm_forward`; without a bias it is the same formula with b = 0 (and no db)."""
     forward, backward = kernels.pick(layer_norm_forward), kernels.pick(layer_norm_backward)
+    if bias is None:
+        y, saved = forward(x.data, weight.data, np.zeros_like(weight.data), eps)
+        return _node(y, (x, weight), lambda dy, saved: backward(dy, saved)[:2], saved)
     y, saved = forward(x.data, weight.data, bias.data, eps)
     return _node(y, (x, weight, bias), backward, saved)
 
@@ -238,6 +248,74 @@ def gelu(x: Tensor) -> Tensor:
     return _node(y, (x,), backward, saved)
 
 
+def geglu_forward(gate, up):
+    """GeGLU's gating (Shazeer 2020, "GLU Variants Improve Transformer"; Gemma's MLP with the
+    tanh GELU): y = gelu_tanh(gate) * up, same shapes."""
+    g, (_, t) = gelu_forward(gate)
+    return g * up, (gate, up, g, t)
+
+
+def geglu_backward(dy, saved):
+    """d gate = gelu'(gate) * up * dy (gelu' as in `gelu_backward`); d up = gelu(gate) * dy."""
+    gate, up, g, t = saved
+    (dgate,) = gelu_backward(dy * up, (gate, t))
+    return dgate, g * dy
+
+
+def geglu(gate: Tensor, up: Tensor) -> Tensor:
+    """gelu_tanh(gate) * up: gate, up (..., F) -> (..., F). See `geglu_forward`."""
+    forward, backward = kernels.pick(geglu_forward), kernels.pick(geglu_backward)
+    y, saved = forward(gate.data, up.data)
+    return _node(y, (gate, up), backward, saved)
+
+
+# erf, elementwise, in float64 through the standard library's (NumPy has none): exact to
+# float64 rounding, about 50 ns an element.
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def gelu_exact_forward(x):
+    """GELU as defined (Hendrycks & Gimpel 2016), PyTorch's `gelu` / Hugging Face's "gelu"
+    (GPT-NeoX): y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2, any shape. Phi is computed
+    in float64 and rounded to x's dtype."""
+    phi = (0.5 * (1.0 + _erf(x.astype(np.float64) / math.sqrt(2.0)).astype(np.float64))
+           ).astype(x.dtype)
+    return x * phi, (x, phi)
+
+
+def gelu_exact_backward(dy, saved):
+    """dy/dx = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) the normal density."""
+    x, phi = saved
+    density = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi).astype(x.dtype)
+    return ((phi + x * density) * dy,)
+
+
+def gelu_exact(x: Tensor) -> Tensor:
+    """GELU, exact (erf) form. Any shape. See `gelu_exact_forward`."""
+    forward, backward = kernels.pick(gelu_exact_forward), kernels.pick(gelu_exact_backward)
+    y, saved = forward(x.data)
+    return _node(y, (x,), backward, saved)
+
+
+def softcap_forward(x, cap):
+    """Soft-capping (Gemma 2; Bello et al. 2016): y = c tanh(x / c), any shape: about x for
+    |x| << c, never past +-c (so -inf becomes -c: attention caps its scores before masking)."""
+    t = np.tanh(x / x.dtype.type(cap))
+    return t * x.dtype.type(cap), t
+
+
+def softcap_backward(dy, t):
+    """dy/dx = 1 - tanh^2(x / c)."""
+    return ((1.0 - t * t) * dy,)
+
+
+def softcap(x: Tensor, cap: float) -> Tensor:
+    """c tanh(x / c): any shape, same shape. See `softcap_forward`."""
+    forward, backward = kernels.pick(softcap_forward), kernels.pick(softcap_backward)
+    y, saved = forward(x.data, cap)
+    return _node(y, (x,), backward, saved)
+
+
 # --------------------------------------------------------------------------- rotary embedding
 def rope_tables(max_len: int, head_dim: int, theta: float = 10000.0, dtype=np.float32):
     """cos, sin tables of shape (max_len, head_dim) for rotary embedding (Su et al. 2021).
@@ -261,20 +339,37 @@ def rotate_half(x):
 
 def rope_forward(x, cos, sin):
     """Rotary position embedding (Su et al. 2021): y = x cos + rotate_half(x) sin.
-    x [B, T, H, D]; cos, sin [T, D] (rows for the positions of x's T steps) -> y [B, T, H, D]."""
-    c, s = cos[:, None, :], sin[:, None, :]      # [T, 1, D]: every head turns alike
-    return x * c + rotate_half(x) * s, (c, s)
+    x [B, T, H, D]; cos, sin [T, R] (rows for the positions of x's T steps) -> y [B, T, H, D].
+    R < D is partial rotary (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor): the first R
+    channels turn, rotate-half over those R; the other D - R pass through."""
+    c, s = cos[:, None, :], sin[:, None, :]      # [T, 1, R]: every head turns alike
+    R = c.shape[-1]
+    if R == x.shape[-1]:
+        return x * c + rotate_half(x) * s, (c, s)
+    y = x.copy()
+    y[..., :R] = x[..., :R] * c + rotate_half(x[..., :R]) * s
+    return y, (c, s)
 
 
 def rope_backward(dy, saved):
-    """A rotation's gradient is the rotation back: dx = dy cos - rotate_half(dy sin)."""
+    """A rotation's gradient is the rotation back: dx = dy cos - rotate_half(dy sin) over the
+    turned channels; the others' gradient passes through."""
     c, s = saved
-    return (dy * c - rotate_half(dy * s),)
+    R = c.shape[-1]
+    if R == dy.shape[-1]:
+        return (dy * c - rotate_half(dy * s),)
+    dx = dy.copy()
+    dx[..., :R] = dy[..., :R] * c - rotate_half(dy[..., :R] * s)
+    return (dx,)
 
 
 def rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
-    """Rotary position embedding: x (B, T, H, D), cos and sin (T, D) -> (B, T, H, D)."""
-    forward, backward = kernels.pick(rope_forward), kernels.pick(rope_backward)
+    """Rotary position embedding: x (B, T, H, D), cos and sin (T, R), R <= D even ->
+    (B, T, H, D). Partial rotary (R < D) runs the reference form (the engine's turns all D)."""
+    if cos.shape[-1] == x.shape[-1]:
+        forward, backward = kernels.pick(rope_forward), kernels.pick(rope_backward)
+    else:
+        forward, backward = rope_forward, rope_backward
     y, saved = forward(x.data, cos, sin)
     return _node(y, (x,), backward, saved)
 
@@ -317,7 +412,12 @@ def softmax(x: Tensor) -> Tensor:
 # et al. 2023) in three pieces: scores = q k^T / sqrt(D) with the causal mask, pattern =
 # softmax(scores), y = pattern @ v. Query head h reads key/value head h // (H/K), as Hugging
 # Face's `repeat_kv`. Query i sits at absolute position q_start + i and sees keys 0..q_start+i
-# (q_start > 0: decoding against a KV cache).
+# (q_start > 0: decoding against a KV cache). Three options, as Hugging Face's models:
+# - scale: the scores' factor instead of 1/sqrt(D) (Gemma 2's query_pre_attn_scalar**-0.5,
+#   GPT-Neo's 1.0);
+# - softcap: scores -> c tanh(scores / c) before the mask (Gemma 2);
+# - window: sliding-window (local) attention, query i sees keys i - window < j <= i only
+#   (Mistral, GPT-Neo's local layers, Gemma 2/3; Beltagy et al. 2020, Longformer).
 def repeat_kv(x, n_heads: int):
     """Each key/value head repeated for the H/K query heads that read it: [B, T, K, D] ->
     [B, T, H, D], head h = x's head h // (H/K)."""
@@ -330,37 +430,55 @@ def sum_kv_groups(dx, n_kv_heads: int):
     return dx.reshape(B, T, n_kv_heads, H // n_kv_heads, D).sum(axis=3)
 
 
-def causal_mask(Tq: int, Tk: int, q_start: int = 0) -> np.ndarray:
-    """[Tq, Tk] bool: True where key j is in the future of query i (j > q_start + i)."""
-    return np.arange(Tk)[None, :] > (q_start + np.arange(Tq))[:, None]
+def causal_mask(Tq: int, Tk: int, q_start: int = 0, window: int | None = None) -> np.ndarray:
+    """[Tq, Tk] bool: True where key j is hidden from query i: in its future (j > q_start + i),
+    or, with a window W, W or more positions back (j <= q_start + i - W)."""
+    query = (q_start + np.arange(Tq))[:, None]
+    key = np.arange(Tk)[None, :]
+    hidden = key > query
+    if window is not None:
+        hidden |= key <= query - window
+    return hidden
 
 
-def attention_scores_forward(q, k, q_start: int = 0):
-    """scores = q k^T / sqrt(D), -inf on future keys. q [B, Tq, H, D], k [B, Tk, K, D] with
-    H a multiple of K and Tk = q_start + Tq -> scores [B, H, Tq, Tk]."""
+def attention_scores_forward(q, k, q_start: int = 0, scale=None, softcap=None, window=None):
+    """scores = q k^T / sqrt(D) (or * scale), soft-capped if softcap, -inf on hidden keys
+    (`causal_mask`). q [B, Tq, H, D], k [B, Tk, K, D] with H a multiple of K and
+    Tk = q_start + Tq -> scores [B, H, Tq, Tk]."""
     D, H = q.shape[3], q.shape[2]
     qh = q.transpose(0, 2, 1, 3)                                 # [B, H, Tq, D]
     kh = repeat_kv(k, H).transpose(0, 2, 1, 3)                   # [B, H, Tk, D]
-    scores = kernels.matmul(qh, kh.swapaxes(-1, -2)) / math.sqrt(D)   # [B, H, Tq, Tk]
-    future = causal_mask(q.shape[1], k.shape[1], q_start)
-    scores[..., future] = -np.inf
-    return scores, (qh, kh, future, k.shape[2])
+    scores = kernels.matmul(qh, kh.swapaxes(-1, -2))             # [B, H, Tq, Tk]
+    if scale is None:
+        scores /= math.sqrt(D)
+    else:
+        scores *= scores.dtype.type(scale)
+    capped = None
+    if softcap is not None:
+        scores, capped = softcap_forward(scores, softcap)        # capped: tanh(scores / c)
+    hidden = causal_mask(q.shape[1], k.shape[1], q_start, window)
+    scores[..., hidden] = -np.inf
+    return scores, (qh, kh, hidden, k.shape[2], scale, capped)
 
 
 def attention_scores_backward(dscores, saved):
-    """The masked scores are constants; elsewhere dq = ds k / sqrt(D), dk = ds^T q / sqrt(D),
-    dk summed over the query heads of its group."""
-    qh, kh, future, K = saved
-    ds = np.where(future, 0.0, dscores) / math.sqrt(qh.shape[3])   # [B, H, Tq, Tk]
+    """The masked scores are constants; elsewhere, through the cap (1 - tanh^2) and the
+    scale s: dq = ds k s, dk = ds^T q s, dk summed over the query heads of its group."""
+    qh, kh, hidden, K, scale, capped = saved
+    ds = np.where(hidden, 0.0, dscores)                             # [B, H, Tq, Tk]
+    if capped is not None:
+        (ds,) = softcap_backward(ds, capped)
+    ds = ds / math.sqrt(qh.shape[3]) if scale is None else ds * ds.dtype.type(scale)
     dq = kernels.matmul(ds, kh)                                    # [B, H, Tq, D]
     dkh = kernels.matmul(ds.swapaxes(-1, -2), qh)                  # [B, H, Tk, D]
     return dq.transpose(0, 2, 1, 3), sum_kv_groups(dkh.transpose(0, 2, 1, 3), K)
 
 
-def attention_scores(q: Tensor, k: Tensor, q_start: int = 0) -> Tensor:
+def attention_scores(q: Tensor, k: Tensor, q_start: int = 0, scale=None, softcap=None,
+                     window=None) -> Tensor:
     """Masked attention scores as an autograd op: q (B, Tq, H, D), k (B, Tk, K, D) ->
     (B, H, Tq, Tk). See `attention_scores_forward`."""
-    scores, saved = attention_scores_forward(q.data, k.data, q_start)
+    scores, saved = attention_scores_forward(q.data, k.data, q_start, scale, softcap, window)
     return _node(scores, (q, k), attention_scores_backward, saved)
 
 
@@ -386,10 +504,10 @@ def attention_mix(pattern: Tensor, v: Tensor) -> Tensor:
     return _node(y, (pattern, v), attention_mix_backward, saved)
 
 
-def causal_attention_forward(q, k, v, q_start: int = 0):
-    """softmax(q k^T / sqrt(D) + causal mask) v: the three pieces above, one after the other.
+def causal_attention_forward(q, k, v, q_start: int = 0, scale=None, softcap=None, window=None):
+    """softmax(masked scores) v: the three pieces above, one after the other.
     q [B, Tq, H, D]; k, v [B, Tk, K, D] -> y [B, Tq, H, D]."""
-    scores, scores_saved = attention_scores_forward(q, k, q_start)
+    scores, scores_saved = attention_scores_forward(q, k, q_start, scale, softcap, window)
     pattern, pattern_saved = softmax_forward(scores)
     y, mix_saved = attention_mix_forward(pattern, v)
     return y, (scores_saved, pattern_saved, mix_saved)
@@ -404,16 +522,23 @@ def causal_attention_backward(dy, saved):
     return dq, dk, dv
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0) -> Tensor:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0, scale=None,
+                     softcap=None, window=None) -> Tensor:
     """Causal scaled dot-product attention with grouped-query heads, one graph node.
 
     Shapes: q (B, Tq, Hq, D), k and v (B, Tk, Hkv, D), Hq a multiple of Hkv, Tk = q_start + Tq
-    -> (B, Tq, Hq, D). Source: Vaswani et al. 2017 (attention), Ainslie et al. 2023
-    (grouped-query attention). The engine's form never holds the Tq x Tk square.
+    -> (B, Tq, Hq, D). scale (None: 1/sqrt(D)), softcap (None: none) and window (None: every
+    earlier key) as the section's comment says. Source: Vaswani et al. 2017 (attention),
+    Ainslie et al. 2023 (grouped-query attention). The engine's form never holds the
+    Tq x Tk square; it computes the plain case, and any option runs the reference form.
     """
-    forward = kernels.pick(causal_attention_forward)
-    backward = kernels.pick(causal_attention_backward)
-    y, saved = forward(q.data, k.data, v.data, q_start)
+    if scale is None and softcap is None and window is None:
+        forward = kernels.pick(causal_attention_forward)
+        backward = kernels.pick(causal_attention_backward)
+        y, saved = forward(q.data, k.data, v.data, q_start)
+    else:
+        forward, backward = causal_attention_forward, causal_attention_backward
+        y, saved = forward(q.data, k.data, v.data, q_start, scale, softcap, window)
     return _node(y, (q, k, v), backward, saved)
 
 

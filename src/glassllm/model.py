@@ -1,10 +1,13 @@
-"""GlassLM: a decoder-only transformer in two families.
+"""GlassLM: a decoder-only transformer, one switchboard for the small open models.
 
-- ``family="llama"`` (default), after Llama (Touvron et al. 2023) as in Hugging Face's
-  `LlamaForCausalLM`: pre-RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP,
-  no biases, input/output embeddings tied unless `tie_embeddings=False`.
-- ``family="gpt2"``, after GPT-2 (Radford et al. 2019) as in nanoGPT / `GPT2LMHeadModel`:
-  pre-LayerNorm, learned positions, GELU (tanh) MLP, biases everywhere, tied head.
+The default, ``family="llama"``, follows Llama (Touvron et al. 2023) as Hugging Face's
+`LlamaForCausalLM`: pre-RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no
+biases. ``family="gpt2"`` follows GPT-2 (Radford et al. 2019) as nanoGPT / `GPT2LMHeadModel`:
+pre-LayerNorm, learned positions, tanh-GELU MLP, biases everywhere, tied head. The other
+families (GPT-NeoX/Pythia, GPT-Neo, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Phi, OLMo 2) are presets
+of the same switches (`glassllm.config.Config`, `PRESETS`): where the norms sit and what they
+are, q/k norms, partial rotary, biases, score scale and soft-cap, sliding windows, parallel
+blocks, the MLP's activation, embedding scale, final soft-cap.
 
 Every value a reader may want to see goes through `tap(name, value)`, the identity unless a
 trace of this model is open in this thread (`glassllm.taps`; the names are the frozen table
@@ -31,43 +34,69 @@ from .tensor import Tensor
 
 
 class Attention(Module):
-    """Multi-head causal self-attention with grouped-query heads (and RoPE for llama)."""
+    """Multi-head causal self-attention with grouped-query heads: q, k, v projections
+    (C -> H*D, K*D, K*D), optional q/k norms, RoPE (unless learned positions), the output
+    projection H*D -> C. Biases as `cfg.attn_bias` says."""
 
     def __init__(self, cfg: Config, rng: np.random.Generator):
-        bias = cfg.family == "gpt2"
-        kv_width = cfg.n_kv_heads * cfg.head_dim
-        self.query = Linear(cfg.d_model, cfg.d_model, rng, bias)
-        self.key = Linear(cfg.d_model, kv_width, rng, bias)
-        self.value = Linear(cfg.d_model, kv_width, rng, bias)
+        qkv_bias = cfg.attn_bias in ("qkv", "all")
+        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.query = Linear(cfg.d_model, H * D, rng, qkv_bias)
+        self.key = Linear(cfg.d_model, K * D, rng, qkv_bias)
+        self.value = Linear(cfg.d_model, K * D, rng, qkv_bias)
         # GPT-2's residual-projection init: std shrinks with depth so the residual stream's
         # variance does not grow with the number of blocks.
-        self.output = Linear(cfg.d_model, cfg.d_model, rng, bias,
+        self.output = Linear(H * D, cfg.d_model, rng, cfg.attn_bias in ("out", "all"),
                              std=0.02 / math.sqrt(2 * cfg.n_layers))
+        if cfg.qk_norm is not None:  # RMSNorm of each head ("head") or the whole projection
+            per_head = cfg.qk_norm == "head"
+            self.q_norm = RMSNorm(D if per_head else H * D, cfg.norm_eps, cfg.norm_offset)
+            self.k_norm = RMSNorm(D if per_head else K * D, cfg.norm_eps, cfg.norm_offset)
         self.cfg = cfg
 
     def __call__(self, x: Tensor, rope, cache: KVCache | None, i: int) -> Tensor:
-        """x (B, T, C) of block i -> (B, T, C); rope: the (cos, sin) rows of x's positions, or
-        None (gpt2); cache: the KVCache these positions extend, or None."""
+        """x (B, T, C) of block i -> (B, T, C); rope: the (cos, sin) rows of x's positions for
+        this layer, or None (learned positions); cache: the KVCache these positions extend,
+        or None."""
         B, T, _ = x.shape
-        H, K, D = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        cfg = self.cfg
+        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         x = tap(f"blocks.{i}.attention.input", x)
-        q = tap(f"blocks.{i}.attention.q", _rotate(self.query(x).reshape(B, T, H, D), rope))
-        k = tap(f"blocks.{i}.attention.k", _rotate(self.key(x).reshape(B, T, K, D), rope))
+        q = self._normed(i, "q", self.query(x), B, T, H)
+        k = self._normed(i, "k", self.key(x), B, T, K)
+        q = tap(f"blocks.{i}.attention.q", _rotate(q, rope))
+        k = tap(f"blocks.{i}.attention.k", _rotate(k, rope))
         v = tap(f"blocks.{i}.attention.v", self.value(x).reshape(B, T, K, D))
         start = 0 if cache is None else cache.length
         if cache is not None:  # decoding: this step's keys/values join the cached ones
             k, v = cache.extend(i, k, v)
-        y = tap(f"blocks.{i}.attention.head_output", attend(i, q, k, v, start))
+        window = cfg.sliding_window if cfg.layer_is_sliding(i) else None
+        y = attend(i, q, k, v, start, scale=cfg.attn_scale, softcap=cfg.attn_softcap,
+                   window=window)
+        y = tap(f"blocks.{i}.attention.head_output", y)
         return tap(f"blocks.{i}.attention.output", self.output(y.reshape(B, T, H * D)))
+
+    def _normed(self, i: int, which: str, x: Tensor, B: int, T: int, heads: int) -> Tensor:
+        """The projection x (B, T, heads*D) as (B, T, heads, D), through the q/k norm if any
+        (over the whole projection for "proj", each head for "head"; before RoPE)."""
+        qk_norm = self.cfg.qk_norm
+        if qk_norm == "proj":
+            x = getattr(self, f"{which}_norm")(x)
+        x = x.reshape(B, T, heads, self.cfg.head_dim)
+        if qk_norm == "head":
+            x = getattr(self, f"{which}_norm")(x)
+        if qk_norm is not None:
+            x = tap(f"blocks.{i}.attention.{which}_normed", x)
+        return x
 
 
 class MLP(Module):
-    """SwiGLU (llama): down(silu(gate(x)) * up(x)); GELU (gpt2): down(gelu(up(x)))."""
+    """Gated (SwiGLU, GeGLU): down(act(gate(x)) * up(x)); plain (GELU): down(act(up(x)))."""
 
     def __init__(self, cfg: Config, rng: np.random.Generator):
-        self.swiglu = cfg.family == "llama"
-        bias = not self.swiglu
-        if self.swiglu:
+        self.kind = cfg.mlp
+        bias = cfg.mlp_bias
+        if self.kind in config.GATED_MLPS:
             self.gate = Linear(cfg.d_model, cfg.d_ff, rng, bias)
         self.up = Linear(cfg.d_model, cfg.d_ff, rng, bias)
         self.down = Linear(cfg.d_ff, cfg.d_model, rng, bias,
@@ -75,30 +104,62 @@ class MLP(Module):
 
     def __call__(self, x: Tensor, i: int) -> Tensor:
         x = tap(f"blocks.{i}.mlp.input", x)
-        if self.swiglu:  # hidden_pre is the activation's input: gate(x), or up(x) for GELU
+        if self.kind in config.GATED_MLPS:  # hidden_pre is the activation's input: gate(x)
             g = tap(f"blocks.{i}.mlp.hidden_pre", self.gate(x))
-            h = F.swiglu(g, tap(f"blocks.{i}.mlp.up", self.up(x)))
-        else:
-            h = F.gelu(tap(f"blocks.{i}.mlp.hidden_pre", self.up(x)))
+            up = tap(f"blocks.{i}.mlp.up", self.up(x))
+            h = F.swiglu(g, up) if self.kind == "swiglu" else F.geglu(g, up)
+        else:  # ... or up(x)
+            pre = tap(f"blocks.{i}.mlp.hidden_pre", self.up(x))
+            h = F.gelu(pre) if self.kind == "gelu_tanh" else F.gelu_exact(pre)
         h = tap(f"blocks.{i}.mlp.hidden_post", h)
         return tap(f"blocks.{i}.mlp.output", self.down(h))
 
 
 class Block(Module):
-    """Pre-norm transformer block: x + attention(norm(x)), then h + mlp(norm(h))."""
+    """One transformer block, its norms where `cfg.norm_position` puts them:
+
+    - "pre": x + attention(norm(x)), then h + mlp(norm(h));
+    - "sandwich" (Gemma 2/3): x + post_norm(attention(norm(x))), the same for the MLP;
+    - "post" (OLMo 2): x + post_norm(attention(x)), the same for the MLP;
+    - parallel_block (GPT-NeoX, Phi): x + attention(norm1(x)) + mlp(norm2(x)), both sublayers
+      reading residual_in (Phi: one norm, norm1 = norm2).
+    """
 
     def __init__(self, cfg: Config, rng: np.random.Generator):
-        self.attention_norm = _norm(cfg)
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        if pre:
+            self.attention_norm = _norm(cfg)
         self.attention = Attention(cfg, rng)
-        self.mlp_norm = _norm(cfg)
+        if post:
+            self.attention_post_norm = _norm(cfg)
+        if pre and not cfg.shared_norm:
+            self.mlp_norm = _norm(cfg)
         self.mlp = MLP(cfg, rng)
+        if post:
+            self.mlp_post_norm = _norm(cfg)
+        self.cfg = cfg
 
     def __call__(self, x: Tensor, rope, cache: KVCache | None, i: int) -> Tensor:
         """The residual stream (B, T, C) through block i (arguments as `Attention`'s)."""
         x = tap(f"blocks.{i}.residual_in", x)
-        x = x + self.attention(self.attention_norm(x), rope, cache, i)
-        x = tap(f"blocks.{i}.residual_mid", x)
-        return tap(f"blocks.{i}.residual_out", x + self.mlp(self.mlp_norm(x), i))
+        if self.cfg.parallel_block:
+            h = self.attention_norm(x)
+            mlp_in = h if self.cfg.shared_norm else self.mlp_norm(x)
+            x = tap(f"blocks.{i}.residual_mid", x + self.attention(h, rope, cache, i))
+            return tap(f"blocks.{i}.residual_out", x + self.mlp(mlp_in, i))
+        a = self.attention(self._pre(x, "attention_norm"), rope, cache, i)
+        x = tap(f"blocks.{i}.residual_mid", x + self._post(a, i, "attention"))
+        m = self.mlp(self._pre(x, "mlp_norm"), i)
+        return tap(f"blocks.{i}.residual_out", x + self._post(m, i, "mlp"))
+
+    def _pre(self, x: Tensor, norm: str) -> Tensor:
+        return x if self.cfg.norm_position == "post" else getattr(self, norm)(x)
+
+    def _post(self, y: Tensor, i: int, sublayer: str) -> Tensor:
+        if self.cfg.norm_position == "pre":
+            return y
+        y = getattr(self, f"{sublayer}_post_norm")(y)
+        return tap(f"blocks.{i}.{sublayer}.output_normed", y)
 
 
 class GlassLM(Module):
@@ -120,13 +181,15 @@ class GlassLM(Module):
         self.cfg = cfg
         rng = np.random.default_rng(seed)
         self.token_embedding = Embedding(cfg.vocab_size, cfg.d_model, rng)
-        if cfg.family == "gpt2":
+        if cfg.positions == "learned":
             self.position_embedding = Embedding(cfg.max_len, cfg.d_model, rng)
-        self.rope_cos, self.rope_sin = _rope_tables(cfg)
+        self.rope_cos, self.rope_sin = _rope_tables(cfg, cfg.rope_theta)
+        # the sliding layers' own RoPE base (Gemma 3); None: they use the tables above
+        self.rope_local_cos, self.rope_local_sin = _rope_tables(cfg, cfg.rope_local_theta)
         self.blocks = [Block(cfg, rng) for _ in range(cfg.n_layers)]
         self.final_norm = _norm(cfg)
         if not cfg.tie_embeddings:
-            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng)
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, cfg.lm_head_bias)
 
     def __call__(self, idx, cache: KVCache | None = None) -> Tensor:
         return self.forward(idx, cache)
@@ -148,25 +211,48 @@ class GlassLM(Module):
         idx = self.check_ids(idx, start=start)
         with watch(self, idx, start, cache):  # a trace of this model sees the taps
             x, rope = self.embed(idx, start)
+            local = self.local_rope(start, idx.shape[1])
             for i, block in enumerate(self.blocks):
-                x = block(x, rope, cache, i)
+                sliding = local is not None and self.cfg.layer_is_sliding(i)
+                x = block(x, local if sliding else rope, cache, i)
             if cache is not None:
                 cache.length = start + idx.shape[1]
-            return tap("logits", self.unembed(tap("final_norm", self.final_norm(x))))
+            return self.logits(tap("final_norm", self.final_norm(x)))
 
     def embed(self, idx: np.ndarray, start: int) -> tuple[Tensor, tuple | None]:
         """The residual stream's start for ids (B, T) at positions start..start+T: token rows
-        (+ learned position rows, gpt2), and the RoPE rows (cos, sin) of those positions
-        (llama; None for gpt2)."""
+        (times sqrt(d_model) in float32 with embed_scale, Gemma) + learned position rows
+        (learned positions), and the RoPE rows (cos, sin) of those positions (None with
+        learned positions)."""
         T = idx.shape[1]
-        x = tap("token_embedding", self.token_embedding(idx))
-        if self.cfg.family == "gpt2":
+        x = self.token_embedding(idx)
+        if self.cfg.embed_scale:  # Hugging Face rounds the factor to the dtype first
+            x = x * x.dtype.type(math.sqrt(self.cfg.d_model))
+        x = tap("token_embedding", x)
+        if self.cfg.positions == "learned":
             positions = self.position_embedding(np.arange(start, start + T))
             return x + tap("position_embedding", positions), None
         return x, (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
 
+    def local_rope(self, start: int, T: int) -> tuple | None:
+        """The sliding layers' RoPE rows of positions start..start+T (their own base,
+        rope_local_theta), or None when they share `embed`'s."""
+        if self.rope_local_cos is None:
+            return None
+        return self.rope_local_cos[start:start + T], self.rope_local_sin[start:start + T]
+
+    def logits(self, x: Tensor) -> Tensor:
+        """The final norm's output (B, T, C) -> logits (B, T, V): `unembed`, soft-capped with
+        final_softcap (then "logits_pre_softcap" is traced before the cap)."""
+        z = self.unembed(x)
+        if self.cfg.final_softcap is None:
+            return tap("logits", z)
+        z = tap("logits_pre_softcap", z)
+        return tap("logits", F.softcap(z, self.cfg.final_softcap))
+
     def unembed(self, x: Tensor) -> Tensor:
-        """(B, T, C) -> (B, T, V) logits: the token embedding transposed, or lm_head."""
+        """(B, T, C) -> (B, T, V) logits before any soft-cap: the token embedding transposed,
+        or lm_head (with its bias, Phi)."""
         if self.cfg.tie_embeddings:
             return F.unembed(x, self.token_embedding.weight)
         return self.lm_head(x)
@@ -236,8 +322,11 @@ class KVCache:
 
 
 def _norm(cfg: Config) -> Module:
-    """RMSNorm (llama) or LayerNorm (gpt2) over d_model."""
-    return (RMSNorm if cfg.family == "llama" else LayerNorm)(cfg.d_model, cfg.norm_eps)
+    """The model's norm over d_model: RMSNorm (with Gemma's 1 + w if norm_offset) or LayerNorm
+    (with a bias if norm_bias)."""
+    if cfg.norm == "rms":
+        return RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_offset)
+    return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.norm_bias)
 
 
 def _rotate(x: Tensor, rope) -> Tensor:
@@ -245,12 +334,12 @@ def _rotate(x: Tensor, rope) -> Tensor:
     return x if rope is None else F.rope(x, *rope)
 
 
-def _rope_tables(cfg: Config):
-    """RoPE's (cos, sin) tables (max_len, head_dim) for llama; (None, None) for gpt2 (learned
-    positions) and in a shapes-only build (they are not parameters)."""
-    if cfg.family == "gpt2" or nn.building_shapes_only():
+def _rope_tables(cfg: Config, theta: float | None):
+    """RoPE's (cos, sin) tables (max_len, rotary_dim) of base theta; (None, None) for learned
+    positions, a None theta, and in a shapes-only build (they are not parameters)."""
+    if cfg.positions != "rope" or theta is None or nn.building_shapes_only():
         return None, None
-    return F.rope_tables(cfg.max_len, cfg.head_dim, cfg.rope_theta)
+    return F.rope_tables(cfg.max_len, cfg.rotary_dim, theta)
 
 
 # --------------------------------------------------------------------------- parameter shapes

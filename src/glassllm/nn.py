@@ -139,22 +139,24 @@ class Embedding(Module):
 
 
 class RMSNorm(Module):
-    """RMSNorm with a learned gain initialised to 1 (no bias)."""
+    """RMSNorm with a learned gain, no bias: gain w initialised to 1; with offset=True (Gemma)
+    the gain is 1 + w, w initialised to 0 (see `functional.rms_norm`)."""
 
-    def __init__(self, d: int, eps: float = 1e-5):
-        self.weight = parameter((d,), np.ones)
+    def __init__(self, d: int, eps: float = 1e-5, offset: bool = False):
+        self.weight = parameter((d,), np.zeros if offset else np.ones)
         self.eps = eps
+        self.offset = offset
 
     def __call__(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, self.weight, self.eps)
+        return F.rms_norm(x, self.weight, self.eps, offset=self.offset)
 
 
 class LayerNorm(Module):
-    """LayerNorm with learned gain (1) and bias (0)."""
+    """LayerNorm with learned gain (1) and, unless bias=False, bias (0)."""
 
-    def __init__(self, d: int, eps: float = 1e-5):
+    def __init__(self, d: int, eps: float = 1e-5, bias: bool = True):
         self.weight = parameter((d,), np.ones)
-        self.bias = parameter((d,), np.zeros)
+        self.bias = parameter((d,), np.zeros) if bias else None
         self.eps = eps
 
     def __call__(self, x: Tensor) -> Tensor:

@@ -36,10 +36,11 @@ class Hook:
         """The named value (a Tensor); what is returned replaces it in the forward."""
         return value
 
-    def attend(self, layer: int, q, k, v, q_start: int):
+    def attend(self, layer: int, q, k, v, q_start: int, **options):
         """The attention of block `layer`: q (B, Tq, H, D), k and v (B, Tk, K, D) ->
-        (B, Tq, H, D), as `functional.causal_attention`."""
-        return F.causal_attention(q, k, v, q_start=q_start)
+        (B, Tq, H, D), as `functional.causal_attention` (options: its scale, softcap,
+        window)."""
+        return F.causal_attention(q, k, v, q_start=q_start, **options)
 
 
 class _State(threading.local):
@@ -56,12 +57,12 @@ def tap(name: str, value):
     return value if hook is None else hook.tap(name, value)
 
 
-def attend(layer: int, q, k, v, q_start: int):
+def attend(layer: int, q, k, v, q_start: int, **options):
     """Causal attention of block `layer` (see `Hook.attend`); the fused op when no hook."""
     hook = _state.active
     if hook is None:
-        return F.causal_attention(q, k, v, q_start=q_start)
-    return hook.attend(layer, q, k, v, q_start)
+        return F.causal_attention(q, k, v, q_start=q_start, **options)
+    return hook.attend(layer, q, k, v, q_start, **options)
 
 
 @contextlib.contextmanager

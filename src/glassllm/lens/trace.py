@@ -12,7 +12,7 @@
     tr.cache["logits"]
 
 The names are frozen in `NAMES` (one table, below; `tests/test_trace.py` fails if one changes)
-and are the same for both families where the concept exists. The model passes each named value
+and are the same for every architecture where the concept exists. The model passes each named value
 through `glassllm.taps.tap`; a `Trace` is a `taps.Hook` bound to ONE model in the thread that
 opens it (a forward of another model, or of the same model in another thread, runs untouched
 inside its `with` block), and nothing here costs anything when unused. Under a trace,
@@ -48,53 +48,101 @@ import numpy as np
 
 from .. import functional as F
 from .. import taps
-from ..model import Config, GlassLM
+from ..model import FAMILIES, Config, GlassLM
 from ..tensor import Tensor, no_grad
+
+
+# When a row of the table exists, by the model's switches (`glassllm.config.Config`)
+WHEN = {
+    "always": lambda cfg: True,
+    "learned positions": lambda cfg: cfg.positions == "learned",
+    "qk_norm": lambda cfg: cfg.qk_norm is not None,
+    "post-norms": lambda cfg: cfg.norm_position != "pre",   # "sandwich" or "post"
+    "gated MLP": lambda cfg: cfg.mlp in ("swiglu", "geglu"),
+    "final_softcap": lambda cfg: cfg.final_softcap is not None,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Name:
     """One row of the names table: `template` ("{layer}" stands for 0..n_layers-1), the
     `shape` in letters (B batch, T positions, C d_model, H n_heads, K n_kv_heads, D head_dim,
-    F d_ff, V vocab_size), the families that have it, and what it is."""
+    F d_ff, V vocab_size), `when` the model has it (a key of WHEN), and what it is."""
     template: str
     shape: str
-    families: tuple[str, ...]
+    when: str
     doc: str
 
+    def applies(self, cfg: Config) -> bool:
+        """True when a model with `cfg` has this value."""
+        return WHEN[self.when](cfg)
 
-_BOTH = ("llama", "gpt2")
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The family presets (`glassllm.config.FAMILIES`) whose models have this value."""
+        return tuple(f for f in FAMILIES if self.applies(Config.preset(f)))
+
+
 # THE table of names, in the order the forward meets them. Frozen: renaming one breaks every
 # user's analysis code (TransformerLens' v3 did exactly that); tests/test_trace.py pins it.
+# A parallel block (GPT-NeoX, Phi) computes attention and MLP both from residual_in:
+# mlp.input is then mlp_norm(residual_in) (Phi: attention.input itself), and residual_mid is
+# residual_in + attention.output, a partial sum that no sublayer reads.
 NAMES: tuple[Name, ...] = (
-    Name("token_embedding", "B T C", _BOTH, "token embedding rows (first term of the residual)"),
-    Name("position_embedding", "T C", ("gpt2",), "learned position rows, added to the tokens"),
-    Name("blocks.{layer}.residual_in", "B T C", _BOTH, "residual stream entering the block"),
-    Name("blocks.{layer}.attention.input", "B T C", _BOTH,
-         "attention_norm(residual_in): what attention reads"),
-    Name("blocks.{layer}.attention.q", "B T H D", _BOTH, "queries (after RoPE for llama)"),
-    Name("blocks.{layer}.attention.k", "B T K D", _BOTH, "keys (after RoPE for llama)"),
-    Name("blocks.{layer}.attention.v", "B T K D", _BOTH, "values"),
-    Name("blocks.{layer}.attention.scores", "B H T T", _BOTH,
-         "q.k / sqrt(head_dim); -inf where a key is in the query's future"),
-    Name("blocks.{layer}.attention.pattern", "B H T T", _BOTH,
+    Name("token_embedding", "B T C", "always",
+         "token embedding rows (times sqrt(d_model) with embed_scale, Gemma): the first term "
+         "of the residual"),
+    Name("position_embedding", "T C", "learned positions",
+         "learned position rows, added to the tokens"),
+    Name("blocks.{layer}.residual_in", "B T C", "always", "residual stream entering the block"),
+    Name("blocks.{layer}.attention.input", "B T C", "always",
+         "attention_norm(residual_in): what attention reads (residual_in itself with "
+         "norm_position 'post')"),
+    Name("blocks.{layer}.attention.q_normed", "B T H D", "qk_norm",
+         "q_norm(query(input)), before RoPE: per head ('head': Qwen3, Gemma 3) or over the "
+         "whole projection ('proj': OLMo 2), shown per head"),
+    Name("blocks.{layer}.attention.k_normed", "B T K D", "qk_norm",
+         "k_norm(key(input)), before RoPE, as q_normed"),
+    Name("blocks.{layer}.attention.q", "B T H D", "always",
+         "queries (after RoPE, over the first rotary_dim channels, unless learned positions)"),
+    Name("blocks.{layer}.attention.k", "B T K D", "always", "keys (after RoPE, as q)"),
+    Name("blocks.{layer}.attention.v", "B T K D", "always", "values"),
+    Name("blocks.{layer}.attention.scores", "B H T T", "always",
+         "q.k / sqrt(head_dim) (x attn_scale if set), c tanh(./c) with attn_softcap; -inf "
+         "where a key is hidden: in the query's future, or outside a sliding layer's window"),
+    Name("blocks.{layer}.attention.pattern", "B H T T", "always",
          "softmax(scores): row i is where position i attends (rows sum to 1)"),
-    Name("blocks.{layer}.attention.head_output", "B T H D", _BOTH,
+    Name("blocks.{layer}.attention.head_output", "B T H D", "always",
          "each head's pattern @ v, before the output projection"),
-    Name("blocks.{layer}.attention.output", "B T C", _BOTH,
-         "attention's contribution to the residual (output projection, + bias for gpt2)"),
-    Name("blocks.{layer}.residual_mid", "B T C", _BOTH, "residual_in + attention.output"),
-    Name("blocks.{layer}.mlp.input", "B T C", _BOTH,
-         "mlp_norm(residual_mid): what the MLP reads"),
-    Name("blocks.{layer}.mlp.hidden_pre", "B T F", _BOTH,
-         "the activation's input: gate(x) (SiLU, llama) or up(x) (GELU, gpt2)"),
-    Name("blocks.{layer}.mlp.up", "B T F", ("llama",), "up(x), SwiGLU's linear branch"),
-    Name("blocks.{layer}.mlp.hidden_post", "B T F", _BOTH,
-         "silu(gate) * up (llama) or gelu(up) (gpt2): what mlp.down reads"),
-    Name("blocks.{layer}.mlp.output", "B T C", _BOTH, "the MLP's contribution to the residual"),
-    Name("blocks.{layer}.residual_out", "B T C", _BOTH, "residual_mid + mlp.output"),
-    Name("final_norm", "B T C", _BOTH, "final_norm(last residual_out): what the unembedding reads"),
-    Name("logits", "B T V", _BOTH, "next-token logits"),
+    Name("blocks.{layer}.attention.output", "B T C", "always",
+         "the output projection of head_output (+ its bias if any): attention's contribution "
+         "to the residual, unless post-norms"),
+    Name("blocks.{layer}.attention.output_normed", "B T C", "post-norms",
+         "attention_post_norm(attention.output): the contribution to the residual with "
+         "norm_position 'sandwich' (Gemma 2/3) or 'post' (OLMo 2)"),
+    Name("blocks.{layer}.residual_mid", "B T C", "always",
+         "residual_in + attention's contribution"),
+    Name("blocks.{layer}.mlp.input", "B T C", "always",
+         "mlp_norm(residual_mid): what the MLP reads (residual_mid itself with norm_position "
+         "'post'; from residual_in in a parallel block)"),
+    Name("blocks.{layer}.mlp.hidden_pre", "B T F", "always",
+         "the activation's input: gate(x) (SwiGLU, GeGLU) or up(x) (GELU)"),
+    Name("blocks.{layer}.mlp.up", "B T F", "gated MLP", "up(x), the gated MLP's linear branch"),
+    Name("blocks.{layer}.mlp.hidden_post", "B T F", "always",
+         "silu(gate) * up, gelu_tanh(gate) * up, or gelu(up): what mlp.down reads"),
+    Name("blocks.{layer}.mlp.output", "B T C", "always",
+         "down(hidden_post): the MLP's contribution to the residual, unless post-norms"),
+    Name("blocks.{layer}.mlp.output_normed", "B T C", "post-norms",
+         "mlp_post_norm(mlp.output): the contribution with post-norms"),
+    Name("blocks.{layer}.residual_out", "B T C", "always",
+         "residual_mid + the MLP's contribution"),
+    Name("final_norm", "B T C", "always",
+         "final_norm(last residual_out): what the unembedding reads"),
+    Name("logits_pre_softcap", "B T V", "final_softcap",
+         "the unembedding's output before the final soft-cap (Gemma 2); logit attribution "
+         "is of these"),
+    Name("logits", "B T V", "always",
+         "next-token logits (c tanh(logits_pre_softcap / c) with final_softcap)"),
 )
 
 DEFAULT_MAX_BYTES = 2 ** 30  # refuse to keep more than 1 GiB unless told otherwise
@@ -102,7 +150,7 @@ DEFAULT_MAX_BYTES = 2 ** 30  # refuse to keep more than 1 GiB unless told otherw
 
 def names_for(cfg: Config) -> list[str]:
     """Every name a model with `cfg` exposes, in forward order (layers expanded)."""
-    rows = [n for n in NAMES if cfg.family in n.families]
+    rows = [n for n in NAMES if n.applies(cfg)]
     per_layer = [n.template for n in rows if "{layer}" in n.template]
     first = next(i for i, n in enumerate(rows) if "{layer}" in n.template)
     head = [n.template for n in rows[:first]]
@@ -365,23 +413,24 @@ class Trace(taps.Hook):
             raise _StopForward
         return x
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, q_start: int) -> Tensor:
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, q_start: int,
+               **options) -> Tensor:
         """The attention of block `layer` (B, T, H, D), with its scores/pattern traced when
         asked for: computed apart from the fused op, or, for their gradients or edits, made
-        the path the output takes."""
+        the path the output takes. options: the op's scale, softcap, window."""
         s_name = f"blocks.{layer}.attention.scores"
         p_name = f"blocks.{layer}.attention.pattern"
         involved = {s_name, p_name}
         if not involved & (self._wanted | set(self.edits) | {self.stop_at}):
-            return F.causal_attention(q, k, v, q_start=q_start)
+            return F.causal_attention(q, k, v, q_start=q_start, **options)
         on_graph = bool(involved & (self._grad_names | set(self.edits)))
         if not on_graph:
             with no_grad():
-                scores = Tensor(attention_scores(q.data, k.data, q_start))
+                scores = Tensor(attention_scores(q.data, k.data, q_start, **options))
                 self.tap(s_name, scores)
                 self.tap(p_name, Tensor(softmax_rows(scores.data)))
-            return F.causal_attention(q, k, v, q_start=q_start)
-        scores = self.tap(s_name, scores_op(q, k, q_start))
+            return F.causal_attention(q, k, v, q_start=q_start, **options)
+        scores = self.tap(s_name, scores_op(q, k, q_start, **options))
         pattern = self.tap(p_name, softmax_op(scores))
         return mix_op(pattern, v)
 
@@ -458,9 +507,10 @@ def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
 # pieces (scores = q k^T / sqrt(D) with the causal mask, pattern = softmax(scores), y =
 # pattern @ v; query head h reads KV head h // (H / K)), used when a trace asks for
 # scores/pattern. The names below are the ones `Trace.attend` calls.
-def attention_scores(q: np.ndarray, k: np.ndarray, q_start: int = 0) -> np.ndarray:
-    """q (B, Tq, H, D), k (B, Tk, K, D) -> scores (B, H, Tq, Tk) (`F.attention_scores_forward`)."""
-    return F.attention_scores_forward(q, k, q_start)[0]
+def attention_scores(q: np.ndarray, k: np.ndarray, q_start: int = 0, **options) -> np.ndarray:
+    """q (B, Tq, H, D), k (B, Tk, K, D) -> scores (B, H, Tq, Tk) (`F.attention_scores_forward`;
+    options: scale, softcap, window)."""
+    return F.attention_scores_forward(q, k, q_start, **options)[0]
 
 
 softmax_rows = F.softmax_rows  # the library's softmax, over the last axis
