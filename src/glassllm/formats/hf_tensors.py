@@ -30,9 +30,13 @@ def prefix(cfg: Config) -> str:
 
 
 def aliases(cfg: Config) -> dict[str, str]:
-    """Other names a checkpoint may use for a tensor: HF name -> ours in `tensor_map`
-    (Pythia's `embed_out`, which transformers 5 renames to `lm_head` on load)."""
-    return {"embed_out.weight": "lm_head.weight"} if cfg.family == "neox" else {}
+    """Other names a checkpoint may use for a tensor: stored name -> the HF name in
+    `tensor_map`. GPT-NeoX's head is `embed_out` in Pythia's files and in transformers 4,
+    `lm_head` in what transformers 5 saves (it renames embed_out on load); `to_hf` writes
+    embed_out, which both read."""
+    if cfg.family != "neox" or cfg.tie_embeddings:
+        return {}
+    return {"lm_head.weight": "embed_out.weight", "lm_head.bias": "embed_out.bias"}
 
 
 def tensor_map(cfg: Config) -> list[tuple[str, str, bool]]:
