@@ -263,7 +263,7 @@ def _read_gemma(f: _Fields, model_type: str) -> dict:
     if family == "gemma":
         return out
     out.update(norm_position="sandwich",
-               attn_scale=f.real("query_pre_attn_scalar", 256) ** -0.5,
+               attn_scale=_attn_scale(f.real("query_pre_attn_scalar", 256), out["head_dim"]),
                attn_softcap=f.real("attn_logit_softcapping",
                                    50.0 if family == "gemma2" else None),
                final_softcap=f.real("final_logit_softcapping",
@@ -274,6 +274,20 @@ def _read_gemma(f: _Fields, model_type: str) -> dict:
         pattern = f.int("sliding_window_pattern", f.hf.get("_sliding_window_pattern", 6))
     window = f.raw("sliding_window", 4096)
     return {**out, **_windows(f, out["n_layers"], window, lambda i: (i + 1) % pattern != 0)}
+
+
+def _attn_scale(scalar: float, head_dim: int) -> float | None:
+    """Gemma 2/3 scale scores by query_pre_attn_scalar**-0.5; None (glassllm's 1/sqrt(D))
+    when that scalar is head_dim."""
+    return None if scalar == head_dim else scalar ** -0.5
+
+
+def _query_pre_attn_scalar(cfg: Config):
+    """The inverse of `_attn_scale`: an int when it is one (Gemma2Config wants an int)."""
+    if cfg.attn_scale is None:
+        return cfg.head_dim
+    scalar = cfg.attn_scale ** -2
+    return round(scalar) if math.isclose(scalar, round(scalar), rel_tol=1e-12) else scalar
 
 
 def _gemma3_rope(f: _Fields) -> dict:
@@ -410,12 +424,32 @@ def config_to_hf(cfg: Config) -> dict:
           "pad_token_id": None, "dtype": "float32", "use_cache": True,
           **_WRITERS[cfg.family](cfg)}
     back = config_from_hf(hf, where="to_hf").to_dict()
-    differ = sorted(k for k, v in cfg.to_dict().items() if back.get(k) != v)
+    differ = sorted(k for k, v in cfg.to_dict().items()
+                    if not _same(back.get(k), v) and k not in _unused(cfg))
     if differ:
         shown = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in differ[:4])
         raise ValueError(f"to_hf: a {ARCHITECTURES[model_type]} checkpoint cannot hold this "
                          f"{cfg.family}-family model's {shown}")
     return hf
+
+
+def _unused(cfg: Config) -> set[str]:
+    """Fields that change nothing in this model (a class need not store them): RoPE's with
+    learned positions, the window's with no sliding layer."""
+    unused = set()
+    if cfg.positions == "learned":
+        unused |= {"rope_theta", "rotary_pct", "rope_local_theta"}
+    if cfg.layer_types is None or "sliding_attention" not in cfg.layer_types:
+        unused |= {"sliding_window", "layer_types", "rope_local_theta"}
+    return unused
+
+
+def _same(a, b) -> bool:
+    """Equal, floats to 1e-12 (a scale written as query_pre_attn_scalar comes back through
+    x**-2 and y**-0.5)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return a == b
 
 
 def _write_llama_like(cfg: Config, act: str = "hidden_act", act_value: str = "silu") -> dict:
@@ -458,7 +492,7 @@ def _write_gemma(cfg: Config) -> dict:
     if cfg.family == "gemma":
         return _write_llama_like(cfg, "hidden_act", "gelu_pytorch_tanh")
     out = {**_write_llama_like(cfg, "hidden_activation", "gelu_pytorch_tanh"),
-           **_write_windows(cfg), "query_pre_attn_scalar": cfg.attn_scale ** -2,
+           **_write_windows(cfg), "query_pre_attn_scalar": _query_pre_attn_scalar(cfg),
            "attn_logit_softcapping": cfg.attn_softcap,
            "final_logit_softcapping": cfg.final_softcap}
     if cfg.family == "gemma3":
