@@ -111,9 +111,9 @@ def randomise(model, seed: int, std: float) -> None:
                 a[...] = std * rng.standard_normal(a.shape)
 
 
-def make_hf(name: str, seed: int = 0, std: float = 0.3):
+def make_hf(name: str, seed: int = 0, std: float = 0.3, **changes):
     config_class, model_class, kwargs, _ = CLASSES[name]
-    config = getattr(transformers, config_class)(**kwargs)
+    config = getattr(transformers, config_class)(**{**kwargs, **changes})
     model = getattr(transformers, model_class)(config)
     model.config._attn_implementation = "eager"
     randomise(model, seed, std)
@@ -241,3 +241,71 @@ def test_run_with_cache_has_every_name_and_the_forwards_logits(saved):
     np.testing.assert_array_equal(cache["logits"], logits)
     for n in cache:
         assert cache[n].shape == value_shape(glass.cfg, n, 1, 16), n
+
+
+# --------------------------------------------------------------------------- the CLI
+def run_cli(capsys, *argv):
+    from glassllm.cli import main
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_convert_generate_inspect(saved, tmp_path, capsys):
+    """`convert --from-hf`, `generate --model DIR` and `inspect --model DIR` on every class
+    (tiny models of 257 ids, without tokenizer files: the byte tokenizer is given)."""
+    from glassllm.formats import files
+    name = saved[0]
+    model = make_hf(name, seed=3, vocab_size=257)
+    directory = tmp_path / "hf"
+    model.save_pretrained(directory)
+    glass = hf.from_hf(directory)
+    out = tmp_path / "m.safetensors"
+    code, stdout, err = run_cli(capsys, "convert", "--from-hf", directory, "--out", out)
+    assert code == 0, err
+    assert files.load(out).cfg == glass.cfg
+    prompt = "hello"
+    ids = list(prompt.encode())
+    for _ in range(5):  # transformers' greedy choice (an id < 256 is one byte)
+        ids.append(int(hf_logits(model, np.array([ids]))[0, -1].argmax()))
+    code, stdout, err = run_cli(capsys, "generate", "--model", directory, "--tokenizer", "byte",
+                                "--prompt", prompt, "--max-new-tokens", 5, "--temperature", 0)
+    assert code == 0, err
+    want = bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+    if all(i < 256 for i in ids):  # an id past the byte range prints nothing
+        assert stdout.rstrip("\n") == want
+    report = tmp_path / "r.html"
+    code, stdout, err = run_cli(capsys, "inspect", "--model", directory, "--tokenizer", "byte",
+                                "--prompt", "hello world", "--out", report, "--color", "never")
+    assert code == 0, err
+    assert report.is_file() and "logit lens" in stdout.lower()
+
+
+@pytest.mark.parametrize("name,field,value", [
+    ("qwen2", "rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
+    ("gemma3", "rope_parameters", {"full_attention": {"rope_type": "linear", "factor": 8.0},
+                                   "sliding_attention": {"rope_type": "default"}}),
+    ("phi", "qk_layernorm", True),
+    ("neox", "hidden_act", "gelu_new"),
+    ("qwen3", "num_experts", 8),
+    ("mistral", "attention_sink", True),
+    ("gpt_neo", "activation_function", "relu"),
+    ("olmo2", "rope_parameters", {"rope_type": "dynamic", "factor": 2.0}),
+])
+def test_cli_refuses_unimplemented_fields_naming_file_and_field(name, field, value, tmp_path,
+                                                                capsys):
+    import json
+    import shutil
+    key = {"gpt_neo": "gptneo"}.get(name, name)
+    model = make_hf(key)
+    source = tmp_path / "src"
+    model.save_pretrained(source)
+    config = json.loads((source / "config.json").read_text())
+    config[field] = value
+    (source / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out.safetensors"
+    code, stdout, err = run_cli(capsys, "convert", "--from-hf", source, "--out", out)
+    assert code == 2 and not out.exists() and stdout == ""
+    line = err.strip()
+    assert "\n" not in line and str(source / "config.json") in line and field in line, line
+    shutil.rmtree(source)
