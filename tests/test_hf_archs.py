@@ -309,3 +309,55 @@ def test_cli_refuses_unimplemented_fields_naming_file_and_field(name, field, val
     line = err.strip()
     assert "\n" not in line and str(source / "config.json") in line and field in line, line
     shutil.rmtree(source)
+
+
+# --------------------------------------------------------------------------- the lens
+def test_lens_on_every_class(saved):
+    """Logit lens, attribution, ablation, patching and the head detector, each with a value:
+    the last lens row is the model, attribution's parts sum to the logit (before a final
+    soft-cap, and it says so), ablating the last MLP gives the unembedding of the residual
+    without its contribution, patching the last residual gives the source's logits, and the
+    attention patterns the head detector reads are transformers' own."""
+    from glassllm.lens import interpret
+    name, model, _, glass = saved
+    cfg = glass.cfg
+    ids = batch(11, shape=(1, 16))
+    L = cfg.n_layers
+
+    lens = interpret.logit_lens(glass, ids)  # raises if the last row is not the model's
+    assert lens.max_last_layer_diff <= 1e-4 and lens.top_ids.shape[:2] == (L + 1, 16)
+
+    names = [f"blocks.{L - 1}.residual_out", f"blocks.{L - 1}.mlp.output", "logits"]
+    if cfg.final_softcap is not None:
+        names.append("logits_pre_softcap")
+    if cfg.norm_position != "pre":
+        names.append(f"blocks.{L - 1}.mlp.output_normed")
+    logits, cache = run_with_cache(glass, ids, names=names)
+    a = interpret.logit_attribution(glass, ids, position=-1)
+    capped = cfg.final_softcap is not None
+    z = cache["logits_pre_softcap" if capped else "logits"][0, -1, a.token]
+    assert a.of == ("logit before the final soft-cap" if capped else "logit")
+    assert abs(a.values.sum() - z) <= 1e-4 * abs(z) + 1e-5
+    assert a.heads().shape == (L, cfg.n_heads)
+    if cfg.lm_head_bias:
+        assert "lm_head bias" in a.labels
+
+    ablated, _ = interpret.ablate(glass, ids, mlps=[L - 1])
+    added = f"blocks.{L - 1}.mlp.output" + ("_normed" if cfg.norm_position != "pre" else "")
+    want = interpret.unembed(glass, cache[f"blocks.{L - 1}.residual_out"] - cache[added])
+    np.testing.assert_allclose(ablated, want, atol=1e-4 * np.abs(want).max())
+    assert np.abs(ablated - logits).max() > 1e-2
+
+    other = batch(12, shape=(1, 16))
+    _, source = run_with_cache(glass, other, names=[f"blocks.{L - 1}.residual_out"])
+    patched = interpret.patch(glass, ids, source, f"blocks.{L - 1}.residual_out")
+    np.testing.assert_allclose(patched, glass(other).data, atol=1e-5 * np.abs(patched).max())
+
+    scores = interpret.detect_heads(glass, ids, "previous_token")
+    assert scores.shape == (L, cfg.n_heads) and np.isfinite(scores).all()
+    _, cache = run_with_cache(glass, ids, names=["blocks.*.attention.pattern"])
+    with torch.no_grad():
+        theirs = model(torch.tensor(ids), output_attentions=True).attentions
+    for i in range(L):
+        np.testing.assert_allclose(cache[f"blocks.{i}.attention.pattern"], theirs[i].numpy(),
+                                   atol=1e-4, err_msg=f"layer {i}")
