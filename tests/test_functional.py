@@ -51,6 +51,13 @@ def torch_rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
+def torch_rope_partial(x, cos, sin):
+    """GPT-NeoX / Phi: rotate the first R channels, pass the rest."""
+    import torch
+    R = cos.shape[-1]
+    return torch.cat([torch_rope(x[..., :R], cos, sin), x[..., R:]], dim=-1)
+
+
 def torch_attention(q, k, v, q_start=0):
     """Reference: (B, T, H, D) -> torch's (B, H, T, D), K/V heads repeated per group."""
     import torch
@@ -80,6 +87,26 @@ def torch_mix(pattern, v):
     return (pattern @ vh).transpose(1, 2)
 
 
+def torch_attention_options(q, k, v, q_start=0, scale=None, softcap=None, window=None):
+    """Explicit scores as Hugging Face's eager attention (Gemma 2, Mistral, GPT-Neo): scores
+    * scale, c tanh(scores / c), then the causal/sliding mask, softmax, @ v."""
+    import torch
+    Tq, Tk, D = q.shape[1], k.shape[1], q.shape[3]
+    rep = q.shape[2] // k.shape[2]
+    qh = q.transpose(1, 2)
+    kh = k.transpose(1, 2).repeat_interleave(rep, dim=1)
+    vh = v.transpose(1, 2).repeat_interleave(rep, dim=1)
+    scores = qh @ kh.transpose(-1, -2) * (D ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    query = (q_start + torch.arange(Tq))[:, None]
+    key = torch.arange(Tk)[None, :]
+    hidden = key > query
+    if window is not None:
+        hidden |= key <= query - window
+    return (scores.masked_fill(hidden, float("-inf")).softmax(-1) @ vh).transpose(1, 2)
+
+
 def torch_cross_entropy(logits, targets):
     import torch
     return tf().cross_entropy(logits.reshape(-1, logits.shape[-1]),
@@ -102,9 +129,38 @@ CASES = {
     "layer_norm": (lambda x, w, b: F.layer_norm(x, w, b, EPS),
                    lambda x, w, b: tf().layer_norm(x, (x.shape[-1],), w, b, EPS),
                    [r(2, 3, 5), r(5), r(5)]),
+    "layer_norm_no_bias": (lambda x, w: F.layer_norm(x, w, None, EPS),
+                           lambda x, w: tf().layer_norm(x, (x.shape[-1],), w, None, EPS),
+                           [r(2, 3, 5), r(5)]),
+    "rms_norm_offset": (lambda x, w: F.rms_norm(x, w, EPS, offset=True),
+                        lambda x, w: tf().rms_norm(x, (x.shape[-1],), 1.0 + w, EPS),
+                        [r(2, 3, 5), r(5)]),
     "silu": (F.silu, lambda x: tf().silu(x), [r(2, 5, scale=3.0)]),
     "swiglu": (F.swiglu, lambda g, u: tf().silu(g) * u, [r(2, 5, scale=3.0), r(2, 5)]),
     "gelu": (F.gelu, lambda x: tf().gelu(x, approximate="tanh"), [r(2, 5, scale=3.0)]),
+    "gelu_exact": (F.gelu_exact, lambda x: tf().gelu(x), [r(2, 5, scale=3.0)]),
+    "geglu": (F.geglu, lambda g, u: tf().gelu(g, approximate="tanh") * u,
+              [r(2, 5, scale=3.0), r(2, 5)]),
+    "softcap": (lambda x: F.softcap(x, 2.0), lambda x: (x / 2.0).tanh() * 2.0,
+                [r(2, 5, scale=3.0)]),
+    "rope_partial": (lambda x: F.rope(x, ROPE_COS[:, :2], ROPE_SIN[:, :2]),
+                     lambda x: torch_rope_partial(x, ROPE_COS[:, :2], ROPE_SIN[:, :2]),
+                     [r(2, 4, 3, 6)]),
+    "attention_scale": (lambda q, k, v: F.causal_attention(q, k, v, scale=1.0),
+                        lambda q, k, v: torch_attention_options(q, k, v, scale=1.0),
+                        [r(2, 4, 2, 3), r(2, 4, 1, 3), r(2, 4, 1, 3)]),
+    "attention_softcap": (lambda q, k, v: F.causal_attention(q, k, v, softcap=0.7),
+                          lambda q, k, v: torch_attention_options(q, k, v, softcap=0.7),
+                          [r(2, 4, 2, 3), r(2, 4, 1, 3), r(2, 4, 1, 3)]),
+    "attention_window": (lambda q, k, v: F.causal_attention(q, k, v, window=2),
+                         lambda q, k, v: torch_attention_options(q, k, v, window=2),
+                         [r(1, 6, 2, 3), r(1, 6, 2, 3), r(1, 6, 2, 3)]),
+    "attention_window_q_start": (
+        lambda q, k, v: F.causal_attention(q, k, v, q_start=3, window=3, softcap=1.0,
+                                           scale=0.5),
+        lambda q, k, v: torch_attention_options(q, k, v, q_start=3, window=3, softcap=1.0,
+                                                scale=0.5),
+        [r(1, 2, 4, 2), r(1, 5, 2, 2), r(1, 5, 2, 2)]),
     "rope": (lambda x: F.rope(x, ROPE_COS, ROPE_SIN),
              lambda x: torch_rope(x, ROPE_COS, ROPE_SIN), [r(2, 4, 3, 6)]),
     "attention_mha": (F.causal_attention, torch_attention,
@@ -172,9 +228,10 @@ def test_op_matches_torch_forward_and_backward(name, torch_check):
 def test_op_keeps_float32(name):
     # The library's working dtype: a float32 op must not silently compute in float64.
     fn, _, inputs = CASES[name]
-    if name == "rope":  # with the float32 tables the model uses
+    if name.startswith("rope"):  # with the float32 tables the model uses
         cos, sin = F.rope_tables(4, 6, theta=100.0)
-        fn = lambda x: F.rope(x, cos, sin)  # noqa: E731
+        R = 2 if name == "rope_partial" else 6
+        fn = lambda x: F.rope(x, cos[:, :R], sin[:, :R])  # noqa: E731
     leaves = [Tensor(a.astype(np.float32), requires_grad=True) for a in inputs]
     out = fn(*leaves)
     assert out.dtype == np.float32

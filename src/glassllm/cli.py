@@ -19,6 +19,15 @@ class UsageError(Exception):
     """A mistake in the command line or its inputs: printed as one line, exit code 2."""
 
 
+# the architecture presets (glassllm.config.PRESETS), for --family; the config module imports
+# NumPy only, which the parser needs anyway for nothing else, so the names are spelled here
+# and tests/test_cli_train.py checks them against the presets
+FAMILIES = ("llama", "gpt2", "neox", "gptneo", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
+            "gemma3", "phi", "olmo2")
+# families without grouped-query attention in their Hugging Face class
+_NO_GQA_FAMILIES = ("gpt2", "neox", "gptneo")
+
+
 # ----------------------------------------------------------------------------------- train
 # The default model of `glassllm train`, chosen with TrainSettings' defaults so that the README's
 # run on tinyshakespeare ends below 2.0 nats per byte (1.75) in minutes on two CPU cores.
@@ -66,14 +75,21 @@ def add_train(sub) -> None:
                         "checkpoint.safetensors. Locked while the run lasts: a second run on "
                         "the same paths is refused")
     g = p.add_argument_group("model (with --resume the checkpoint's; other values are refused)")
-    g.add_argument("--family", choices=["llama", "gpt2"], help=f"default {m['family']}")
+    g.add_argument("--family", choices=list(FAMILIES),
+                   help=f"architecture preset (default {m['family']}; see "
+                        f"glassllm.config.PRESETS)")
+    g.add_argument("--init-from", metavar="MODEL",
+                   help="fine-tune: start from this model's weights, config and tokenizer (a "
+                        "glassllm model file or a Hugging Face directory; nanoGPT's "
+                        "init_from); the model flags above are then the model's own; text "
+                        "data is encoded with its tokenizer")
     for flag in ("d_model", "n_layers", "n_heads"):
         g.add_argument("--" + flag.replace("_", "-"), type=int, metavar="N",
                        help=f"default {m[flag]}")
     g.add_argument("--n-kv-heads", type=int, metavar="N",
-                   help="key/value heads; default: 2 for llama (grouped-query attention) when "
-                        "--n-heads is even, else --n-heads; gpt2: --n-heads (GPT-2 has no "
-                        "grouped-query attention)")
+                   help="key/value heads; default: 2 (grouped-query attention) when "
+                        "--n-heads is even, else --n-heads; gpt2, neox, gptneo: --n-heads "
+                        "(they have no grouped-query attention)")
     g = p.add_argument_group("training")
     g.add_argument("--seq-len", type=int, metavar="T",
                    help=f"tokens per window, also the model's max_len (default {d.seq_len})")
@@ -184,8 +200,11 @@ def _prepare_train(args, comm, held):
         raise UsageError(f"{'--resume' if args.resume == '' else '--data'} is an empty path")
     given = {k: getattr(args, k) for k in _MODEL_FLAGS + _SETTING_FLAGS
              if getattr(args, k) is not None}
+    initial, init_tokenizer = _init_from(args, given)
     resume = checkpoint.load_checkpoint(args.resume) if args.resume is not None else None
     saved = _resumed_extra(resume, args.resume) if resume is not None else {}
+    if resume is not None and "init_from" in resume.extra:  # its data, in its tokenizer
+        init_tokenizer = _resumed_tokenizer(resume, args.resume)
     # A resumed run keeps writing where the interrupted one did, unless told otherwise.
     out = _first_given(args.out, saved.get("out"), os.path.join("runs", "model.safetensors"))
     threads = _first_given(args.threads, saved.get("threads"))  # None: measure at start
@@ -225,13 +244,18 @@ def _prepare_train(args, comm, held):
     writer = comm.rank == 0  # the one rank that writes
     if writer:
         runfiles.check_output_paths(outputs)  # before reading any data: a bad path fails now
-    corpus = load_corpus(sources, settings.seq_len)
+    corpus = load_corpus(sources, settings.seq_len, tokenizer=init_tokenizer)
     for name, note in corpus.notes if writer else ():
         print(f"note: {name}: {note}", file=sys.stderr, flush=True)
     if writer:
         runfiles.check_output_paths(outputs, inputs=corpus.sources)
     if resume is not None:
         check_same_data(resume.data, corpus.train, corpus.val, where=f"--resume {args.resume}")
+    elif initial is not None:
+        cfg = initial.cfg
+        if settings.seq_len > cfg.max_len:
+            raise UsageError(f"--seq-len {settings.seq_len} exceeds the max_len {cfg.max_len} "
+                             f"of --init-from {args.init_from}")
     else:
         cfg = _new_model_config(given, corpus.tokenizer.vocab_size, settings.seq_len)
     if writer:
@@ -263,8 +287,11 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
                            Resumed, Saved, Started, Stepped, Trainer, TrainingInterrupted)
 
     out = paths["model"]
-    model = GlassLM(cfg, seed=settings.seed)
+    initial = getattr(args, "initial_model", None)  # --init-from's model (_init_from)
+    model = GlassLM(cfg, seed=settings.seed) if initial is None else initial
     extra = {"data": corpus.describe(), "out": os.path.abspath(out)}
+    if initial is not None:
+        extra["init_from"] = os.path.abspath(args.init_from)
     if threads is not None:  # an explicit --threads is kept for --resume
         extra["threads"] = threads
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
@@ -488,12 +515,54 @@ def _new_model_config(given: dict, vocab_size: int, seq_len: int):
 
 
 def _default_kv_heads(model_args: dict) -> int:
-    """Grouped-query attention with 2 KV heads for llama when n_heads is even (the default
-    4 heads -> 2), else plain multi-head attention; GPT-2 never groups its heads."""
+    """Grouped-query attention with 2 KV heads when n_heads is even (the default 4 heads ->
+    2), else plain multi-head attention; GPT-2, GPT-NeoX and GPT-Neo never group their heads."""
     n_heads = model_args["n_heads"]
-    if model_args["family"] == "llama" and isinstance(n_heads, int) and n_heads % 2 == 0:
+    if model_args["family"] not in _NO_GQA_FAMILIES and isinstance(n_heads, int) and \
+            n_heads % 2 == 0:
         return 2
     return n_heads
+
+
+def _init_from(args, given: dict):
+    """(model, tokenizer) of --init-from, or (None, None) without it; the model is kept on
+    `args.initial_model` for `_train`. A weights-only file of 257 ids gets the byte
+    tokenizer.
+
+    Raises:
+        UsageError: with --resume, with model flags, a model without a tokenizer, or a file
+            that does not load (the loader's one-line reason).
+    """
+    args.initial_model = None
+    if args.init_from is None:
+        return None, None
+    from .formats.tokenizer import ByteTokenizer
+    if args.resume is not None:
+        raise UsageError("--init-from starts a new run; --resume continues one: give one")
+    flags = [f"--{k.replace('_', '-')}" for k in _MODEL_FLAGS if k in given]
+    if flags:
+        raise UsageError(f"--init-from {args.init_from} brings its own architecture; drop "
+                         f"{', '.join(flags)}")
+    try:
+        model, tokenizer = load_model_and_tokenizer(args.init_from)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--init-from: {e}") from None
+    if tokenizer is None:
+        if model.cfg.vocab_size != ByteTokenizer.vocab_size:
+            raise UsageError(f"--init-from {args.init_from} has no tokenizer, and its "
+                             f"{model.cfg.vocab_size} ids are not bytes")
+        tokenizer = ByteTokenizer()
+    args.initial_model = model
+    return model, tokenizer
+
+
+def _resumed_tokenizer(resume, path: str):
+    """The tokenizer a --init-from run stored in its checkpoint (its data is encoded with it)."""
+    from .formats.tokenizer import tokenizer_from_json
+    text = resume.extra.get("tokenizer")
+    if not isinstance(text, str):
+        raise ValueError(f"checkpoint {path!r}: a --init-from run without extra.tokenizer")
+    return tokenizer_from_json(text)
 
 
 def _resumed_settings(resume, given: dict, args):

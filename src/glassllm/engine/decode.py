@@ -1,4 +1,4 @@
-"""One decoding step of a llama-family GlassLM over plain arrays, llama2.c's `forward` style:
+"""One decoding step of a Llama-architecture GlassLM over plain arrays, llama2.c's `forward` style:
 the engine's form of `glassllm.generate.next_token_logits`.
 
 Decoding feeds one token at a time, and for a small model each of the ~15 ops per layer costs
@@ -10,7 +10,7 @@ bookkeeping: no Tensor objects or graph closures, no id validation per layer, no
 thread-pool work, one vector per matrix product. The whole sequence of a layer reads top to
 bottom as in llama2.c's run.c.
 
-`GlassLM.forward` stays the definition (and does the prompt, batches, and the gpt2 family):
+`GlassLM.forward` stays the definition (and does the prompt, batches, and every other architecture):
 `next_token_logits` below runs `step` where it applies and the reference elsewhere.
 `tests/test_decode.py` checks that `step` gives the engine forward's logits exactly, and
 `tests/test_kernels.py` that it gives the reference forward's to float32 rounding.
@@ -22,15 +22,25 @@ import math
 import numpy as np
 
 from .. import amp, generate, kernels
+from ..config import PRESETS
 from ..model import GlassLM, KVCache
 
 _mm = kernels.matmul  # the library's one matrix product (here float32: no autocast)
 
 
+# The switches `step` computes as Llama's; rope_theta, norm_eps and the head's tying are read
+# from the model
+_STEP_FIXED = {name: value for name, value in PRESETS["llama"].items()
+               if name not in ("rope_theta", "norm_eps", "tie_embeddings")}
+
+
 def supports(model: GlassLM, cache: KVCache) -> bool:
-    """True when `step` applies: a llama-family model, a batch of one, float32 weights and
-    no autocast (which rounds every product: `GlassLM.forward` does that)."""
-    return (model.cfg.family == "llama" and cache.k.shape[1] == 1
+    """True when `step` applies: a Llama architecture (every switch but rope_theta, norm_eps
+    and tie_embeddings at Llama's value, whatever the family's name), a batch of one, float32
+    weights and no autocast (which rounds every product: `GlassLM.forward` does that)."""
+    cfg = model.cfg
+    return (all(getattr(cfg, name) == value for name, value in _STEP_FIXED.items())
+            and cache.k.shape[1] == 1
             and amp.matmul_dtype() is None
             and model.token_embedding.weight.data.dtype == np.float32)
 

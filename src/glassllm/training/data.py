@@ -758,7 +758,7 @@ class Corpus:
 
 
 def load_corpus(sources=None, seq_len: int = 64, val_fraction: float = VAL_FRACTION,
-                stdlib_bytes: int = STDLIB_CORPUS_BYTES) -> Corpus:
+                stdlib_bytes: int = STDLIB_CORPUS_BYTES, tokenizer=None) -> Corpus:
     """Read training data the way `glassllm train --data` does, in one call.
 
     sources:
@@ -772,6 +772,10 @@ def load_corpus(sources=None, seq_len: int = 64, val_fraction: float = VAL_FRACT
           does; token .bin files, safetensors, images do); the others are skipped and listed
           in `Corpus.notes`.
     For text, the last `val_fraction` of the token stream is the validation split.
+    tokenizer: None (bytes, `ByteTokenizer`), or the tokenizer of a model being fine-tuned
+    (`glassllm train --init-from`): text is then encoded with it, the last `val_fraction` of
+    the text's bytes (cut at a character boundary) being the validation split; a prepare
+    directory must have been written with the same tokenizer.
 
     Raises:
         FileNotFoundError: a path does not exist.
@@ -789,6 +793,9 @@ def load_corpus(sources=None, seq_len: int = 64, val_fraction: float = VAL_FRACT
     if prepared:
         train = TokenFile(os.path.join(sources[0], "train.bin"))
         val = TokenFile(os.path.join(sources[0], "val.bin"))
+        if tokenizer is not None and train.tokenizer().to_json() != tokenizer.to_json():
+            raise ValueError(f"{sources[0]}: prepared with another tokenizer than the model's; "
+                             f"give text files, or prepare them with the model's tokenizer")
         _check_long_enough(train.token_count(), val.token_count(), seq_len, sources[0])
         return Corpus(sources[0], [os.path.abspath(sources[0])], train, val, train.tokenizer(),
                       val.text_bytes)
@@ -800,12 +807,28 @@ def load_corpus(sources=None, seq_len: int = 64, val_fraction: float = VAL_FRACT
     else:
         files, text = stdlib_corpus(stdlib_bytes)
         name = f"Python standard library source ({len(files)} .py files, {len(text):,} bytes)"
+    paths = [os.path.abspath(f) for f in files] if sources else None
+    if tokenizer is not None and tokenizer.to_json() != ByteTokenizer().to_json():
+        return _encoded_corpus(name, paths, text, tokenizer, val_fraction, seq_len, notes)
     ids = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
     n_val = int(len(ids) * val_fraction)
     _check_long_enough(len(ids) - n_val, n_val, seq_len, name)
-    return Corpus(name, [os.path.abspath(f) for f in files] if sources else None,
-                  ArrayBatches(ids[:len(ids) - n_val]), ArrayBatches(ids[len(ids) - n_val:]),
-                  ByteTokenizer(), n_val, notes)
+    return Corpus(name, paths, ArrayBatches(ids[:len(ids) - n_val]),
+                  ArrayBatches(ids[len(ids) - n_val:]), ByteTokenizer(), n_val, notes)
+
+
+def _encoded_corpus(name, paths, text: bytes, tokenizer, val_fraction: float, seq_len: int,
+                    notes) -> Corpus:
+    """UTF-8 `text` split at the character boundary nearest the last `val_fraction` of its
+    bytes, each part encoded with `tokenizer` (so no token straddles the split)."""
+    cut = len(text) - int(len(text) * val_fraction)
+    while 0 < cut < len(text) and (text[cut] & 0xC0) == 0x80:  # a continuation byte
+        cut += 1
+    train = np.asarray(tokenizer.encode(text[:cut].decode("utf-8")))
+    val = np.asarray(tokenizer.encode(text[cut:].decode("utf-8")))
+    _check_long_enough(len(train), len(val), seq_len, name)
+    return Corpus(name, paths, ArrayBatches(train), ArrayBatches(val), tokenizer,
+                  len(text) - cut, notes)
 
 
 def is_prepared_dir(path) -> bool:
