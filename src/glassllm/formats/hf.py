@@ -279,8 +279,10 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
 
     directory = _checkpoint_dir(path)
     gpt2_files = (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file()
-    if gpt2_files or (directory / TOKENIZER_FILE).is_file():
+    if gpt2_files:
         tokenizer = load_tokenizer(directory)
+    elif (directory / TOKENIZER_FILE).is_file():
+        tokenizer = _tokenizer_json(directory)
     elif vocab_size == ByteTokenizer.vocab_size:
         tokenizer = ByteTokenizer()
     else:
@@ -289,6 +291,33 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
         raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} ids, more than "
                          f"the model's vocab_size {vocab_size}")
     return tokenizer
+
+
+def _tokenizer_json(directory: Path):
+    """The tokenizer.json of a checkpoint: the layouts glassllm knows first (GPT-2's
+    byte-level BPE with <|endoftext|>, those `to_hf` writes), else any tokenizer.json through
+    `tokenizer_json.HFTokenizer` (Gemma's SentencePiece-style BPE, a byte-level BPE with other
+    special tokens), its end-of-text and BOS ids from config.json."""
+    from .tokenizer import load_tokenizer
+    from .tokenizer_json import HFTokenizer
+    try:
+        return load_tokenizer(directory / TOKENIZER_FILE)
+    except ValueError:
+        pass
+    ids = {}
+    if (directory / CONFIG_FILE).is_file():
+        config = _read_config(directory)
+        for key in ("eos_token_id", "bos_token_id"):
+            value = config.get(key)
+            if isinstance(value, list):  # several end ids (Llama 3, Gemma 3): the first
+                value = value[0] if value else None
+            ids[key] = value if is_int(value) else None
+    path = directory / TOKENIZER_FILE
+    try:
+        return HFTokenizer.from_json(path.read_text(encoding="utf-8"),
+                                     ids.get("eos_token_id"), ids.get("bos_token_id"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 # --------------------------------------------------------------------------- tensors
