@@ -189,11 +189,17 @@ def test_greedy_tokens_match_transformers(saved):
     np.testing.assert_array_equal(idx[:, T_PROMPT:], want)
 
 
+def grad_std(name: str) -> float:
+    """Weights N(0, 0.15) for the gradient comparison: logits still reach tens, but the loss
+    is not so extreme that the two libraries' float32 summation orders dominate. GPT-Neo does
+    not divide its scores by sqrt(head_dim) = 4: half the std gives its scores the others'
+    size (at 0.15 its worst tensor sits at 1e-4; in float32 rounding, not in the formula)."""
+    return 0.075 if name == "gptneo" else 0.15
+
+
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_loss_and_gradients_match_torch_autograd(name, tmp_path):
-    """Weights N(0, 0.15): logits still reach tens, but the loss is not so extreme that the
-    two libraries' float32 summation orders dominate the comparison."""
-    model = make_hf(name, seed=5, std=0.15)
+    model = make_hf(name, seed=5, std=grad_std(name))
     model.save_pretrained(tmp_path)
     glass = hf.from_hf(tmp_path)
     idx, targets = batch(6), batch(7)
