@@ -309,6 +309,7 @@ def test_cli_refuses_unimplemented_fields_naming_file_and_field(name, field, val
     config = json.loads((source / "config.json").read_text())
     config[field] = value
     (source / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()  # transformers' own progress output while saving
     out = tmp_path / "out.safetensors"
     code, stdout, err = run_cli(capsys, "convert", "--from-hf", source, "--out", out)
     assert code == 2 and not out.exists() and stdout == ""
@@ -367,3 +368,109 @@ def test_lens_on_every_class(saved):
     for i in range(L):
         np.testing.assert_allclose(cache[f"blocks.{i}.attention.pattern"], theirs[i].numpy(),
                                    atol=1e-4, err_msg=f"layer {i}")
+
+
+# --------------------------------------------------------------------------- real configs
+# config.json of checkpoints on the Hugging Face Hub, as transformers 4.x saved them (the
+# fields that matter; sizes as published). Each must read, with the class's switches.
+HUB_CONFIGS = {
+    "SmolLM2-135M": ({"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+                      "num_attention_heads": 9, "num_hidden_layers": 30,
+                      "num_key_value_heads": 3, "max_position_embeddings": 8192,
+                      "rms_norm_eps": 1e-5, "rope_theta": 100000, "rope_scaling": None,
+                      "rope_interleaved": False, "is_llama_config": True,
+                      "pretraining_tp": 1, "tie_word_embeddings": True, "vocab_size": 49152,
+                      "attention_bias": False, "hidden_act": "silu"},
+                     dict(family="llama", head_dim=64, attn_bias="none")),
+    "Qwen2.5-0.5B": ({"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+                      "num_attention_heads": 14, "num_hidden_layers": 24,
+                      "num_key_value_heads": 2, "max_position_embeddings": 32768,
+                      "max_window_layers": 24, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                      "sliding_window": 32768, "use_sliding_window": False,
+                      "use_mrope": False, "rope_scaling": None, "tie_word_embeddings": True,
+                      "vocab_size": 151936, "hidden_act": "silu"},
+                     dict(family="qwen2", attn_bias="qkv", sliding_window=None)),
+    "Qwen3-0.6B": ({"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+                    "num_attention_heads": 16, "num_hidden_layers": 28, "head_dim": 128,
+                    "num_key_value_heads": 8, "max_position_embeddings": 40960,
+                    "max_window_layers": 28, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+                    "sliding_window": None, "use_sliding_window": False, "rope_scaling": None,
+                    "attention_bias": False, "tie_word_embeddings": True,
+                    "vocab_size": 151936, "hidden_act": "silu"},
+                   dict(family="qwen3", qk_norm="head", head_dim=128)),
+    "pythia-70m": ({"model_type": "gpt_neox", "hidden_size": 512, "intermediate_size": 2048,
+                    "num_attention_heads": 8, "num_hidden_layers": 6,
+                    "max_position_embeddings": 2048, "rotary_emb_base": 10000,
+                    "rotary_pct": 0.25, "use_parallel_residual": True, "hidden_act": "gelu",
+                    "layer_norm_eps": 1e-5, "tie_word_embeddings": False,
+                    "vocab_size": 50304, "bos_token_id": 0, "eos_token_id": 0},
+                   dict(family="neox", rotary_pct=0.25, parallel_block=True, mlp="gelu")),
+    "TinyStories-33M": ({"model_type": "gpt_neo", "hidden_size": 768, "num_layers": 4,
+                         "num_heads": 16, "intermediate_size": None, "window_size": 256,
+                         "attention_layers": ["global", "local", "global", "local"],
+                         "attention_types": [[["global", "local"], 2]],
+                         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                         "max_position_embeddings": 2048, "vocab_size": 50257,
+                         "gradient_checkpointing": False, "summary_type": "cls_index",
+                         "summary_use_proj": True, "summary_activation": None},
+                        dict(family="gptneo", attn_scale=1.0, sliding_window=256, d_ff=3072)),
+    "phi-1_5": ({"model_type": "phi", "hidden_size": 2048, "intermediate_size": 8192,
+                 "num_attention_heads": 32, "num_hidden_layers": 24,
+                 "num_key_value_heads": None, "max_position_embeddings": 2048,
+                 "partial_rotary_factor": 0.5, "rope_theta": 10000.0, "rope_scaling": None,
+                 "qk_layernorm": False, "hidden_act": "gelu_new", "layer_norm_eps": 1e-5,
+                 "tie_word_embeddings": False, "vocab_size": 51200},
+                dict(family="phi", rotary_pct=0.5, shared_norm=True, lm_head_bias=True)),
+    "gemma-3-270m": ({"model_type": "gemma3_text", "hidden_size": 640,
+                      "intermediate_size": 2048, "num_attention_heads": 4,
+                      "num_hidden_layers": 18, "num_key_value_heads": 1, "head_dim": 256,
+                      "max_position_embeddings": 32768, "query_pre_attn_scalar": 256,
+                      "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                      "rope_local_base_freq": 10000.0, "rope_scaling": None,
+                      "sliding_window": 512, "_sliding_window_pattern": 6,
+                      "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
+                      "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                      "use_bidirectional_attention": False,
+                      "hidden_activation": "gelu_pytorch_tanh", "vocab_size": 262144,
+                      "eos_token_id": [1, 106]},
+                     dict(family="gemma3", rope_local_theta=10000.0, attn_scale=None,
+                          sliding_window=512, qk_norm="head", norm_position="sandwich")),
+    "OLMo-2-0425-1B": ({"model_type": "olmo2", "hidden_size": 2048, "intermediate_size": 8192,
+                        "num_attention_heads": 16, "num_hidden_layers": 16,
+                        "num_key_value_heads": 16, "max_position_embeddings": 4096,
+                        "rms_norm_eps": 1e-6, "rope_theta": 500000, "rope_scaling": None,
+                        "attention_bias": False, "tie_word_embeddings": False,
+                        "vocab_size": 100352, "hidden_act": "silu"},
+                       dict(family="olmo2", norm_position="post", qk_norm="proj")),
+    "Mistral-7B-v0.1": ({"model_type": "mistral", "hidden_size": 4096,
+                         "intermediate_size": 14336, "num_attention_heads": 32,
+                         "num_hidden_layers": 32, "num_key_value_heads": 8,
+                         "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+                         "rope_theta": 10000.0, "sliding_window": 4096,
+                         "tie_word_embeddings": False, "vocab_size": 32000,
+                         "hidden_act": "silu"},
+                        dict(family="mistral", sliding_window=4096)),
+}
+
+
+@pytest.mark.parametrize("checkpoint", sorted(HUB_CONFIGS))
+def test_hub_configs_read(checkpoint):
+    config, want = HUB_CONFIGS[checkpoint]
+    cfg = hf.config_from_hf({"architectures": ["X"], "torch_dtype": "bfloat16",
+                             "transformers_version": "4.51.0", "initializer_range": 0.02,
+                             "use_cache": True, **config}, where=checkpoint)
+    for field, value in want.items():
+        assert getattr(cfg, field) == value, field
+    back = hf.config_from_hf(hf.config_to_hf(cfg))  # and each writes back as itself
+    assert back.to_dict() == cfg.to_dict()
+
+
+def test_a_null_softcap_is_off_and_an_absent_one_is_gemma2s_default():
+    base = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 96,
+            "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+            "head_dim": 16, "max_position_embeddings": 64, "vocab_size": V}
+    assert hf.config_from_hf(base).attn_softcap == 50.0
+    assert hf.config_from_hf(base).final_softcap == 30.0
+    off = hf.config_from_hf({**base, "attn_logit_softcapping": None,
+                             "final_logit_softcapping": None})
+    assert off.attn_softcap is None and off.final_softcap is None

@@ -19,7 +19,9 @@ from ..checks import check_int, check_real
 from ..config import PRESETS, Config
 
 # Fields that never change a forward pass: ids, dropouts (glassllm has none; eval mode), init,
-# bookkeeping, heads other than the LM head, generation defaults.
+# bookkeeping, heads other than the LM head, generation defaults; fields the readers below
+# replace by what they imply (Qwen2's max_window_layers by layer_types, Gemma 3's pattern);
+# is_llama_config, nanotron's marker in SmolLM2's config.json, which transformers ignores.
 _HARMLESS = frozenset("""
     architectures model_type transformers_version _name_or_path name_or_path torch_dtype dtype
     bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id
@@ -33,7 +35,7 @@ _HARMLESS = frozenset("""
     tokenizer_class prefix chunk_size_feed_forward pruned_heads tie_encoder_decoder
     torchscript use_bfloat16 output_scores return_dict_in_generate
     max_window_layers use_sliding_window _sliding_window_pattern sliding_window_pattern
-    attention_types
+    attention_types is_llama_config
 """.split())
 
 ARCHITECTURES = {  # model_type -> the transformers class `to_hf` writes
@@ -61,7 +63,8 @@ class _Fields:
         return self.hf.get(name, default)
 
     def int(self, name: str, default=..., low: int = 1):
-        value = self.raw(name, default)
+        value = self.raw(name)  # null is "not set", as transformers reads it
+        value = default if value is None else value
         if value is ...:
             raise ValueError(f"{self.where}: field {name!r} is missing")
         if value is None and default is None:
@@ -69,12 +72,20 @@ class _Fields:
         return check_int(value, f"{self.where}: field {name!r}", low=low)
 
     def real(self, name: str, default=..., positive: bool = True):
-        value = self.raw(name, default)
+        value = self.raw(name)
+        value = default if value is None else value
         if value is ...:
             raise ValueError(f"{self.where}: field {name!r} is missing")
         if value is None and default is None:
             return None
         return check_real(value, f"{self.where}: field {name!r}", positive=positive)
+
+    def off_or_real(self, name: str, default):
+        """A real number, or None where null means "off" (a soft-cap): transformers' default
+        only when the field is absent."""
+        value = self.raw(name, default)
+        return None if value is None else check_real(value, f"{self.where}: field {name!r}",
+                                                     positive=True)
 
     def flag(self, name: str, default: bool) -> bool:
         value = self.raw(name, default)
@@ -238,7 +249,8 @@ def _read_mistral(f: _Fields) -> dict:
 
 def _read_qwen(f: _Fields, family: str) -> dict:
     out = _llama_like(f, family, head_dim_default=128 if family == "qwen3" else None)
-    window = f.raw("sliding_window") if f.flag("use_sliding_window", False) else None
+    window = f.raw("sliding_window")  # read either way: Qwen2.5 stores one, switched off
+    window = window if f.flag("use_sliding_window", False) else None
     first = f.int("max_window_layers", 28, low=0)  # Qwen2Config: layers from here slide
     if family == "qwen2":
         out["attn_bias"] = "qkv"  # Qwen2Attention: bias on q, k, v only
@@ -264,10 +276,10 @@ def _read_gemma(f: _Fields, model_type: str) -> dict:
         return out
     out.update(norm_position="sandwich",
                attn_scale=_attn_scale(f.real("query_pre_attn_scalar", 256), out["head_dim"]),
-               attn_softcap=f.real("attn_logit_softcapping",
-                                   50.0 if family == "gemma2" else None),
-               final_softcap=f.real("final_logit_softcapping",
-                                    30.0 if family == "gemma2" else None))
+               attn_softcap=f.off_or_real("attn_logit_softcapping",
+                                          50.0 if family == "gemma2" else None),
+               final_softcap=f.off_or_real("final_logit_softcapping",
+                                           30.0 if family == "gemma2" else None))
     pattern = 2
     if family == "gemma3":
         out["qk_norm"] = "head"
