@@ -59,22 +59,27 @@ class Attention(Module):
         this layer, or None (learned positions); cache: the KVCache these positions extend,
         or None."""
         B, T, _ = x.shape
-        cfg = self.cfg
-        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        H, K, D = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
         x = tap(f"blocks.{i}.attention.input", x)
         q = self._normed(i, "q", self.query(x), B, T, H)
         k = self._normed(i, "k", self.key(x), B, T, K)
         q = tap(f"blocks.{i}.attention.q", _rotate(q, rope))
         k = tap(f"blocks.{i}.attention.k", _rotate(k, rope))
         v = tap(f"blocks.{i}.attention.v", self.value(x).reshape(B, T, K, D))
+        y = tap(f"blocks.{i}.attention.head_output", self._attend(i, q, k, v, cache))
+        return tap(f"blocks.{i}.attention.output", self.output(y.reshape(B, T, H * D)))
+
+    def _attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, cache: KVCache | None):
+        """Causal attention of block i, (B, T, H, D): with the cache's keys and values when
+        decoding, the score scale and soft-cap, and the window on a sliding layer. A sliding
+        layer's cache keeps every position; the keys past the window are masked."""
+        cfg = self.cfg
         start = 0 if cache is None else cache.length
         if cache is not None:  # decoding: this step's keys/values join the cached ones
             k, v = cache.extend(i, k, v)
         window = cfg.sliding_window if cfg.layer_is_sliding(i) else None
-        y = attend(i, q, k, v, start, scale=cfg.attn_scale, softcap=cfg.attn_softcap,
-                   window=window)
-        y = tap(f"blocks.{i}.attention.head_output", y)
-        return tap(f"blocks.{i}.attention.output", self.output(y.reshape(B, T, H * D)))
+        return attend(i, q, k, v, start, scale=cfg.attn_scale, softcap=cfg.attn_softcap,
+                      window=window)
 
     def _normed(self, i: int, which: str, x: Tensor, B: int, T: int, heads: int) -> Tensor:
         """The projection x (B, T, heads*D) as (B, T, heads, D), through the q/k norm if any
