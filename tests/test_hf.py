@@ -425,6 +425,31 @@ def copy_checkpoint(src, dst, edit_config=None, edit_tensors=None):
     return dst
 
 
+@pytest.mark.parametrize("dtype,value", [(np.int8, 3), (np.bool_, True), (np.int32, 1)])
+def test_an_integer_or_bool_tensor_is_refused_naming_file_and_tensor(tmp_path, gpt2_checkpoint,
+                                                                      dtype, value):
+    """A quantised (int8) or damaged (bool) tensor where weights are expected is not cast."""
+    _, _, directory, _ = gpt2_checkpoint
+    name = "transformer.h.0.mlp.c_fc.weight"
+    bad = copy_checkpoint(directory, tmp_path / "m", edit_tensors=lambda t: t.update(
+        {name: np.full(t[name].shape, value, dtype=dtype)}))
+    with pytest.raises(ValueError, match=rf"{bad}.*'h\.0\.mlp\.c_fc\.weight'.*dtype"):
+        hf.from_hf(bad)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_nan_or_inf_weights_are_refused_naming_file_and_tensor(tmp_path, hf_checkpoint, value):
+    kind, _, directory, _ = hf_checkpoint
+    name = "transformer.ln_f.weight" if kind == "gpt2" else "model.norm.weight"
+
+    def poison(tensors):
+        tensors[name] = tensors[name].copy()
+        tensors[name][3] = value
+    bad = copy_checkpoint(directory, tmp_path / "m", edit_tensors=poison)
+    with pytest.raises(ValueError, match=r"'(ln_f|model\.norm)\.weight' holds 1 NaN or inf"):
+        hf.from_hf(bad)
+
+
 def test_directory_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         hf.from_hf(tmp_path)
