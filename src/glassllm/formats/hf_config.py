@@ -35,7 +35,7 @@ _HARMLESS = frozenset("""
     tokenizer_class prefix chunk_size_feed_forward pruned_heads tie_encoder_decoder
     torchscript use_bfloat16 output_scores return_dict_in_generate
     max_window_layers use_sliding_window _sliding_window_pattern sliding_window_pattern
-    attention_types is_llama_config
+    is_llama_config
 """.split())
 
 ARCHITECTURES = {  # model_type -> the transformers class `to_hf` writes
@@ -354,11 +354,17 @@ def _read_neox(f: _Fields) -> dict:
 def _read_gptneo(f: _Fields) -> dict:
     d_model, n_layers = f.int("hidden_size"), f.int("num_layers")
     f.require("activation_function", ("gelu_new",), "gelu_new")
+    # GPTNeoConfig derives attention_layers from attention_types (its default: global/local
+    # alternating over 24 layers); a stored attention_layers is that expansion
+    types = f.raw("attention_types")
     layers = f.raw("attention_layers")
-    if layers is None:
-        layers = [kind for kinds, times in f.hf.get("attention_types", [[["global", "local"],
-                                                                          12]])
-                  for _ in range(times) for kind in kinds]
+    if types is not None or layers is None:
+        try:
+            layers = [kind for kinds, times in (types or [[["global", "local"], 12]])
+                      for _ in range(times) for kind in kinds]
+        except (TypeError, ValueError):
+            raise ValueError(f"{f.where}: field 'attention_types' must be a list of "
+                             f"[[kinds...], times], got {_short(types)}") from None
     if not isinstance(layers, list) or any(k not in ("global", "local") for k in layers) \
             or len(layers) != n_layers:
         raise ValueError(f"{f.where}: field 'attention_layers' must name 'global' or 'local' "
