@@ -131,6 +131,41 @@ def test_logits_loss_and_every_gradient_match_torch(case, twin_of):
     _assert_grads_close({n: p.grad for n, p in model.named_parameters()}, twin_grads)
 
 
+def _to_float64(model: GlassLM) -> GlassLM:
+    """The model in float64, its RoPE tables computed again in float64 (float32 tables would
+    cap the precision)."""
+    from glassllm import functional as F
+    for p in model.parameters():
+        p.data = p.data.astype(np.float64)
+    cfg = model.cfg
+    for prefix, theta in (("rope", cfg.rope_theta), ("rope_local", cfg.rope_local_theta)):
+        if getattr(model, f"{prefix}_cos") is not None:
+            tables = F.rope_tables(cfg.max_len, cfg.rotary_dim, theta, dtype=np.float64)
+            setattr(model, f"{prefix}_cos", tables[0])
+            setattr(model, f"{prefix}_sin", tables[1])
+    return model
+
+
+# the families, and the one switch no family uses
+FLOAT64_CASES = sorted(c for c in CASES if c.startswith("family_")) + ["switch_layer_norm_no_bias"]
+
+
+@pytest.mark.parametrize("case", FLOAT64_CASES)
+def test_float64_logits_and_gradients_equal_torch_to_1e_10(case, twin_of, torch):
+    # float64 leaves only the order of additions between the two: any formula that differs
+    # (a rounding of the embedding scale aside, exact in float64 too) shows far above 1e-10
+    model = _to_float64(model_of(case))
+    twin, reference = twin_of(model, torch.float64)
+    x, y = ids(model.cfg, (2, T), 1), ids(model.cfg, (2, T), 2)
+    model.loss(x, y).backward()
+    twin.loss(x, y).backward()
+    assert _relative(model(x).data, twin(x).detach().numpy()) <= 1e-10
+    twin_grads = reference.glassllm_gradients(twin)
+    largest = max(np.abs(g).max() for g in twin_grads.values())
+    for name, p in model.named_parameters():
+        assert np.abs(p.grad - twin_grads[name]).max() <= 1e-10 * largest, name
+
+
 def test_parity_sees_a_missing_feature(twin_of):
     # The twin must disagree when one switch is off on one side only: the soft-cap binds.
     model = model_of("family_gemma2")
@@ -291,3 +326,13 @@ def test_n_params_counts_every_switchs_parameters():
     for case in CASES:
         cfg = config_of(case)
         assert cfg.n_params() == sum(p.size for p in GlassLM(cfg).parameters()), case
+
+
+@pytest.mark.parametrize("overrides", [dict(qk_norm="head"), dict(norm_offset=True),
+                                       dict(head_dim=8)])
+def test_llama2c_refuses_a_llama_with_other_switches(tmp_path, overrides):
+    from glassllm.formats.llama2c import to_llama2c
+    model = GlassLM(Config(**_SMALL, n_heads=4, **overrides))
+    with pytest.raises(ValueError, match="run.c computes Llama exactly"):
+        to_llama2c(model, tmp_path / "m.bin")
+    assert not (tmp_path / "m.bin").exists()

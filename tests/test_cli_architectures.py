@@ -116,3 +116,16 @@ def test_init_from_refuses_a_longer_seq_len_than_the_model(tmp_path, text_file, 
                str(tmp_path / "o.safetensors"), "--seq-len", "64"])
     assert rc == 2
     assert "exceeds the max_len 32" in capsys.readouterr().err
+
+
+def test_a_fine_tuning_run_resumes_on_its_tokenizers_data(tmp_path, text_file, capsys):
+    bpe = BPETokenizer.train([TEXT], vocab_size=300)
+    _, path = _saved_model(tmp_path, "olmo2", tokenizer=bpe, vocab_size=bpe.vocab_size)
+    run = ["--steps", "2", "--seq-len", "8", "--batch-size", "2", "--eval-batches", "1",
+           "--warmup", "1", "--eval-every", "2", "--checkpoint-every", "2"]
+    out = tmp_path / "run" / "m.safetensors"
+    assert main(["train", "--init-from", str(path), "--data", str(text_file), "--out",
+                 str(out), *run]) == 0
+    # the checkpoint's data fingerprint is of the BPE ids: a resume must encode alike
+    assert main(["train", "--resume", str(tmp_path / "run" / "checkpoint.safetensors")]) == 0
+    assert "resumed after step 2" in capsys.readouterr().out

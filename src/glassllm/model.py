@@ -309,6 +309,10 @@ class KVCache:
 
     Buffers are preallocated: k, v of shape (n_layers, B, max_len, n_kv_heads, head_dim),
     float32. `length` is how many positions are filled (`GlassLM.forward` advances it).
+    A sliding-window layer's buffer keeps every position too: its attention masks the keys
+    past the window (`functional.causal_mask`), so decoding gives the full forward's logits;
+    it saves no memory (a ring of `sliding_window` rows would, at the cost of positions that
+    are no longer the buffer's rows).
     """
 
     def __init__(self, cfg: Config, batch_size: int = 1):

@@ -52,6 +52,7 @@ import numpy as np
 
 from .atomic import atomic_write
 from ..checks import check_int
+from ..config import PRESETS
 from ..model import Config, GlassLM
 from .tokenizer import SentencePieceTokenizer
 
@@ -242,7 +243,8 @@ def to_llama2c(model: GlassLM, path) -> None:
     can differ from the PyTorch-written ones in the last bit.
 
     Raises:
-        ValueError: not something run.c computes -- a gpt2-family model, rope_theta other than
+        ValueError: not something run.c computes -- a gpt2-family model, a switch or
+            head_dim other than Llama's (`glassllm.config.PRESETS`), rope_theta other than
             10000, norm_eps other than 1e-5 (run.c hard-codes both), a size beyond int32 --
             or a non-finite weight. Nothing is written then.
         OSError: the destination cannot be written (naming `path`).
@@ -252,6 +254,12 @@ def to_llama2c(model: GlassLM, path) -> None:
     if cfg.family != "llama":
         raise ValueError(f"to_llama2c: llama2.c runs Llama models; this is a {cfg.family!r}-"
                          f"family model (LayerNorm, learned positions, GELU, biases)")
+    differs = [name for name, value in PRESETS["llama"].items()
+               if name not in ("rope_theta", "norm_eps", "tie_embeddings")
+               and getattr(cfg, name) != value]
+    if differs or cfg.head_dim * cfg.n_heads != cfg.d_model:
+        raise ValueError(f"to_llama2c: run.c computes Llama exactly; this llama-family model "
+                         f"sets {differs or ['head_dim']} otherwise")
     if cfg.rope_theta != ROPE_THETA:
         raise ValueError(f"to_llama2c: run.c hard-codes RoPE theta {ROPE_THETA:g}; this model "
                          f"has rope_theta {cfg.rope_theta:g}")
