@@ -257,9 +257,12 @@ def stores_tokenizer(tokenizer, vocab_size: int) -> bool:
 def tokenizer_from_hf(path, vocab_size: int | None = None):
     """The tokenizer that goes with a checkpoint directory.
 
-    Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json` (a
-    byte-level BPE with an "<|endoftext|>" token, as `to_hf` writes), both read by
-    `glassllm.formats.tokenizer.load_tokenizer`. With neither, a model of vocab_size 257 gets the
+    Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json`: the
+    layouts `glassllm.formats.tokenizer.load_tokenizer` knows (a byte-level BPE with an
+    "<|endoftext|>" token, those `to_hf` writes), else any tokenizer.json the `tokenizers`
+    library loads (`tokenizer_json.HFTokenizer`: Gemma's SentencePiece-style BPE, a byte-level
+    BPE with other special tokens; end-of-text and BOS ids from config.json's eos_token_id and
+    bos_token_id, the first of a list). With neither, a model of vocab_size 257 gets the
     `ByteTokenizer` (a byte-level glassllm model exported by `to_hf` has no tokenizer file),
     any other model none: the result is None (the weights convert alone, as a weights-only
     glassllm file; see `glassllm.formats.files.save`).
