@@ -11,6 +11,10 @@ token-by-token streaming, which the library's text decoder cannot do mid-charact
 
 The end-of-text and begin-of-sequence ids come from the checkpoint's config.json
 (`eos_token_id`, `bos_token_id`) when given, else from the usual token names.
+
+Not reproduced: a decoder's `Strip` of the space a `Prepend("▁")` normalizer added (Llama 2's
+tokenizer.json): `decode` keeps that leading space (ids are unaffected). Gemma's files have no
+such normalizer.
 """
 from __future__ import annotations
 
