@@ -201,18 +201,25 @@ def residual_parts(model: GlassLM, cache, position: int) -> tuple[list[str], np.
 def _frozen_norm(norm, total: np.ndarray, parts: np.ndarray):
     """A norm as the linear map it is with its per-position scale frozen at `total`'s (the
     vector the parts sum to): (parts through it (n, C), the bias term (C,) or None). RMSNorm:
-    part / rms(total) * gain, gain w or (1 + w) (Gemma); LayerNorm: centre each part, divide by
-    std(total), times w, + b once."""
+    part * rstd * gain; LayerNorm: each part centred, then the same, + b once."""
+    rstd, gain, bias, centre = norm_scale(norm, total)
+    if centre:
+        parts = parts - parts.mean(axis=-1, keepdims=True)
+    return parts * rstd * gain, bias
+
+
+def norm_scale(norm, total: np.ndarray):
+    """(rstd, gain (C,), bias (C,) or None, centres) of a glassllm norm at the vector `total`
+    (C,), float64: RMSNorm 1/sqrt(mean(x^2) + eps) with gain w, or (1 + w) with Gemma's
+    offset; LayerNorm 1/sqrt(var(x) + eps) after centring, gain w, its bias if any."""
     w = norm.weight.data.astype(np.float64)
-    eps = norm.eps
     if isinstance(norm, RMSNorm):
-        gain = 1.0 + w if norm.offset else w
-        return parts / math.sqrt((total ** 2).mean() + eps) * gain, None
+        return (1.0 / math.sqrt((total ** 2).mean() + norm.eps),
+                1.0 + w if norm.offset else w, None, False)
     centred = total - total.mean()
-    rstd = 1.0 / math.sqrt((centred ** 2).mean() + eps)
-    parts = (parts - parts.mean(axis=-1, keepdims=True)) * rstd * w
     bias = getattr(norm, "bias", None)
-    return parts, (None if bias is None else bias.data.astype(np.float64))
+    return (1.0 / math.sqrt((centred ** 2).mean() + norm.eps), w,
+            None if bias is None else bias.data.astype(np.float64), True)
 
 
 def attribution_names(model: GlassLM) -> list[str]:
