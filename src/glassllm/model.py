@@ -9,6 +9,21 @@ of the same switches (`glassllm.config.Config`, `PRESETS`): where the norms sit 
 are, q/k norms, partial rotary, biases, score scale and soft-cap, sliding windows, parallel
 blocks, the MLP's activation, embedding scale, final soft-cap.
 
+Parameter names (Linear weights are [in, out]; a norm's bias only for LayerNorm with
+norm_bias; Gemma's norm weights are the w of (1 + w), as Hugging Face stores them):
+
+    token_embedding.weight (V, C)            position_embedding.weight (max_len, C) [learned]
+    blocks.{i}.attention_norm.weight/bias    [pre/sandwich norms; a parallel block's norm1]
+    blocks.{i}.attention.query|key|value|output.weight/bias   (C, H*D) (C, K*D) (C, K*D)
+                                                              (H*D, C); biases by attn_bias
+    blocks.{i}.attention.q_norm|k_norm.weight  (D,) [qk_norm "head"] or (H*D,)/(K*D,) ["proj"]
+    blocks.{i}.attention_post_norm.weight    [sandwich/post norms]
+    blocks.{i}.mlp_norm.weight/bias          [pre/sandwich; a parallel block's norm2 unless
+                                              shared_norm]
+    blocks.{i}.mlp.gate|up|down.weight/bias  (C, F) (C, F) (F, C); gate for SwiGLU/GeGLU only
+    blocks.{i}.mlp_post_norm.weight          [sandwich/post norms]
+    final_norm.weight/bias                   lm_head.weight (C, V), lm_head.bias [untied]
+
 Every value a reader may want to see goes through `tap(name, value)`, the identity unless a
 trace of this model is open in this thread (`glassllm.taps`; the names are the frozen table
 `glassllm.lens.trace.NAMES`). The model is weights only (like llama2.c's
