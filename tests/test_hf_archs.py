@@ -474,3 +474,38 @@ def test_a_null_softcap_is_off_and_an_absent_one_is_gemma2s_default():
     off = hf.config_from_hf({**base, "attn_logit_softcapping": None,
                              "final_logit_softcapping": None})
     assert off.attn_softcap is None and off.final_softcap is None
+
+
+# --------------------------------------------------------------------------- presets out
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "neox", "gptneo",
+                                    "phi", "gemma", "gemma2", "gemma3", "olmo2", "gpt2"])
+def test_every_preset_exports_as_its_class(family, tmp_path):
+    """A glassllm model built from a family preset (as `train --family` makes one) is written
+    by to_hf as its own class, and transformers computes the same logits from it."""
+    from glassllm import Config
+    windowed = family in ("mistral", "gptneo", "gemma2", "gemma3")
+    cfg = Config.preset(family, vocab_size=V, d_model=64, n_layers=2, n_heads=4, max_len=64,
+                        **({"sliding_window": WINDOW} if windowed else {}))
+    glass = GlassLM(cfg, seed=1)
+    rng = np.random.default_rng(2)
+    for name, p in glass.named_parameters():  # random, norms included (zero-init gains too)
+        p.data[...] = (0.5 if "norm" in name else 0.2) * rng.standard_normal(p.data.shape) + \
+            (1.0 if "norm" in name and name.endswith("weight") and not cfg.norm_offset else 0)
+    hf.to_hf(glass, tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="eager").eval()
+    assert type(loaded).__name__ == transformers.AutoConfig.from_pretrained(
+        tmp_path).architectures[0]
+    idx = batch(13)
+    got = glass(idx).data
+    assert np.abs(hf_logits(loaded, idx) - got).max() <= tolerance(got)
+    assert hf.from_hf(tmp_path).cfg == cfg
+
+
+def test_to_hf_refuses_a_switch_the_class_cannot_hold(tmp_path):
+    from glassllm import Config
+    glass = GlassLM(Config.preset("llama", vocab_size=V, d_model=32, n_layers=1, n_heads=2,
+                                  max_len=16, final_softcap=30.0))
+    with pytest.raises(ValueError, match="LlamaForCausalLM.*final_softcap=30.0"):
+        hf.to_hf(glass, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
