@@ -297,6 +297,7 @@ def test_cli_convert_generate_inspect(saved, tmp_path, capsys):
     ("mistral", "attention_sink", True),
     ("gpt_neo", "activation_function", "relu"),
     ("olmo2", "rope_parameters", {"rope_type": "dynamic", "factor": 2.0}),
+    ("mistral", "model_type", "mixtral"),  # an architecture glassllm does not have
 ])
 def test_cli_refuses_unimplemented_fields_naming_file_and_field(name, field, value, tmp_path,
                                                                 capsys):
