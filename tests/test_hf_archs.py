@@ -285,6 +285,8 @@ def test_cli_convert_generate_inspect(saved, tmp_path, capsys):
                                 "--prompt", "hello world", "--out", report, "--color", "never")
     assert code == 0, err
     assert report.is_file() and "logit lens" in stdout.lower()
+    capped = glass.cfg.final_softcap is not None  # the summary says what it attributes
+    assert ("(logit before the final soft-cap " in stdout) == capped
 
 
 @pytest.mark.parametrize("name,field,value", [

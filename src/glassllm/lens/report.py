@@ -181,7 +181,7 @@ def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
         lines.append(f"  {label:>10}: {guesses}")
     attr = ins.attributions[-1]
     lines.append(f"largest direct attributions to the top guess "
-                 f"'{_visible(ins.text(attr.token))}' (logit {attr.total:.3f}):")
+                 f"'{_visible(ins.text(attr.token))}' ({attr.of} {attr.total:.3f}):")
     for label, value in attr.top(top):
         lines.append(f"  {label:>18} {value:+.3f}")
     heads = attr.heads()
