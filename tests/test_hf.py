@@ -425,6 +425,31 @@ def copy_checkpoint(src, dst, edit_config=None, edit_tensors=None):
     return dst
 
 
+@pytest.mark.parametrize("dtype,value", [(np.int8, 3), (np.bool_, True), (np.int32, 1)])
+def test_an_integer_or_bool_tensor_is_refused_naming_file_and_tensor(tmp_path, gpt2_checkpoint,
+                                                                      dtype, value):
+    """A quantised (int8) or damaged (bool) tensor where weights are expected is not cast."""
+    _, _, directory, _ = gpt2_checkpoint
+    name = "transformer.h.0.mlp.c_fc.weight"
+    bad = copy_checkpoint(directory, tmp_path / "m", edit_tensors=lambda t: t.update(
+        {name: np.full(t[name].shape, value, dtype=dtype)}))
+    with pytest.raises(ValueError, match=rf"{bad}.*'h\.0\.mlp\.c_fc\.weight'.*dtype"):
+        hf.from_hf(bad)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_nan_or_inf_weights_are_refused_naming_file_and_tensor(tmp_path, hf_checkpoint, value):
+    kind, _, directory, _ = hf_checkpoint
+    name = "transformer.ln_f.weight" if kind == "gpt2" else "model.norm.weight"
+
+    def poison(tensors):
+        tensors[name] = tensors[name].copy()
+        tensors[name][3] = value
+    bad = copy_checkpoint(directory, tmp_path / "m", edit_tensors=poison)
+    with pytest.raises(ValueError, match=r"'(ln_f|model\.norm)\.weight' holds 1 NaN or inf"):
+        hf.from_hf(bad)
+
+
 def test_directory_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         hf.from_hf(tmp_path)
@@ -442,8 +467,8 @@ def test_config_without_weights(tmp_path, gpt2_checkpoint):
 def test_unknown_model_type(tmp_path, gpt2_checkpoint):
     _, _, directory, _ = gpt2_checkpoint
     bad = copy_checkpoint(directory, tmp_path / "m",
-                          edit_config=lambda c: c.update(model_type="mistral"))
-    with pytest.raises(ValueError, match="model_type 'mistral'"):
+                          edit_config=lambda c: c.update(model_type="mixtral"))
+    with pytest.raises(ValueError, match="model_type 'mixtral'"):
         hf.from_hf(bad)
 
 
@@ -514,10 +539,12 @@ LLAMA_BASE = {"model_type": "llama", "vocab_size": V, "hidden_size": 64, "num_hi
     (LLAMA_BASE, "rope_scaling", {"rope_type": "linear", "factor": 2.0}),
     (LLAMA_BASE, "rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
     (LLAMA_BASE, "sliding_window", 16),
-    (LLAMA_BASE, "attention_bias", True),
+    (LLAMA_BASE, "num_local_experts", 8),  # a field glassllm does not know: never ignored
+    (LLAMA_BASE, "pretraining_tp", 2),
     (LLAMA_BASE, "mlp_bias", True),
     (LLAMA_BASE, "hidden_act", "gelu"),
-    (LLAMA_BASE, "head_dim", 32),
+    (LLAMA_BASE, "rope_parameters", {"rope_type": "default", "rope_theta": 1e4,
+                                     "partial_rotary_factor": 0.5}),
 ])
 def test_unsupported_config_names_the_field(base, field, value):
     hf.config_from_hf(base)  # the base itself is fine

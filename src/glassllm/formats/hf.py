@@ -1,4 +1,11 @@
-"""Hugging Face checkpoints in and out: `GPT2LMHeadModel` and `LlamaForCausalLM` <-> `GlassLM`.
+"""Hugging Face checkpoints in and out: every transformers class glassllm computes exactly.
+
+Classes (`hf_config.ARCHITECTURES`): `GPT2LMHeadModel`, `LlamaForCausalLM` (SmolLM2 is one),
+`MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `GPTNeoXForCausalLM` (Pythia),
+`GPTNeoForCausalLM` (TinyStories), `PhiForCausalLM`, `GemmaForCausalLM`, `Gemma2ForCausalLM`,
+`Gemma3ForCausalLM` (text only, model_type gemma3_text), `Olmo2ForCausalLM`. Each is a preset
+of `Config`'s switches (docs/architectures.md); `hf_config` reads and writes its config.json,
+`hf_tensors` names its tensors.
 
 A checkpoint is a directory as transformers' `save_pretrained` writes it: `config.json` plus
 `model.safetensors`, or shards `model-0000i-of-0000n.safetensors` listed in
@@ -6,21 +13,11 @@ A checkpoint is a directory as transformers' `save_pretrained` writes it: `confi
 `max_shard_size` (split as huggingface_hub's `split_state_dict_into_shards_factory` does).
 Tensors are read and written with the `safetensors` package.
 
-The conversion is a renaming plus two layout facts (the mapping nanoGPT's
-`GPT.from_pretrained` makes, model.py, and transformers' modeling_gpt2.py / modeling_llama.py):
-
-- GPT-2 stores its projections as `Conv1D` with weight `[in, out]`, glassllm's `Linear`
-  layout, so nothing is transposed; only `attn.c_attn` holds query, key and value side by
-  side (`[C, 3C]`) and is split in three.
-- Llama stores `nn.Linear` weights `[out, in]`: every projection is transposed. transformers
-  applies rotary embedding in the rotate-half convention (to q/k weights it permuted when
-  converting Meta's checkpoints); `functional.rope` is rotate-half too, so the weights are used
-  as they are -- the parity tests against transformers are the proof.
-
-Anything this code cannot reproduce exactly (rope scaling, sliding windows, biases Llama does
-not have, GPT-2's attention variants, another activation) raises ValueError naming the config
-field: a different model is never loaded silently. Weights of any float dtype (float16,
-bfloat16 through `ml_dtypes`) become float32, glassllm's dtype.
+Anything this code cannot reproduce exactly (rope scaling, MoE, a config field it does not
+know) raises ValueError naming the file and the field: a different model is never loaded
+silently. Weights of any float dtype (float16, bfloat16 through `ml_dtypes`) become float32,
+glassllm's dtype; integer or bool tensors, and weights holding NaN or infinity, are refused
+naming the file and the tensor.
 """
 from __future__ import annotations
 
@@ -33,9 +30,11 @@ import ml_dtypes  # noqa: F401  -- registers bfloat16 with NumPy, so bf16 checkp
 import numpy as np
 from safetensors.numpy import save_file
 
-from . import safetensors_io
+from . import hf_tensors, safetensors_io
 from .atomic import atomic_replace, atomic_write
-from ..checks import check_int, check_real, is_int
+from .hf_config import (ARCHITECTURES, MODEL_TYPES, config_from_hf,  # noqa: F401 (public)
+                        config_to_hf)
+from ..checks import check_int, is_int
 from ..model import Config, GlassLM
 
 CONFIG_FILE = "config.json"
@@ -51,7 +50,9 @@ _SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
 
 # Buffers older transformers versions saved next to the weights; they hold no learned values
 # (GPT-2's causal mask, Llama's rotary frequencies), so reading skips them.
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+# (GPT-Neo's and GPT-NeoX's masks likewise).
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq",
+                     ".attention.bias", ".attention.masked_bias")
 
 
 # --------------------------------------------------------------------------- public API
@@ -61,13 +62,14 @@ def is_hf_dir(path) -> bool:
 
 
 def from_hf(path, *, max_len: int | None = None) -> GlassLM:
-    """Load a GPT-2 or Llama checkpoint saved by transformers into a float32 `GlassLM`.
+    """Load a checkpoint saved by transformers (any class of `ARCHITECTURES`) into a float32
+    `GlassLM`.
 
     Args:
         path: the checkpoint directory (or a file inside it, e.g. its config.json).
         max_len: optional shorter context than the checkpoint's (`n_positions` /
-            `max_position_embeddings`), to keep rope tables and KV caches small; GPT-2 keeps
-            the first `max_len` position embeddings.
+            `max_position_embeddings`), to keep rope tables and KV caches small; learned
+            positions (GPT-2, GPT-Neo) keep the first `max_len` rows.
 
     Returns:
         GlassLM whose logits match transformers' (eager attention, eval mode) to float32
@@ -75,8 +77,10 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
 
     Raises:
         FileNotFoundError: no config.json, no weights file, or a shard the index names.
-        ValueError: unknown `model_type`, an unsupported config field (named in the message),
-            a missing or unexpected tensor, a tensor whose shape differs from the config's.
+        ValueError: one line naming the file and the field or tensor: unknown `model_type`,
+            a config field glassllm does not implement, a missing or unexpected tensor, a
+            tensor whose shape differs from the config's, an integer/bool tensor, a NaN or
+            infinite weight.
     """
     directory = _checkpoint_dir(path)
     cfg = config_from_hf(_read_config(directory), where=str(directory / CONFIG_FILE))
@@ -97,11 +101,14 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     or, when the weights pass `max_shard_size`, shards `model-00001-of-0000N.safetensors` and
     their index `model.safetensors.index.json`, as transformers' `save_pretrained` writes them.
 
-    `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` then builds a
-    `GPT2LMHeadModel` (family gpt2) or `LlamaForCausalLM` (family llama) with the same logits.
-    Dropout probabilities are written as 0, since glassllm has none: continued training in
-    PyTorch starts from the same function. A gpt2-family config's `rope_theta` (unused: GPT-2
-    has learned positions) is not written, so `from_hf` gives that field its default.
+    `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` then builds the family's own
+    class (`hf_config.MODEL_TYPES`, `ARCHITECTURES`: `GPT2LMHeadModel` for gpt2,
+    `GPTNeoXForCausalLM` for neox, ...) with the same logits. Dropout probabilities are written
+    as 0, since glassllm has none: continued training in PyTorch starts from the same
+    function. Switches a family's class cannot hold (a llama-family model with a soft-cap) are
+    refused before anything is written; fields a class has no place for and that do not
+    change its arithmetic (a gpt2-family config's `rope_theta`) are not written, so `from_hf`
+    gives them their defaults.
 
     Args:
         model: the GlassLM to export.
@@ -135,8 +142,9 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
         Path of out_dir.
 
     Raises:
-        ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none); an empty
-            out_dir; a max_shard_size that is not a positive size.
+        ValueError: a model its family's class cannot hold (named fields; e.g. a gpt2-family
+            model with grouped KV heads); an empty out_dir; a max_shard_size that is not a
+            positive size.
         FileExistsError: out_dir already holds model.safetensors, its index or config.json
             (and overwrite is False), or one of the files to write or remove is `source`.
     """
@@ -146,6 +154,7 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     limit = shard_size_bytes(max_shard_size)
     out = Path(out_dir)
     cfg = model.cfg
+    hf_config = config_to_hf(cfg)  # a model its class cannot hold: refused before writing
     tensors = _state_to_hf(cfg, model.state_dict())
     shards = _split_into_shards(tensors, limit)
     names = ([WEIGHTS_FILE] if len(shards) == 1 else
@@ -166,7 +175,6 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds {' and '.join(existing)}; choose a new "
                               f"directory or allow overwriting (overwrite=True, --force)")
-    hf_config = config_to_hf(cfg)
     if tokenizer is not None:
         from .tokenizer import start_id
         hf_config["bos_token_id"] = start_id(tokenizer)
@@ -258,11 +266,14 @@ def write_tokenizer(out_dir, tokenizer, max_len: int) -> None:
 def tokenizer_from_hf(path, vocab_size: int | None = None):
     """The tokenizer that goes with a checkpoint directory.
 
-    Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json` (a
-    byte-level BPE with an "<|endoftext|>" token, or the byte or SentencePiece layout `to_hf`
-    writes), both read by `glassllm.formats.tokenizer.load_tokenizer`. With neither, a model of
-    vocab_size 257 gets the `ByteTokenizer` (`to_hf` of glassllm before tokenizer.json was
-    written for it),
+    Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json`: the
+    layouts `glassllm.formats.tokenizer.load_tokenizer` knows (a byte-level BPE with an
+    "<|endoftext|>" token, the byte or SentencePiece layout `to_hf` writes), else any
+    tokenizer.json the `tokenizers` library loads (`tokenizer_json.HFTokenizer`: Gemma's
+    SentencePiece-style BPE, a byte-level BPE with other special tokens; end-of-text and BOS ids
+    from config.json's eos_token_id and bos_token_id, the first of a list). With neither, a
+    model of vocab_size 257 gets the `ByteTokenizer` (`to_hf` of glassllm before tokenizer.json
+    was written for it),
     any other model none: the result is None (the weights convert alone, as a weights-only
     glassllm file; see `glassllm.formats.files.save`).
 
@@ -281,8 +292,10 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
 
     directory = _checkpoint_dir(path)
     gpt2_files = (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file()
-    if gpt2_files or (directory / TOKENIZER_FILE).is_file():
+    if gpt2_files:
         tokenizer = load_tokenizer(directory)
+    elif (directory / TOKENIZER_FILE).is_file():
+        tokenizer = _tokenizer_json(directory)
     elif vocab_size == ByteTokenizer.vocab_size:
         tokenizer = ByteTokenizer()
     else:
@@ -293,261 +306,114 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
     return tokenizer
 
 
-# --------------------------------------------------------------------------- configs
-def config_from_hf(hf: dict, where: str = "config.json") -> Config:
-    """glassllm Config from a transformers config.json dict (model_type gpt2 or llama).
-
-    Args:
-        hf: the parsed config.json.
-        where: the file's name, for messages (`from_hf` gives the full path).
-
-    Raises:
-        ValueError: unknown model_type, a missing size field, a field of the wrong type (sizes
-            must be positive integers, epsilons and rope_theta finite positive numbers,
-            tie_word_embeddings a bool), or a field whose value glassllm cannot reproduce. The
-            message names the field and `where`.
-    """
-    model_type = hf.get("model_type")
-    if model_type == "gpt2":
-        fields = _gpt2_config(hf, where)
-    elif model_type == "llama":
-        fields = _llama_config(hf, where)
-    else:
-        raise ValueError(f"{where}: model_type {model_type!r} is not supported "
-                         f"(glassllm reads 'gpt2' and 'llama')")
+def _tokenizer_json(directory: Path):
+    """The tokenizer.json of a checkpoint: the layouts glassllm knows first (GPT-2's
+    byte-level BPE with <|endoftext|>, those `to_hf` writes), else any tokenizer.json through
+    `tokenizer_json.HFTokenizer` (Gemma's SentencePiece-style BPE, a byte-level BPE with other
+    special tokens), its end-of-text and BOS ids from config.json."""
+    from .tokenizer import load_tokenizer
+    from .tokenizer_json import HFTokenizer
     try:
-        return Config(**fields)
-    except ValueError as e:  # e.g. hidden size not divisible by the number of heads
-        raise ValueError(f"{where}: {e}") from None
+        return load_tokenizer(directory / TOKENIZER_FILE)
+    except ValueError:
+        pass
+    ids = {}
+    if (directory / CONFIG_FILE).is_file():
+        config = _read_config(directory)
+        for key in ("eos_token_id", "bos_token_id"):
+            value = config.get(key)
+            if isinstance(value, list):  # several end ids (Llama 3, Gemma 3): the first
+                value = value[0] if value else None
+            ids[key] = value if is_int(value) else None
+    path = directory / TOKENIZER_FILE
+    try:
+        return HFTokenizer.from_json(path.read_text(encoding="utf-8"),
+                                     ids.get("eos_token_id"), ids.get("bos_token_id"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
-_REQUIRED = object()
-
-
-def _field(hf: dict, name: str, where: str, kind: type = int, default=_REQUIRED):
-    """hf[name] checked as a positive integer (kind int) or finite positive number (float);
-    `default` when absent or null, ValueError naming the field if required."""
-    value = hf.get(name)
-    if value is None:
-        if default is _REQUIRED:
-            raise ValueError(f"{where}: field {name!r} is missing")
-        return default
-    what = f"{where}: field {name!r}"
-    return check_int(value, what, low=1) if kind is int else \
-        check_real(value, what, positive=True)
-
-
-def _require(hf: dict, name: str, allowed, default, where: str) -> None:
-    """Raise unless hf[name] (or its transformers default) is one of `allowed`."""
-    value = hf.get(name, default)
-    if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
-        raise ValueError(f"{where}: {name}={value!r} is not supported by glassllm "
-                         f"(supported: {list(allowed)})")
-
-
-def _gpt2_config(hf: dict, where: str) -> dict:
-    # gelu_pytorch_tanh is the same tanh approximation as gelu_new, computed by torch.
-    _require(hf, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new", where)
-    _require(hf, "scale_attn_weights", (True,), True, where)
-    _require(hf, "scale_attn_by_inverse_layer_idx", (False,), False, where)
-    _require(hf, "reorder_and_upcast_attn", (False,), False, where)
-    _require(hf, "add_cross_attention", (False,), False, where)
-    _require(hf, "tie_word_embeddings", (True,), True, where)
-    return dict(family="gpt2", vocab_size=_field(hf, "vocab_size", where),
-                d_model=_field(hf, "n_embd", where), n_layers=_field(hf, "n_layer", where),
-                n_heads=_field(hf, "n_head", where), max_len=_field(hf, "n_positions", where),
-                # None means 4 * n_embd in both libraries
-                d_ff=_field(hf, "n_inner", where, default=None),
-                norm_eps=_field(hf, "layer_norm_epsilon", where, float, 1e-5),
-                tie_embeddings=True)
-
-
-def _llama_config(hf: dict, where: str) -> dict:
-    _require(hf, "hidden_act", ("silu",), "silu", where)
-    _require(hf, "attention_bias", (False,), False, where)
-    _require(hf, "mlp_bias", (False,), False, where)
-    _require(hf, "rope_scaling", (None,), None, where)
-    _require(hf, "sliding_window", (None,), None, where)
-    d_model = _field(hf, "hidden_size", where)
-    n_heads = _field(hf, "num_attention_heads", where)
-    head_dim = _field(hf, "head_dim", where, default=None)
-    if head_dim is not None and head_dim * n_heads != d_model:
-        raise ValueError(f"{where}: head_dim={head_dim} differs from hidden_size / "
-                         f"num_attention_heads = {d_model} / {n_heads}; glassllm needs them equal")
-    tie = hf.get("tie_word_embeddings", False)
-    if not isinstance(tie, bool):
-        raise ValueError(f"{where}: field 'tie_word_embeddings' must be true or false, "
-                         f"got {tie!r}")
-    return dict(family="llama", vocab_size=_field(hf, "vocab_size", where), d_model=d_model,
-                n_layers=_field(hf, "num_hidden_layers", where), n_heads=n_heads,
-                n_kv_heads=_field(hf, "num_key_value_heads", where, default=n_heads),
-                max_len=_field(hf, "max_position_embeddings", where),
-                d_ff=_field(hf, "intermediate_size", where),
-                rope_theta=_llama_rope_theta(hf, where),
-                norm_eps=_field(hf, "rms_norm_eps", where, float, 1e-6), tie_embeddings=tie)
-
-
-def _llama_rope_theta(hf: dict, where: str) -> float:
-    """RoPE base: `rope_parameters` (transformers 5) or `rope_theta` (transformers 4)."""
-    theta = _field(hf, "rope_theta", where, float, None)
-    params = hf.get("rope_parameters")
-    if params is not None:
-        if not isinstance(params, dict):
-            raise ValueError(f"{where}: field 'rope_parameters' must be an object, got "
-                             f"{params!r}")
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"{where}: rope_parameters.rope_type={rope_type!r} is not "
-                             f"supported by glassllm (only 'default', unscaled RoPE)")
-        extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
-        if extra:
-            raise ValueError(f"{where}: rope_parameters field(s) {extra} are not "
-                             f"supported by glassllm")
-        inner = _field(params, "rope_theta", f"{where}: rope_parameters", float, theta)
-        if theta is not None and inner != theta:
-            raise ValueError(f"{where}: rope_theta={theta} and "
-                             f"rope_parameters.rope_theta={inner} disagree")
-        theta = inner
-    return 10000.0 if theta is None else theta
-
-
-def config_to_hf(cfg: Config) -> dict:
-    """transformers config.json dict for a glassllm Config (the inverse of `config_from_hf`).
-
-    Raises:
-        ValueError: gpt2 family with n_kv_heads != n_heads.
-    """
-    common = {"vocab_size": cfg.vocab_size, "bos_token_id": None, "eos_token_id": None,
-              "pad_token_id": None, "dtype": "float32", "use_cache": True}
-    if cfg.family == "gpt2":
-        if cfg.n_kv_heads != cfg.n_heads:
-            raise ValueError(f"to_hf: GPT-2 has no grouped KV heads, but this gpt2-family model "
-                             f"has n_kv_heads={cfg.n_kv_heads} != n_heads={cfg.n_heads}")
-        return {**common, "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
-                "n_positions": cfg.max_len, "n_inner": cfg.d_ff,
-                "activation_function": "gelu_new", "layer_norm_epsilon": cfg.norm_eps,
-                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                "reorder_and_upcast_attn": False, "tie_word_embeddings": True}
-    return {**common, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
-            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-            "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps,
-            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-            "attention_dropout": 0.0,
-            # rope_theta for transformers 4.x, rope_parameters for 5.x
-            "rope_theta": cfg.rope_theta, "rope_scaling": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-            "tie_word_embeddings": cfg.tie_embeddings}
-
-
-# --------------------------------------------------------------------------- tensor names
-def _tensor_map(cfg: Config) -> list[tuple[str, str, bool]]:
-    """(glassllm name, HF name, transpose) for every tensor except GPT-2's fused c_attn.
-
-    HF names are written without GPT-2's optional "transformer." prefix.
-    """
-    if cfg.family == "gpt2":
-        rows = [("token_embedding.weight", "wte.weight", False),
-                ("position_embedding.weight", "wpe.weight", False)]
-        for i in range(cfg.n_layers):
-            b, h = f"blocks.{i}.", f"h.{i}."
-            for ours, theirs in (("attention_norm", "ln_1"), ("attention.output", "attn.c_proj"),
-                                 ("mlp_norm", "ln_2"), ("mlp.up", "mlp.c_fc"),
-                                 ("mlp.down", "mlp.c_proj")):
-                for p in ("weight", "bias"):
-                    rows.append((f"{b}{ours}.{p}", f"{h}{theirs}.{p}", False))
-        rows += [("final_norm.weight", "ln_f.weight", False),
-                 ("final_norm.bias", "ln_f.bias", False)]
-        return rows
-    rows = [("token_embedding.weight", "model.embed_tokens.weight", False)]
-    for i in range(cfg.n_layers):
-        b, h = f"blocks.{i}.", f"model.layers.{i}."
-        rows += [(f"{b}attention_norm.weight", f"{h}input_layernorm.weight", False),
-                 (f"{b}mlp_norm.weight", f"{h}post_attention_layernorm.weight", False)]
-        for ours, theirs in (("attention.query", "self_attn.q_proj"),
-                             ("attention.key", "self_attn.k_proj"),
-                             ("attention.value", "self_attn.v_proj"),
-                             ("attention.output", "self_attn.o_proj"),
-                             ("mlp.gate", "mlp.gate_proj"), ("mlp.up", "mlp.up_proj"),
-                             ("mlp.down", "mlp.down_proj")):
-            rows.append((f"{b}{ours}.weight", f"{h}{theirs}.weight", True))
-    rows.append(("final_norm.weight", "model.norm.weight", False))
-    if not cfg.tie_embeddings:
-        rows.append(("lm_head.weight", "lm_head.weight", True))
-    return rows
-
-
-def _qkv_names(i: int) -> list[str]:
-    return [f"blocks.{i}.attention.{n}" for n in ("query", "key", "value")]
-
-
+# --------------------------------------------------------------------------- tensors
 def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
                    stored_len: int) -> dict:
-    """State dict for `model` (float32, glassllm layouts) from HF tensors, every shape checked.
+    """State dict for `model` (float32, glassllm layouts) from HF tensors, every shape,
+    dtype and value checked.
 
-    stored_len: the checkpoint's context length; GPT-2 keeps the first model.cfg.max_len rows
-    of its stored position embeddings.
+    stored_len: the checkpoint's context length; learned positions keep the first
+    model.cfg.max_len rows of the stored table.
     """
     cfg = model.cfg
-    if cfg.family == "gpt2":  # the original OpenAI upload has no "transformer." prefix
-        tensors = {k.removeprefix("transformer."): v for k, v in tensors.items()}
-    tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    pre = hf_tensors.prefix(cfg)  # the original OpenAI GPT-2 upload has no "transformer."
+    tensors = {k.removeprefix(pre) if pre else k: v for k, v in tensors.items()
+               if not k.endswith(_IGNORED_SUFFIXES)}
+    for alias, name in hf_tensors.aliases(cfg).items():
+        if alias in tensors and name not in tensors:
+            tensors[name] = tensors.pop(alias)
     if cfg.tie_embeddings:  # transformers ties lm_head to the embedding; a stored copy is unused
         tensors.pop("lm_head.weight", None)
     shapes = {name: p.shape for name, p in model.named_parameters()}  # expected shapes
-    if cfg.family == "gpt2":
+    if cfg.positions == "learned":
         shapes["position_embedding.weight"] = (stored_len, cfg.d_model)
     used: set[str] = set()
 
     def take(name: str, shape: tuple) -> np.ndarray:
         if name not in tensors:
             raise ValueError(f"{where}: tensor {name!r} is missing from the checkpoint")
-        value = tensors[name]
-        if tuple(value.shape) != tuple(shape):
-            raise ValueError(f"{where}: tensor {name!r} has shape {tuple(value.shape)}, "
-                             f"config.json implies {tuple(shape)}")
         used.add(name)
-        return np.asarray(value, dtype=np.float32)
+        return _float_tensor(tensors[name], name, shape, where)
 
     state = {}
-    for ours, theirs, transpose in _tensor_map(cfg):
+    for ours, theirs, transpose in hf_tensors.tensor_map(cfg):
         shape = shapes[ours][::-1] if transpose else shapes[ours]
         value = take(theirs, shape)
         state[ours] = value.T if transpose else value
-    if cfg.family == "gpt2":
-        C = cfg.d_model
-        for i in range(cfg.n_layers):
-            weight = take(f"h.{i}.attn.c_attn.weight", (C, 3 * C))
-            bias = take(f"h.{i}.attn.c_attn.bias", (3 * C,))
-            for ours, w, b in zip(_qkv_names(i), np.split(weight, 3, axis=1),
-                                  np.split(bias, 3)):
-                state[f"{ours}.weight"], state[f"{ours}.bias"] = w, b
-    if cfg.family == "gpt2":
+    for i, name, has_bias in hf_tensors.fused_qkv(cfg):
+        for part in ("weight", "bias") if has_bias else ("weight",):
+            fused = take(f"{name}.{part}", hf_tensors.fused_shape(cfg, part))
+            for ours, value in zip(_qkv_names(i), hf_tensors.split_fused(cfg, part, fused)):
+                state[f"{ours}.{part}"] = value
+    if cfg.positions == "learned":
         state["position_embedding.weight"] = state["position_embedding.weight"][:cfg.max_len]
     unexpected = sorted(set(tensors) - used)
     if unexpected:
         raise ValueError(f"{where}: unexpected tensor(s) {unexpected[:8]} for a "
-                         f"{cfg.family} model with this config.json")
+                         f"{ARCHITECTURES[MODEL_TYPES[cfg.family]]} with this config.json")
     return state
+
+
+def _float_tensor(value: np.ndarray, name: str, shape: tuple, where: Path) -> np.ndarray:
+    """`value` as float32 after checking its shape, its dtype (a float type: an int8 or bool
+    tensor is a quantised or damaged checkpoint, not weights to cast) and its values (finite:
+    NaN or infinity would poison every logit downstream)."""
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{where}: tensor {name!r} has shape {tuple(value.shape)}, "
+                         f"config.json implies {tuple(shape)}")
+    if value.dtype.kind in "biuc" or value.dtype == np.bool_:
+        raise ValueError(f"{where}: tensor {name!r} has dtype {value.dtype}, glassllm reads "
+                         f"float weights only (a quantised checkpoint is not supported)")
+    out = np.asarray(value, dtype=np.float32)
+    if not np.isfinite(out).all():
+        bad = int(np.size(out) - np.isfinite(out).sum())
+        raise ValueError(f"{where}: tensor {name!r} holds {bad} NaN or infinite value(s)")
+    return out
+
+
+def _qkv_names(i: int) -> list[str]:
+    return [f"blocks.{i}.attention.{n}" for n in ("query", "key", "value")]
 
 
 def _state_to_hf(cfg: Config, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """HF tensors (contiguous float32, HF names and layouts) from a glassllm state dict."""
-    prefix = "transformer." if cfg.family == "gpt2" else ""
+    pre = hf_tensors.prefix(cfg)
     out = {}
-    for ours, theirs, transpose in _tensor_map(cfg):
+    for ours, theirs, transpose in hf_tensors.tensor_map(cfg):
         value = state[ours].T if transpose else state[ours]
-        out[prefix + theirs] = np.ascontiguousarray(value, dtype=np.float32)
-    if cfg.family == "gpt2":
-        for i in range(cfg.n_layers):
-            q, k, v = _qkv_names(i)
-            for p, axis in (("weight", 1), ("bias", 0)):
-                fused = np.concatenate([state[f"{q}.{p}"], state[f"{k}.{p}"],
-                                        state[f"{v}.{p}"]], axis=axis)
-                out[f"{prefix}h.{i}.attn.c_attn.{p}"] = fused.astype(np.float32)
+        out[pre + theirs] = np.ascontiguousarray(value, dtype=np.float32)
+    for i, name, has_bias in hf_tensors.fused_qkv(cfg):
+        for part in ("weight", "bias") if has_bias else ("weight",):
+            q, k, v = (state[f"{n}.{part}"] for n in _qkv_names(i))
+            out[f"{pre}{name}.{part}"] = np.ascontiguousarray(
+                hf_tensors.join_fused(cfg, part, q, k, v), dtype=np.float32)
     return out
 
 

@@ -161,6 +161,9 @@ def tokenizer_from_json(text: str):
         return BPETokenizer.from_json(text)  # noqa: F821 -- defined below by the BPE section
     if kind == "sentencepiece":
         return SentencePieceTokenizer.from_json(text)  # noqa: F821 -- defined below
+    if kind == "hf":  # any other tokenizer.json (Gemma's SentencePiece-style BPE, ...)
+        from .tokenizer_json import HFTokenizer
+        return HFTokenizer.from_json(text)
     raise ValueError(f"unknown tokenizer type {kind!r}")
 
 

@@ -89,7 +89,9 @@ def _log10_ratio(num: float, den: float):
 
 def activation_stats(cache, family: str) -> dict:
     """Per layer stats from a trace cache holding blocks.*.residual_out and
-    blocks.*.mlp.hidden_pre (see the module doc)."""
+    blocks.*.mlp.hidden_pre (see the module doc). family: "gpt2" or any GELU-family MLP kind
+    (`Config.mlp` "gelu", "gelu_tanh", "geglu") measures GELU's tanh form; "llama" or
+    "swiglu" SiLU's."""
     out = {}
     layer = 0
     while f"blocks.{layer}.residual_out" in cache:
@@ -97,7 +99,7 @@ def activation_stats(cache, family: str) -> dict:
         out[f"blocks.{layer}.residual_out"] = dict(mean=float(r.mean(dtype=np.float64)),
                                                    std=float(r.std(dtype=np.float64)))
         pre = cache[f"blocks.{layer}.mlp.hidden_pre"]
-        if family == "gpt2":
+        if family in ("gpt2", "gelu", "gelu_tanh", "geglu"):
             gate = np.tanh(_GELU_C * (pre + 0.044715 * pre ** 3))
         else:  # SiLU: x * sigmoid(x) = x * (1 + tanh(x / 2)) / 2
             gate = np.tanh(pre / 2)
@@ -250,7 +252,7 @@ class HealthMonitor:
                    **self._since, nonfinite=nonfinite + (not math.isfinite(record.loss)),
                    skipped=bool(record.skipped), params=params)
         if len(cache):  # absent when the step stopped before the forward (e.g. bad ids)
-            row["activations"] = _clean(activation_stats(cache, cfg.family))
+            row["activations"] = _clean(activation_stats(cache, cfg.mlp))
             row["attention"] = _clean(attention_entropy(cache, cfg.n_layers))
         return row
 

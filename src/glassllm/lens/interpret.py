@@ -29,6 +29,7 @@ import numpy as np
 from .. import functional as F
 from ..checks import check_int, is_int
 from ..model import GlassLM
+from ..nn import RMSNorm
 from ..tensor import Tensor, no_grad
 from .trace import Edit, run_with_cache
 
@@ -53,12 +54,11 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
 
 def unembed(model: GlassLM, residual: np.ndarray) -> np.ndarray:
     """The model's own final norm and output head applied to any residual (..., C) ->
-    logits (..., V), float32 (what `GlassLM.forward` does after its last block)."""
+    logits (..., V), float32 (what `GlassLM.forward` does after its last block: the head's
+    bias and the final soft-cap included)."""
     with no_grad():
-        x = model.final_norm(Tensor(np.asarray(residual, dtype=np.float32)))
-        if model.cfg.tie_embeddings:
-            return F.unembed(x, model.token_embedding.weight).data
-        return model.lm_head(x).data
+        return model.logits(model.final_norm(Tensor(np.asarray(residual,
+                                                                dtype=np.float32)))).data
 
 
 def unembedding_matrix(model: GlassLM) -> np.ndarray:
@@ -127,9 +127,11 @@ class Attribution:
     """Direct logit attribution at one position.
 
     labels: one per part ("embeddings", "L0H3", "L0 attention bias", "L0 MLP", "final_norm
-    bias"); values: float64 (n_parts,) contributions in logit units (nats of unnormalised log
-    probability). total: the model's logit (or logit difference). residual_error: max |sum of
-    the parts' residual vectors - the final residual|, the second self-check.
+    bias", "lm_head bias"); values: float64 (n_parts,) contributions in logit units (nats of
+    unnormalised log probability). total: the model's logit (or logit difference).
+    residual_error: max |sum of the parts' residual vectors - the final residual|, the second
+    self-check. of: what is attributed: "logit", or "logit before the final soft-cap" for a
+    model with final_softcap (Gemma 2): c*tanh(z/c) is not a sum, z is.
     """
     labels: list[str]
     values: np.ndarray
@@ -138,6 +140,7 @@ class Attribution:
     token: int
     against: int | None
     residual_error: float
+    of: str = "logit"
 
     def top(self, n: int = 10) -> list[tuple[str, float]]:
         """The n parts of largest |value|, largest first."""
@@ -162,25 +165,37 @@ class Attribution:
 def residual_parts(model: GlassLM, cache, position: int) -> tuple[list[str], np.ndarray]:
     """The final residual at `position` (row 0 of the cache's batch) as a sum of parts:
     labels and (n_parts, C) float64 vectors. Each head's part is its head_output slice through
-    its rows of the output projection (W_O[h*D:(h+1)*D])."""
+    its rows of the output projection (W_O[h*D:(h+1)*D]). With post-norms (Gemma 2/3, OLMo 2)
+    attention's contribution is attention_post_norm(attention.output): its scale at this
+    position is frozen, so each head's (and the bias') part goes through the norm's gain
+    alone, and the parts still sum to attention.output_normed. The cache needs the names of
+    `attribution_names`."""
     cfg = model.cfg
     D = cfg.head_dim
     labels, parts = ["embeddings"], []
     emb = cache["token_embedding"][0, position].astype(np.float64)
-    if cfg.family == "gpt2":
+    if cfg.positions == "learned":
         emb = emb + cache["position_embedding"][position]
     parts.append(emb)
     for i, block in enumerate(model.blocks):
         heads = cache[f"blocks.{i}.attention.head_output"][0, position].astype(np.float64)
         w_o = block.attention.output.weight.data.astype(np.float64)
-        for h in range(cfg.n_heads):
-            labels.append(f"L{i}H{h}")
-            parts.append(heads[h] @ w_o[h * D:(h + 1) * D])
+        own = [heads[h] @ w_o[h * D:(h + 1) * D] for h in range(cfg.n_heads)]
+        own_labels = [f"L{i}H{h}" for h in range(cfg.n_heads)]
         if block.attention.output.bias is not None:
-            labels.append(f"L{i} attention bias")
-            parts.append(block.attention.output.bias.data.astype(np.float64))
+            own_labels.append(f"L{i} attention bias")
+            own.append(block.attention.output.bias.data.astype(np.float64))
+        if cfg.norm_position != "pre":
+            total = cache[f"blocks.{i}.attention.output"][0, position].astype(np.float64)
+            own, const = _frozen_norm(block.attention_post_norm, total, np.stack(own))
+            if const is not None:
+                own_labels.append(f"L{i} attention_post_norm bias")
+                own = np.concatenate([own, const[None]])
+        labels += own_labels
+        parts += list(own)
         labels.append(f"L{i} MLP")
-        parts.append(cache[f"blocks.{i}.mlp.output"][0, position].astype(np.float64))
+        mlp = "mlp.output" if cfg.norm_position == "pre" else "mlp.output_normed"
+        parts.append(cache[f"blocks.{i}.{mlp}"][0, position].astype(np.float64))
     return labels, np.stack(parts)
 
 
@@ -216,17 +231,59 @@ def logit_rounding_bound(final: np.ndarray, rstd: float, weight: np.ndarray,
     return (2 * C + 8) * FLOAT32_UNIT_ROUNDOFF * magnitude + carried
 
 
+def _frozen_norm(norm, total: np.ndarray, parts: np.ndarray):
+    """A norm as the linear map it is with its per-position scale frozen at `total`'s (the
+    vector the parts sum to): (parts through it (n, C), the bias term (C,) or None). RMSNorm:
+    part * rstd * gain; LayerNorm: each part centred, then the same, + b once."""
+    rstd, gain, bias, centre = norm_scale(norm, total)
+    if centre:
+        parts = parts - parts.mean(axis=-1, keepdims=True)
+    return parts * rstd * gain, bias
+
+
+def norm_scale(norm, total: np.ndarray):
+    """(rstd, gain (C,), bias (C,) or None, centres) of a glassllm norm at the vector `total`
+    (C,), float64: RMSNorm 1/sqrt(mean(x^2) + eps) with gain w, or (1 + w) with Gemma's
+    offset; LayerNorm 1/sqrt(var(x) + eps) after centring, gain w, its bias if any."""
+    w = norm.weight.data.astype(np.float64)
+    if isinstance(norm, RMSNorm):
+        return (1.0 / math.sqrt((total ** 2).mean() + norm.eps),
+                1.0 + w if norm.offset else w, None, False)
+    centred = total - total.mean()
+    bias = getattr(norm, "bias", None)
+    return (1.0 / math.sqrt((centred ** 2).mean() + norm.eps), w,
+            None if bias is None else bias.data.astype(np.float64), True)
+
+
+def attribution_names(model: GlassLM) -> list[str]:
+    """The names `logit_attribution` (and `residual_parts`) read from a cache."""
+    cfg = model.cfg
+    L = cfg.n_layers
+    names = ["token_embedding"] + (["position_embedding"] if cfg.positions == "learned" else [])
+    names += ["blocks.*.attention.head_output"]
+    if cfg.norm_position == "pre":
+        names += ["blocks.*.mlp.output"]
+    else:
+        names += ["blocks.*.attention.output", "blocks.*.mlp.output_normed"]
+    names += [f"blocks.{L - 1}.residual_out", "logits"]
+    if cfg.final_softcap is not None:
+        names.append("logits_pre_softcap")
+    return names
+
+
 def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None = None,
                       against: int | None = None, cache=None) -> Attribution:
     """Direct logit attribution of `token`'s logit (minus `against`'s, if given) at
     `position` of one sequence. token defaults to the model's top prediction there.
-    cache: a `run_with_cache` Cache of these ids holding token_embedding (and
-    position_embedding), head_output, mlp.output, the last residual_out and logits; None runs
+    cache: a `run_with_cache` Cache of these ids holding `attribution_names(model)`; None runs
     the model.
 
     With the final norm's per-position scale (1/rms, or 1/std after centring) frozen, the
     norm is linear, so logit = sum over parts of norm_part(part) . W_U[:, token], plus the
-    norm's bias term (gpt2). LayerNorm's centring applies to each part.
+    norm's bias term (LayerNorm with bias) and the head's bias (Phi). LayerNorm's centring
+    applies to each part. With a final soft-cap (Gemma 2) the attributed quantity is the
+    logit before the cap (`logits_pre_softcap`; `Attribution.of` says so): the cap is not
+    linear, the unembedding is.
 
     The self-check: the float64 sum of the parts must equal the model's float32 logit (or
     difference) within `logit_rounding_bound` -- the float32 rounding the model's own final
@@ -248,13 +305,10 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
         raise ValueError(f"position {position} outside a sequence of {T} tokens")
     position %= T
     L = cfg.n_layers
-    names = ["token_embedding", "position_embedding"] if cfg.family == "gpt2" else \
-        ["token_embedding"]
-    names += ["blocks.*.attention.head_output", "blocks.*.mlp.output",
-              f"blocks.{L - 1}.residual_out", "logits"]
     if cache is None:  # one run can serve many positions: pass a cache holding these names
-        _, cache = run_with_cache(model, ids, names=names)
-    z = cache["logits"][0, position].astype(np.float64)
+        _, cache = run_with_cache(model, ids, names=attribution_names(model))
+    capped = cfg.final_softcap is not None
+    z = cache["logits_pre_softcap" if capped else "logits"][0, position].astype(np.float64)
     _require_finite(z, "logit attribution")
     if token is None:
         token = int(np.argmax(z))
@@ -271,30 +325,28 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     residual_error = float(np.abs(parts.sum(0) - final).max())
     if not residual_error <= 1e-4 * scale:  # written so that NaN fails too
         raise AttributionError(f"residual parts miss the final residual by {residual_error:.2e}")
-    norm = model.final_norm
-    w = norm.weight.data.astype(np.float64)
-    eps = norm.eps
-    if cfg.family == "gpt2":  # LayerNorm: centre each part, divide by the frozen std
-        centred = final - final.mean()
-        rstd = 1.0 / math.sqrt((centred ** 2).mean() + eps)
-        parts = parts - parts.mean(axis=1, keepdims=True)
-    else:  # RMSNorm: divide by the frozen rms
-        rstd = 1.0 / math.sqrt((final ** 2).mean() + eps)
-    values = (parts * rstd * w) @ direction
-    bias = None
-    if cfg.family == "gpt2":
-        bias = norm.bias.data.astype(np.float64)
+    normed, bias = _frozen_norm(model.final_norm, final, parts)
+    values = normed @ direction
+    if bias is not None:
         labels.append("final_norm bias")
         values = np.append(values, bias @ direction)
+    head_bias = getattr(getattr(model, "lm_head", None), "bias", None)
+    if head_bias is not None:  # Phi's head has a bias: one more part, outside the residual
+        b = head_bias.data.astype(np.float64)
+        labels.append("lm_head bias")
+        values = np.append(values, b[token] - (b[against] if against is not None else 0.0))
+    rstd, gain, bias, centres = norm_scale(model.final_norm, final)
+    if centres and bias is None:  # the bound counts the centring where a bias is given
+        bias = np.zeros_like(gain)
     columns = [w_u[:, t] for t in (token, against) if t is not None]
-    tolerance = logit_rounding_bound(final, rstd, w, bias, columns, residual_error)
+    tolerance = logit_rounding_bound(final, rstd, gain, bias, columns, residual_error)
     error = abs(values.sum() - total)
     if not error <= tolerance:  # NaN fails too
         raise AttributionError(f"attribution parts sum to {values.sum():.6f}, the model's "
                                f"logit is {total:.6f} (|diff| {error:.2e}, over the float32 "
                                f"rounding bound {tolerance:.2e})")
     return Attribution(labels, values, float(total), position, token, against,
-                       residual_error)
+                       residual_error, "logit before the final soft-cap" if capped else "logit")
 
 
 # --------------------------------------------------------------------------- surprise

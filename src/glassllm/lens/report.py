@@ -69,11 +69,7 @@ def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
     T = ids.shape[1]
     surprise = interpret.token_surprise(model, ids, k=k)
     lens = interpret.logit_lens(model, ids, k=k)
-    L = model.cfg.n_layers
-    names = ["token_embedding", "blocks.*.attention.pattern", "blocks.*.attention.head_output",
-             "blocks.*.mlp.output", f"blocks.{L - 1}.residual_out", "logits"]
-    if model.cfg.family == "gpt2":
-        names.append("position_embedding")
+    names = ["blocks.*.attention.pattern"] + interpret.attribution_names(model)
     _, cache = run_with_cache(model, ids, names=names)  # what attribution and the views need
     attributions = []
     for t in range(T):
@@ -170,7 +166,7 @@ def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
         lines.append(f"  {label:>10}: {guesses}")
     attr = ins.attributions[-1]
     lines.append(f"largest direct attributions to the top guess "
-                 f"'{_visible(ins.text(attr.token))}' (logit {attr.total:.3f}):")
+                 f"'{_visible(ins.text(attr.token))}' ({attr.of} {attr.total:.3f}):")
     for label, value in attr.top(top):
         lines.append(f"  {label:>18} {value:+.3f}")
     heads = attr.heads()

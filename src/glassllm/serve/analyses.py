@@ -136,7 +136,7 @@ def attribution(loaded, ids: np.ndarray, position: int, token, against, limits: 
                 against=None if a.against is None else int(a.against),
                 against_text=None if a.against is None else loaded.texts(a.against),
                 labels=a.labels, values=rounded(a.values), heads=rounded(a.heads()),
-                total=one(a.total, 6),
+                total=one(a.total, 6), of=a.of,  # "logit before the final soft-cap": Gemma 2
                 residual_error=one(a.residual_error, 9), tokens=_tokens(loaded, ids),
                 self_check="passed: the parts sum to the model's logit within 1e-4 "
                            "(relative), and their vectors to the final residual",

@@ -235,7 +235,7 @@ async function runAttribution() {
   try {
     const r = await api("/api/attribution", body);
     check.classList.remove("error");
-    check.textContent = "logit of " + JSON.stringify(r.token_text) + (r.against === null ? "" : " minus " + JSON.stringify(r.against_text)) +
+    check.textContent = r.of + " of " + JSON.stringify(r.token_text) + (r.against === null ? "" : " minus " + JSON.stringify(r.against_text)) +
       " after position " + r.position + " = " + fmt(r.total, 4) + "; self-check " + r.self_check + " (residual error " + fmt(r.residual_error, 9) + ")";
     const order = r.values.map((v, i) => i).sort((i, j) => Math.abs(r.values[j]) - Math.abs(r.values[i])).slice(0, 16);
     bars($("attr-bars"), order.map((i) => r.labels[i]), order.map((i) => r.values[i]));
