@@ -104,6 +104,21 @@ def test_survives_a_glassllm_file(tokenizer_dir):
         (ours.eot_id, ours.bos_id, ours.vocab_size)
 
 
+def test_to_hf_writes_it_back_for_autotokenizer(tokenizer_dir, tmp_path):
+    from glassllm.model import Config, GlassLM
+    _, directory = tokenizer_dir
+    ours = hf.tokenizer_from_hf(directory)
+    model = GlassLM(Config(vocab_size=ours.vocab_size, d_model=16, n_layers=1, n_heads=2,
+                           max_len=32))
+    hf.to_hf(model, tmp_path / "out", tokenizer=ours)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    np.testing.assert_array_equal(ours.encode(SAMPLE),
+                                  theirs(SAMPLE, add_special_tokens=False)["input_ids"])
+    assert theirs.eos_token_id == ours.eot_id
+    again = hf.tokenizer_from_hf(tmp_path / "out")
+    np.testing.assert_array_equal(again.encode(SAMPLE), ours.encode(SAMPLE))
+
+
 def test_config_json_names_the_special_ids(tmp_path):
     tok, _ = gemma_like()
     tok.save(str(tmp_path / "tokenizer.json"))

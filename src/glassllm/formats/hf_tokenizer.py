@@ -8,6 +8,8 @@ the file), never written by hand:
 - `ByteTokenizer`: a byte-level BPE with no merges: ids 0..255 are the bytes (as GPT-2's
   printable characters, `pre_tokenizers.ByteLevel` without its regex split), 256 the special
   "<|endoftext|>", so every byte is its own token, exactly as ByteTokenizer encodes.
+- `HFTokenizer` (a tokenizer.json glassllm read: Qwen's, Gemma's, ...): its own
+  `tokenizers.Tokenizer`, written back as it was read.
 - `SentencePieceTokenizer` (Llama's, from llama2.c): its `models.BPE` with byte fallback and
   the Prepend(" ") normalizer (see its docstring), plus what transformers' Llama converter adds
   (transformers src/transformers/convert_slow_tokenizer.py, `LlamaConverter`): <unk>, BOS and
@@ -37,7 +39,9 @@ TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # transformers' generic tokenizers-
 
 def writable(tokenizer) -> bool:
     """Whether `to_hf_tokenizer` knows this tokenizer's kind."""
-    return isinstance(tokenizer, (ByteTokenizer, BPETokenizer, SentencePieceTokenizer))
+    from .tokenizer_json import HFTokenizer
+    return isinstance(tokenizer, (ByteTokenizer, BPETokenizer, SentencePieceTokenizer,
+                                  HFTokenizer))
 
 
 def to_hf_tokenizer(tokenizer):
@@ -48,6 +52,10 @@ def to_hf_tokenizer(tokenizer):
         TypeError: a tokenizer of another kind.
     """
     from tokenizers import Tokenizer
+
+    from .tokenizer_json import HFTokenizer
+    if isinstance(tokenizer, HFTokenizer):  # read from a tokenizer.json: written back as it was
+        return Tokenizer.from_str(tokenizer._tok.to_str())
     if isinstance(tokenizer, ByteTokenizer):
         return _byte_tokenizer()
     if isinstance(tokenizer, BPETokenizer):
@@ -61,6 +69,11 @@ def tokenizer_config(tokenizer, max_len: int) -> dict:
     """The `tokenizer_config.json` that goes with `to_hf_tokenizer(tokenizer)`."""
     config = {"tokenizer_class": TOKENIZER_CLASS, "model_max_length": int(max_len),
               "clean_up_tokenization_spaces": False}
+    from .tokenizer_json import HFTokenizer
+    if isinstance(tokenizer, HFTokenizer):
+        named = {"eos_token": tokenizer.eot_id, "bos_token": tokenizer.bos_id}
+        return {**config, **{k: tokenizer.id_to_token(i) for k, i in named.items()
+                             if i is not None}}
     if isinstance(tokenizer, SentencePieceTokenizer):
         pieces = tokenizer.pieces
         return {**config, "bos_token": pieces[SP_BOS_ID], "eos_token": pieces[SP_EOS_ID],
