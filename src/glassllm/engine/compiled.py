@@ -232,8 +232,9 @@ def adamw_update(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step) -> No
                                       weight_decay=weight_decay, step=step)
     pf, gf, mf, vf = p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1)
     lr, beta1, beta2, eps, decay = map(float, (lr, beta1, beta2, eps, weight_decay))
+    c1, c2 = 1.0 - beta1 ** step, 1.0 - beta2 ** step  # as the reference computes them
     parallel.for_slices(lambda r: k.adamw_update(pf[r], gf[r], mf[r], vf[r], lr, beta1, beta2,
-                                                 eps, decay, int(step)), p.size, 1)
+                                                 eps, decay, c1, c2), p.size, 1)
 
 
 FAST_FORMS = [

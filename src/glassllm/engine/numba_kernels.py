@@ -266,15 +266,14 @@ def cross_entropy_backward(probs, targets, scale):
 
 # --------------------------------------------------------------------------- optimizer
 @_jit
-def adamw_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
+def adamw_update(p, g, m, v, lr, beta1, beta2, eps, weight_decay, c1, c2):
     """AdamW (Loshchilov & Hutter 2019) over flat buffers, one pass, in place:
     p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
     p -= lr * (m / c1) / (sqrt(v / c2) + eps), c1 = 1 - b1^t, c2 = 1 - b2^t.
     The arithmetic of each element is in p's dtype and in the reference's order, every
     constant rounded once from float64 as NumPy does with a Python float: the same bits."""
     ty = p.dtype.type
-    c1 = ty(1.0 - beta1 ** step)
-    c2 = ty(1.0 - beta2 ** step)
+    c1, c2 = ty(c1), ty(c2)  # 1 - beta^t, computed by the caller with Python's pow
     decay = ty(1.0 - lr * weight_decay)
     b1, b2, one_b1, one_b2 = ty(beta1), ty(beta2), ty(1.0 - beta1), ty(1.0 - beta2)
     lr_, eps_ = ty(lr), ty(eps)
