@@ -7,14 +7,15 @@
   its reference form and tested equal to it (tests/test_kernels.py);
 - `parallel`: the thread pool that runs the elementwise passes over slices of rows;
 - `blas`: the matrix-product backend (NumPy's BLAS, or Intel MKL's SGEMM where it is installed);
-- `cpu`: thread counts, load measurement.
+- `cpu`: thread counts, load measurement, and the process's default (the CLI's choice,
+  applied at the first op: `cpu.apply_default_threads`).
 
 Nothing in the glass imports this package: importing it (which `import glassllm` does) plugs
 the engine into the glass through `glassllm.kernels`. GLASSLLM_KERNELS=reference then runs the
 references all the same; the BLAS backend computes every matrix product in both modes.
 """
 from .. import kernels
-from . import attention, blas, compiled, decode, ops, optimizer
+from . import attention, blas, compiled, cpu, decode, ops, optimizer
 
 kernels.register_gemm(blas.matmul)
 for _module in (ops, attention, optimizer, decode, compiled):  # compiled last: it wins

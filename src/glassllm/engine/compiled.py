@@ -36,15 +36,22 @@ def _rows(a):
     return np.ascontiguousarray(a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1))
 
 
+def _for_rows(kernel, arguments, n_rows, row_size):
+    """kernel(*arguments(rows)) over slices of rows on the pool's threads (the slice function
+    named after the kernel, for profiles)."""
+    def rows(r):
+        kernel(*arguments(r))
+
+    rows.__qualname__ = f"{kernel.__name__}.rows"
+    parallel.for_slices(rows, n_rows, row_size)
+
+
 def _each_slice(kernel, arrays, *scalars):
     """kernel(*(a[rows] for a in arrays), *scalars) over slices of the first array's rows, on
     the pool's threads."""
     n, c = arrays[0].shape
 
-    def run(r):
-        kernel(*[a[r] for a in arrays], *scalars)
-
-    parallel.for_slices(run, n, c)
+    _for_rows(kernel, lambda r: [a[r] for a in arrays] + list(scalars), n, c)
 
 
 # --------------------------------------------------------------------------- norms
@@ -57,8 +64,7 @@ def rms_norm_forward(x, weight, eps):
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     n, c = x2.shape
     eps = float(eps)
-    parallel.for_slices(lambda r: k.rms_norm_forward(x2[r], weight, eps, y[r], xhat[r], rstd[r]),
-                        n, c)
+    _for_rows(k.rms_norm_forward, lambda r: (x2[r], weight, eps, y[r], xhat[r], rstd[r]), n, c)
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
@@ -68,8 +74,8 @@ def _norm_dx(dy, xhat, rstd, weight, centred):
         return ops._norm_backward(dy, xhat, rstd, weight, centred)
     dy2 = _rows(dy)
     dx = np.empty_like(dy2)
-    parallel.for_slices(
-        lambda r: k.norm_backward(dy2[r], xhat[r], rstd[r], weight, centred, dx[r]), *dy2.shape)
+    _for_rows(k.norm_backward, lambda r: (dy2[r], xhat[r], rstd[r], weight, centred, dx[r]),
+              *dy2.shape)
     return dx.reshape(dy.shape)
 
 
@@ -86,9 +92,8 @@ def layer_norm_forward(x, weight, bias, eps):
     y, xhat = np.empty_like(x2), np.empty_like(x2)
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     eps = float(eps)
-    parallel.for_slices(
-        lambda r: k.layer_norm_forward(x2[r], weight, bias, eps, y[r], xhat[r], rstd[r]),
-        *x2.shape)
+    _for_rows(k.layer_norm_forward,
+              lambda r: (x2[r], weight, bias, eps, y[r], xhat[r], rstd[r]), *x2.shape)
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
@@ -128,7 +133,7 @@ def gelu_forward(x):
     x2 = _rows(x)
     s, y = np.empty_like(x2), np.empty_like(x2)
     n, c = x2.shape
-    parallel.for_slices(lambda r: k.gelu_forward(x2[r], F.GELU_C, s[r], y[r]), n, c)
+    _for_rows(k.gelu_forward, lambda r: (x2[r], F.GELU_C, s[r], y[r]), n, c)
     return y.reshape(x.shape), (x2, s)
 
 
@@ -139,8 +144,7 @@ def gelu_backward(dy, saved):
         return ops.gelu_backward(dy, saved)
     dy2 = _rows(dy)
     dx = np.empty_like(x2)
-    parallel.for_slices(lambda r: k.gelu_backward(dy2[r], x2[r], s[r], F.GELU_C, dx[r]),
-                        *x2.shape)
+    _for_rows(k.gelu_backward, lambda r: (dy2[r], x2[r], s[r], F.GELU_C, dx[r]), *x2.shape)
     return (dx.reshape(dy.shape),)
 
 
@@ -152,7 +156,7 @@ def _rope(x, cos, sin, sign):
     xt = np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(T, B * H, D)
     yt = np.empty_like(xt)
     cos, sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
-    parallel.for_slices(lambda t: k.rope(xt[t], cos[t], sin[t], sign, yt[t]), T, B * H * D)
+    _for_rows(k.rope, lambda t: (xt[t], cos[t], sin[t], sign, yt[t]), T, B * H * D)
     return yt.reshape(T, B, H, D).transpose(1, 0, 2, 3)
 
 
@@ -176,7 +180,7 @@ def softmax_rows_inplace(x):
     if k is None:
         return ops.softmax_rows_inplace(x)
     x2 = ops._rows(x)
-    parallel.for_slices(lambda r: k.softmax_rows_inplace(x2[r]), *x2.shape)
+    _for_rows(k.softmax_rows_inplace, lambda r: (x2[r],), *x2.shape)
     return x
 
 
@@ -186,7 +190,7 @@ def softmax_backward_inplace(dp, p):
     if k is None:
         return ops.softmax_backward_inplace(dp, p)
     d2, p2 = ops._rows(dp), ops._rows(p)
-    parallel.for_slices(lambda r: k.softmax_backward_inplace(d2[r], p2[r]), *d2.shape)
+    _for_rows(k.softmax_backward_inplace, lambda r: (d2[r], p2[r]), *d2.shape)
     return dp
 
 
@@ -207,8 +211,8 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     probs = logits if overwrite_logits else np.empty_like(logits)
     logprob = np.empty(logits.shape[0], dtype=logits.dtype)
     t = np.ascontiguousarray(targets, dtype=np.int64)
-    parallel.for_slices(
-        lambda r: k.cross_entropy_forward(logits[r], t[r], probs[r], logprob[r]), *logits.shape)
+    _for_rows(k.cross_entropy_forward, lambda r: (logits[r], t[r], probs[r], logprob[r]),
+              *logits.shape)
     return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, targets)
 
 
@@ -219,7 +223,7 @@ def cross_entropy_backward(dloss, saved):
         return ops.cross_entropy_backward(dloss, saved)
     t = np.ascontiguousarray(targets, dtype=np.int64)
     scale = float(dloss) / len(targets)
-    parallel.for_slices(lambda r: k.cross_entropy_backward(dz[r], t[r], scale), *dz.shape)
+    _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], scale), *dz.shape)
     return (dz,)
 
 
@@ -233,8 +237,8 @@ def adamw_update(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step) -> No
     pf, gf, mf, vf = p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1)
     lr, beta1, beta2, eps, decay = map(float, (lr, beta1, beta2, eps, weight_decay))
     c1, c2 = 1.0 - beta1 ** step, 1.0 - beta2 ** step  # as the reference computes them
-    parallel.for_slices(lambda r: k.adamw_update(pf[r], gf[r], mf[r], vf[r], lr, beta1, beta2,
-                                                 eps, decay, c1, c2), p.size, 1)
+    _for_rows(k.adamw_update, lambda r: (pf[r], gf[r], mf[r], vf[r], lr, beta1, beta2, eps,
+                                         decay, c1, c2), p.size, 1)
 
 
 FAST_FORMS = [
