@@ -254,3 +254,57 @@ def test_compiled_code_is_cached_on_disk():
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[1]) >= 1, result.stdout
+
+
+# --------------------------------------------------------------------------- decoding
+def perturbed_llama(tie: bool, transposed: bool = False) -> GlassLM:
+    cfg = Config(vocab_size=61, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, max_len=40,
+                 tie_embeddings=tie)
+    model = GlassLM(cfg, seed=1)
+    rng = np.random.default_rng(0)
+    for p in model.parameters():
+        p.data += (0.05 * rng.standard_normal(p.data.shape)).astype(np.float32)
+        if transposed and p.data.ndim == 2 and p is not model.token_embedding.weight:
+            p.data = np.ascontiguousarray(p.data.T).T  # stored (out, in), as llama2.c's
+    return model
+
+
+@pytest.mark.parametrize("tie,transposed", [(True, False), (False, False), (True, True),
+                                            (False, True)])
+def test_compiled_decoding_step_equals_the_reference_next_token_logits(tie, transposed):
+    """39 tokens through the compiled whole-token step against the reference forward with a
+    KV cache: logits and cache within float32 rounding (sums in another order than BLAS's)."""
+    from glassllm import generate
+    from glassllm.engine import fast_decode
+    from glassllm.model import KVCache
+    model = perturbed_llama(tie, transposed)
+    assert fast_decode.supports(model, KVCache(model.cfg))
+    fast, ref = KVCache(model.cfg), KVCache(model.cfg)
+    for token in np.random.default_rng(3).integers(0, 61, 39):
+        got = kernels.registered()[generate.next_token_logits](model, fast, int(token))
+        with kernels.use("reference"):
+            want = generate.next_token_logits(model, ref, int(token))
+        assert_close(got, want, 4e-6, f"logits at {ref.length}")
+    assert fast.length == ref.length == 39
+    assert_close(fast.k, ref.k, 4e-6, "keys")
+    assert_close(fast.v, ref.v, 4e-6, "values")
+
+
+def test_compiled_decoding_step_sees_new_weights_and_leaves_other_models_to_numpy():
+    from glassllm import generate
+    from glassllm.engine import fast_decode
+    from glassllm.model import KVCache
+    model = perturbed_llama(True)
+    first = fast_decode.next_token_logits(model, KVCache(model.cfg), 5)
+    model.blocks[0].mlp.down.weight.data = model.blocks[0].mlp.down.weight.data * 2  # new array
+    second = fast_decode.next_token_logits(model, KVCache(model.cfg), 5)
+    with kernels.use("reference"):
+        want = generate.next_token_logits(model, KVCache(model.cfg), 5)
+    assert not np.allclose(first, second)
+    assert_close(second, want, 4e-6, "after a new weight array")
+    gpt2 = GlassLM(Config(family="gpt2", vocab_size=30, d_model=16, n_layers=1, n_heads=2,
+                          max_len=8), seed=0)
+    assert not fast_decode.supports(gpt2, KVCache(gpt2.cfg))
+    big = GlassLM(Config(vocab_size=30, d_model=fast_decode.MAX_D_MODEL + 32, n_layers=1,
+                         n_heads=4, max_len=8), seed=0)
+    assert not fast_decode.supports(big, KVCache(big.cfg))

@@ -295,3 +295,143 @@ def sum_of_squares(g):
         x = np.float64(g[i])
         total += x * x
     return total
+
+
+# --------------------------------------------------------------------------- decoding
+@_jit_sum
+def _matvec(out, x, w):
+    """out = x @ w, x (n_in,), w (n_in, n_out) row-major: out accumulated one input at a time,
+    each pass a vector loop over the outputs (llama2.c's matmul, over w's contiguous rows)."""
+    for j in range(out.shape[0]):
+        out[j] = 0.0
+    for i in range(x.shape[0]):
+        xi = x[i]
+        for j in range(out.shape[0]):
+            out[j] += xi * w[i, j]
+
+
+@_jit_sum
+def _matvec_rows(out, x, w_t):
+    """out = x @ w_t.T, w_t (n_out, n_in) row-major: one dot product per output (run.c's
+    matmul itself, for weights stored (out, in) as llama2.c's)."""
+    for j in range(out.shape[0]):
+        s = out.dtype.type(0.0)
+        for i in range(x.shape[0]):
+            s += w_t[j, i] * x[i]
+        out[j] = s
+
+
+@_jit
+def _mv(out, x, w, rows):
+    """`_matvec_rows` when the weights are given (out, in) (`rows`), else `_matvec`."""
+    if rows:
+        _matvec_rows(out, x, w)
+    else:
+        _matvec(out, x, w)
+
+
+@_jit_sum
+def _rms_norm_vec(out, x, weight, eps):
+    ss = 0.0
+    for j in range(x.shape[0]):
+        ss += np.float64(x[j]) * x[j]
+    r = x.dtype.type(1.0 / math.sqrt(ss / x.shape[0] + eps))
+    for j in range(x.shape[0]):
+        out[j] = (x[j] * r) * weight[j]
+
+
+@_jit
+def _rope_vec(v, n_heads, cos, sin):
+    """v (n_heads * D,) rotated in place, rotate-half pairs, cos/sin (D,) of this position."""
+    D = cos.shape[0]
+    half = D // 2
+    for h in range(n_heads):
+        o = h * D
+        for i in range(half):
+            a, b = v[o + i], v[o + i + half]
+            v[o + i] = a * cos[i] - b * sin[i]
+            v[o + i + half] = b * cos[i + half] + a * sin[i + half]
+
+
+@_jit_sum
+def decode_step(token, pos, emb, head, tied, rows, final_norm, attention_norms, wq, wk, wv,
+                wo, mlp_norms, w_gate, w_up, w_down, cos, sin, k_cache, v_cache, eps, n_heads,
+                logits):
+    """One token of a llama-family model, llama2.c's `forward()`: logits (V,) of `token` at
+    `pos`, k and v written to k_cache/v_cache (L, max_len, Hkv, D) at `pos`. The weights are
+    tuples of one array per layer, (in, out) as `glassllm.nn.Linear`'s, or with `rows` their
+    transposes (out, in), as llama2.c stores them; `head` is lm_head's (C, V) (its (V, C)
+    transpose with `rows`) or, `tied`, the embedding (V, C)."""
+    C = emb.shape[1]
+    D = cos.shape[1]
+    n_kv = k_cache.shape[2]
+    G = n_heads // n_kv
+    f32 = emb.dtype.type
+    scale = f32(1.0 / math.sqrt(D))
+    x = emb[token].copy()
+    h = np.empty(C, emb.dtype)
+    q = np.empty(n_heads * D, emb.dtype)
+    kv = np.empty(n_kv * D, emb.dtype)
+    y = np.empty(n_heads * D, emb.dtype)
+    out = np.empty(C, emb.dtype)
+    att = np.empty(pos + 1, emb.dtype)
+    F = w_gate[0].shape[0] if rows else w_gate[0].shape[1]
+    gate = np.empty(F, emb.dtype)
+    up = np.empty(F, emb.dtype)
+    for layer in range(len(wq)):
+        # attention: q, k, v of this position, k and v into the cache
+        _rms_norm_vec(h, x, attention_norms[layer], eps)
+        _mv(q, h, wq[layer], rows)
+        _rope_vec(q, n_heads, cos[pos], sin[pos])
+        _mv(kv, h, wk[layer], rows)
+        _rope_vec(kv, n_kv, cos[pos], sin[pos])
+        for i in range(n_kv * D):
+            k_cache[layer, pos, i // D, i % D] = kv[i]
+        _mv(kv, h, wv[layer], rows)
+        for i in range(n_kv * D):
+            v_cache[layer, pos, i // D, i % D] = kv[i]
+        for head_i in range(n_heads):  # softmax(q k^T / sqrt(D)) v, head by head
+            kvh = head_i // G
+            o = head_i * D
+            m = -np.inf
+            for t in range(pos + 1):
+                s = f32(0.0)
+                for d in range(D):
+                    s += (q[o + d] * scale) * k_cache[layer, t, kvh, d]
+                att[t] = s
+                m = max(m, s)
+            total = 0.0
+            for t in range(pos + 1):
+                e = _exp(att[t] - f32(m))
+                att[t] = e
+                total += e
+            inv = f32(1.0 / total)
+            for d in range(D):
+                y[o + d] = 0.0
+            for t in range(pos + 1):
+                p = att[t] * inv
+                for d in range(D):
+                    y[o + d] += p * v_cache[layer, t, kvh, d]
+        _mv(out, y, wo[layer], rows)
+        for j in range(C):
+            x[j] += out[j]
+        # SwiGLU MLP: down(silu(gate) * up)
+        _rms_norm_vec(h, x, mlp_norms[layer], eps)
+        _mv(gate, h, w_gate[layer], rows)
+        _mv(up, h, w_up[layer], rows)
+        one = f32(1.0)
+        for j in range(F):
+            g = gate[j]
+            gate[j] = g * (one / (one + _exp(-g))) * up[j]
+        _mv(out, gate, w_down[layer], rows)
+        for j in range(C):
+            x[j] += out[j]
+    _rms_norm_vec(h, x, final_norm, eps)
+    if tied:
+        for v in range(emb.shape[0]):
+            s = f32(0.0)
+            for j in range(C):
+                s += emb[v, j] * h[j]
+            logits[v] = s
+    else:
+        _mv(logits, h, head, rows)
