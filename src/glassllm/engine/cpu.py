@@ -218,7 +218,8 @@ def use_threads(n: int):
     if n < 1:
         raise ValueError(f"use_threads: need n >= 1, got {n}")
     if parallel.first_use_pending():  # the process default, without the load measurement
-        set_default_threads(len(available_cpus()))  # (the caller pins its own count here)
+        pinned, _ = default_threads_from_environment()  # (the caller pins its own count here)
+        set_default_threads(pinned or len(available_cpus()))
     before, split_before = parallel.get_num_threads(), parallel.split_matmuls()
     parallel.set_num_threads(n)
     parallel.set_split_matmuls(n > 1)
