@@ -150,27 +150,28 @@ def gelu_backward(dy, saved):
 
 # --------------------------------------------------------------------------- rotary embedding
 def _rope(x, cos, sin, sign):
-    """x (B, T, H, D), cos/sin (T, D) -> the rotation of every head (sign -1: back)."""
+    """x (B, T, H, D), cos/sin (T, D) -> the rotation of every head (sign -1: back), in one
+    pass over x's own layout."""
     B, T, H, D = x.shape
     k = _kernels(x, cos, sin)
-    xt = np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(T, B * H, D)
-    yt = np.empty_like(xt)
+    x3 = np.ascontiguousarray(x).reshape(B * T, H, D)
+    y3 = np.empty_like(x3)
     cos, sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
-    _for_rows(k.rope, lambda t: (xt[t], cos[t], sin[t], sign, yt[t]), T, B * H * D)
-    return yt.reshape(T, B, H, D).transpose(1, 0, 2, 3)
+    _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D)
+    return y3.reshape(B, T, H, D)
 
 
 def rope_forward(x, cos, sin):
     if _kernels(x, cos, sin) is None or x.shape[-1] % 2:
         return ops.rope_forward(x, cos, sin)
-    return np.ascontiguousarray(_rope(x, cos, sin, 1.0)), (cos[:, None, :], sin[:, None, :])
+    return _rope(x, cos, sin, 1.0), (cos[:, None, :], sin[:, None, :])
 
 
 def rope_backward(dy, saved):
     c, s = saved
     if _kernels(dy, c, s) is None or dy.shape[-1] % 2:
         return ops.rope_backward(dy, saved)
-    return (np.ascontiguousarray(_rope(dy, c[:, 0, :], s[:, 0, :], -1.0)),)
+    return (_rope(dy, c[:, 0, :], s[:, 0, :], -1.0),)
 
 
 # --------------------------------------------------------------------------- softmax

@@ -182,18 +182,21 @@ def gelu_backward(dy, x, s, c, dx):
 
 # --------------------------------------------------------------------------- rotary embedding
 @_jit
-def rope(x, cos, sin, sign, y):
-    """Rotate each half-split pair of every head: x (T, B*H, D) as (time, rows, D);
+def rope(x, cos, sin, first_row, sign, y):
+    """Rotate each half-split pair of every head. x, y (rows, H, D): rows first_row.. of the
+    (B*T) positions of a (B, T, H, D) array, row n at time n % T; cos, sin (T, D).
     y[.., i] = x[i] cos[i] - sign x[i + D/2] sin[i], y[.., i + D/2] = x[i + D/2] cos[i + D/2]
     + sign x[i] sin[i + D/2] (sign +1 forward, -1 the backward's rotation back)."""
-    T, R, D = x.shape
+    N, H, D = x.shape
+    T = cos.shape[0]
     half = D // 2
-    for t in range(T):
-        for r in range(R):
+    for n in range(N):
+        t = (first_row + n) % T
+        for h in range(H):
             for i in range(half):
-                a, b = x[t, r, i], x[t, r, i + half]
-                y[t, r, i] = a * cos[t, i] - sign * (b * sin[t, i])
-                y[t, r, i + half] = b * cos[t, i + half] + sign * (a * sin[t, i + half])
+                a, b = x[n, h, i], x[n, h, i + half]
+                y[n, h, i] = a * cos[t, i] - sign * (b * sin[t, i])
+                y[n, h, i + half] = b * cos[t, i + half] + sign * (a * sin[t, i + half])
 
 
 # --------------------------------------------------------------------------- softmax
