@@ -4,6 +4,9 @@
     python bench/train_speed.py --config M --require-quiet --markdown   # one quiet table row
     python bench/train_speed.py --config S --steps 5 --no-memory   # a cheap check
 
+Third column: torch.compile (inductor, CPU) of the same torch twin, timed in the same
+interleaved loop, its compile time (the first call) reported apart; `--no-compile` skips it.
+
 One training step = forward, mean cross-entropy, zero grads, backward, clip the global grad
 norm to 1, AdamW (betas 0.9/0.95, decay 0.1 on matrices only). Both sides float32 on all
 cores. The torch side is tests/torch_reference.py, the parity tests' twin, loaded with the
@@ -80,29 +83,53 @@ def torch_stepper(model, lr: float = 1e-3):
     return step
 
 
+def compiled_stepper(cfg: Config, batch, lr: float = 1e-3):
+    """(step, compile seconds) of torch.compile (inductor, CPU) of the torch twin with the same
+    weights, or (None, reason) where it does not run here. The compile time is the first
+    step's (tracing, inductor's C++ build) minus nothing: reported apart, never timed as a
+    step."""
+    import torch
+    try:
+        _, tmodel = common.build_pair(cfg)
+        tmodel.forward = torch.compile(tmodel.forward, backend="inductor")
+        step = torch_stepper(tmodel, lr)
+        start = time.perf_counter()
+        step(*batch)
+        return step, time.perf_counter() - start
+    except Exception as error:  # no C++ compiler, unsupported op: the column says why
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
+
+
 def time_config(name: str, steps: int, warmup: int, peak_gflops: float,
-                clock=time.perf_counter) -> dict:
+                clock=time.perf_counter, compile_torch: bool = True) -> dict:
     spec = common.CONFIGS[name]
     cfg = Config(**spec["model"])
     B, T = spec["batch"], spec["seq"]
     model, tmodel = common.build_pair(cfg)  # exits unless the logits agree
     g_step, t_step = glassllm_stepper(model), torch_stepper(tmodel)
     batches = make_batches(cfg, B, T, warmup + steps)
-    g_times, t_times, g_losses, t_losses = [], [], [], []
-    for i, (x, y) in enumerate(batches):  # A/B/A/B: same batch, same moment, both sides
+    c_step, compile_s = compiled_stepper(cfg, batches[0]) if compile_torch else (None, "off")
+    g_times, t_times, c_times, g_losses, t_losses = [], [], [], [], []
+    for i, (x, y) in enumerate(batches):  # A/B/C/A/B/C: same batch, same moment, every side
         gc.collect()
         t0 = clock()
         g_losses.append(g_step(x, y))
         t1 = clock()
         t_losses.append(t_step(x, y))
         t2 = clock()
+        if c_step is not None:
+            c_step(x, y)
+        t3 = clock()
         if i >= warmup:
             g_times.append(t1 - t0)
             t_times.append(t2 - t1)
+            c_times.append(t3 - t2)
     tokens = B * T
     flops = common.train_flops_per_token(cfg, T) * tokens
     g_med, t_med = common.median(g_times), common.median(t_times)
-    return dict(config=name, tokens_per_step=tokens, steps=steps, warmup=warmup,
+    compiled = dict(compile_tok_s=tokens / common.median(c_times), compile_s=compile_s,
+                    compile_step_s=c_times) if c_step is not None else dict(compile_s=compile_s)
+    return dict(config=name, tokens_per_step=tokens, steps=steps, warmup=warmup, **compiled,
                 glassllm_tok_s=tokens / g_med, torch_tok_s=tokens / t_med,
                 ratio=t_med / g_med,
                 glassllm_mfu=flops / g_med / 1e9 / peak_gflops,
@@ -149,6 +176,9 @@ def main():
     parser.add_argument("--cpu-time", action="store_true",
                         help="time steps with this process's CPU clock instead of the wall "
                              "clock: with --threads 1 a busy machine disturbs it far less")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip the torch.compile (inductor) column (its first compile "
+                             "takes minutes)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--markdown", action="store_true",
                         help="also print the rows as the table rows of docs/performance.md")
@@ -172,7 +202,8 @@ def main():
         warmup = DEFAULT_WARMUP[name] if args.warmup is None else args.warmup
         clock = time.process_time if args.cpu_time else time.perf_counter
         row, load = common.measure_quietly(
-            lambda: time_config(name, steps, warmup, args.peak, clock), args, name)
+            lambda: time_config(name, steps, warmup, args.peak, clock, not args.no_compile),
+            args, name)
         row["other_load_cores"] = load.other_cores
         row["threads"] = threads
         if not args.no_memory:
@@ -198,6 +229,14 @@ def print_row(r):
     print(f"[{r['config']}] loss first {r['loss_first'][0]:.5f} / {r['loss_first'][1]:.5f}, "
           f"last {r['loss_last'][0]:.5f} / {r['loss_last'][1]:.5f} (glassllm / torch)")
     print(f"[{r['config']}] other processes used {_load(r)} cores during the timed steps")
+    print(f"[{r['config']}] torch.compile: {_compiled(r)}")
+
+
+def _compiled(r) -> str:
+    if "compile_tok_s" not in r:
+        return f"not run ({r.get('compile_s')})"
+    return (f"{r['compile_tok_s']:.0f} tok/s, glassllm / compiled "
+            f"{r['glassllm_tok_s'] / r['compile_tok_s']:.2f}; compile {r['compile_s']:.1f} s")
 
 
 def _load(r) -> str:

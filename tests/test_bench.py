@@ -104,7 +104,7 @@ def test_require_quiet_refuses_when_never_quiet(bench, monkeypatch):
 def test_generate_bench_exits_when_the_tokens_differ(bench, monkeypatch):
     monkeypatch.setattr(bench.generate_speed, "generate", lambda model, prompt, n, s: [0] * n)
     with pytest.raises(SystemExit, match="greedy tokens differ"):
-        bench.generate_speed.bench_config("S", 4, 5, repeats=1)
+        bench.generate_speed.bench_config("S", 4, 5, repeats=1, compile_torch=False)
 
 
 def test_the_ring_allreduce_model_gives_the_readmes_prediction_table(monkeypatch):

@@ -55,9 +55,11 @@ def test_step_gives_forward_logits_and_cache_bit_for_bit(name):
 def test_generate_takes_the_fast_path_and_the_same_tokens(monkeypatch):
     model = perturbed(Config(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                              max_len=64))
+    from glassllm.engine import fast_decode  # the compiled step, where numba loads
     calls = []
-    step = decode.step
+    step, compiled_step = decode.step, fast_decode.step
     monkeypatch.setattr(decode, "step", lambda *a: calls.append(1) or step(*a))
+    monkeypatch.setattr(fast_decode, "step", lambda *a: calls.append(1) or compiled_step(*a))
     prompt = [3, 1, 4, 1, 5]
     fast = generate.generate(model, prompt, 40, generate.Sampling(temperature=0.8), rng=7)
     assert len(calls) == 39  # every token after the prompt's

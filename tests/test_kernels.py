@@ -10,6 +10,11 @@ hundred float64 ulps; under autocast a few units of the low dtype's rounding, si
 scales q before the rounded q k^T product and the reference divides the rounded scores).
 The shapes are odd on purpose: T not a multiple of the attention block (64), grouped-query
 heads, widths that are no power of two, a KV cache offset.
+
+These are the engine's NumPy forms (`glassllm.engine.ops`): every test here runs with the
+numba kernels off, as on a machine where numba cannot load (the `numpy_forms` fixture); the
+compiled forms that replace them where numba loads are held to the references in
+tests/test_numba_kernels.py.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import pytest
 
 from glassllm import amp, generate, kernels, optim
 from glassllm import functional as F
-from glassllm.engine import attention, blas, cpu, decode, ops, parallel
+from glassllm.engine import attention, blas, cpu, decode, jit, ops, parallel
 from glassllm.lens.trace import run_with_cache
 from glassllm.model import Config, GlassLM, KVCache
 from glassllm.tensor import Tensor, no_grad
@@ -49,6 +54,13 @@ def assert_close(fast, ref, tol, what):
     np.testing.assert_array_equal(np.isfinite(fast), np.isfinite(ref), err_msg=what)
     worst = float(np.max(np.abs(fast - ref)[np.isfinite(ref)], initial=0.0))
     assert worst <= tol * scale, f"{what}: max diff {worst:.3g} > {tol:.3g} * {scale:.3g}"
+
+
+@pytest.fixture(autouse=True)
+def numpy_forms(monkeypatch):
+    """The engine's compiled forms fall back to their NumPy forms: as if numba did not load."""
+    monkeypatch.setattr(jit, "_loaded", True)
+    monkeypatch.setattr(jit, "_module", None)
 
 
 # --------------------------------------------------------------------------- the op pairs
@@ -360,6 +372,7 @@ def test_use_is_per_thread_and_two_threads_blocks_leave_no_mode_behind():
     mode, B's exit restored A's "reference" for good (every later op of every thread slow)."""
     import threading
     before, seen = kernels.mode(), {}
+    registered_gelu = kernels.registered()[F.gelu_forward]
     a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
 
     def a():
@@ -374,7 +387,7 @@ def test_use_is_per_thread_and_two_threads_blocks_leave_no_mode_behind():
         with kernels.use("engine"):
             b_in.set()
             a_out.wait(10)
-            seen["b"] = kernels.mode(), kernels.pick(F.gelu_forward) is ops.gelu_forward
+            seen["b"] = kernels.mode(), kernels.pick(F.gelu_forward) is registered_gelu
 
     threads = [threading.Thread(target=a), threading.Thread(target=b)]
     for t in threads:

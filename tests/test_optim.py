@@ -139,13 +139,16 @@ def bits(a: np.ndarray) -> np.ndarray:
 # README, Performance: "AdamW's results are bitwise unchanged" by the sliced update.
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_sliced_adamw_is_bit_identical_to_the_whole_array_update(dtype, threads):
+def test_sliced_adamw_is_bit_identical_to_the_whole_array_update(dtype, threads, monkeypatch):
     """Parameters from far below one slice to several slices (SLICE_ELEMENTS = 2**18, and
     above MIN_PARALLEL_ELEMENTS so the thread pool runs them), matrices (decayed) and vectors
     (not), a parameter without a gradient at some steps, an lr override: every weight and
     both moments equal the whole-array update bit for bit after each of 6 steps. About the
     engine's sliced form, so it runs in engine mode (test_kernels holds the reference form
     equal to it to rounding)."""
+    from glassllm.engine import jit  # the NumPy form (numba's is the reference's bits:
+    monkeypatch.setattr(jit, "_loaded", True)  # tests/test_numba_kernels.py)
+    monkeypatch.setattr(jit, "_module", None)
     from glassllm import kernels
     from glassllm.engine import parallel
     shapes = [(700, 1001), (3, 5), (300_001,), (64,), (2, 300, 500)]

@@ -22,7 +22,7 @@ import numpy as np
 from .. import functional as F
 from .. import kernels
 from . import parallel
-from .ops import softmax_backward_inplace, softmax_rows_inplace
+from .compiled import softmax_backward_inplace, softmax_rows_inplace  # numba, else NumPy
 
 ATTENTION_BLOCK = 64
 

@@ -17,6 +17,13 @@ threads (its own pool for everything, BLAS on one thread).
 
 On a system without `/proc/stat` (macOS, Windows) the load is unknown: `LoadMeter.read`
 returns `other_cores=None` and `choose_threads` uses every core.
+
+Fast by default: every caller of the library gets the CLI's configuration without asking.
+At the engine's first op (`parallel.on_first_use`), `apply_default_threads` measures the load
+as the CLI does, sets the pool to `choose_threads()`'s count in split mode and NumPy's BLAS
+to one thread for the rest of the process -- what `use_threads(choose_threads()[0])` does for
+a block. `use_threads` still pins a count for its block; `set_default_threads(n)` (or
+GLASSLLM_THREADS=n) pins it for the process.
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ import dataclasses
 import math
 import os
 import resource
+import threading
 import time
 
 from . import parallel
@@ -209,6 +217,9 @@ def use_threads(n: int):
 
     if n < 1:
         raise ValueError(f"use_threads: need n >= 1, got {n}")
+    if parallel.first_use_pending():  # the process default, without the load measurement
+        pinned, _ = default_threads_from_environment()  # (the caller pins its own count here)
+        set_default_threads(pinned or len(available_cpus()))
     before, split_before = parallel.get_num_threads(), parallel.split_matmuls()
     parallel.set_num_threads(n)
     parallel.set_split_matmuls(n > 1)
@@ -218,3 +229,58 @@ def use_threads(n: int):
     finally:
         parallel.set_num_threads(before)
         parallel.set_split_matmuls(split_before)
+
+
+THREADS_ENV = "GLASSLLM_THREADS"
+_default_lock = threading.Lock()
+_blas_limit = None  # the process-wide threadpoolctl limit (kept alive: it is the setting)
+
+
+def set_default_threads(n: int) -> None:
+    """Compute on n threads from now on, in the whole process: the pool's n threads, split
+    mode for n > 1, NumPy's BLAS on one thread (see `use_threads`).
+
+    Raises:
+        ValueError: n < 1.
+    """
+    from threadpoolctl import threadpool_limits
+
+    global _blas_limit
+    if n < 1:
+        raise ValueError(f"set_default_threads: need n >= 1, got {n}")
+    parallel.on_first_use(None)  # chosen now: no measurement at the first op
+    parallel.set_num_threads(n)
+    parallel.set_split_matmuls(n > 1)
+    _blas_limit = threadpool_limits(limits=1, user_api="blas")
+
+
+def default_threads_from_environment() -> tuple[int | None, str]:
+    """(n, source): GLASSLLM_THREADS as a count, or (None, "") when unset.
+
+    Raises:
+        ValueError: GLASSLLM_THREADS set to something other than an integer >= 1.
+    """
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return None, ""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{THREADS_ENV}: expected an integer >= 1, got {text!r}")
+    return n, THREADS_ENV
+
+
+def apply_default_threads() -> tuple[int, str]:
+    """The CLI's thread choice for this process (`choose_threads`, with a 0.25 s load
+    measurement; GLASSLLM_THREADS=n skips it), applied with `set_default_threads`. The engine
+    calls it at its first op; calling it again changes nothing. Returns (threads, reason)."""
+    with _default_lock:
+        requested, _ = default_threads_from_environment()
+        n, why = choose_threads(requested)
+        set_default_threads(n)
+        return n, why
+
+
+parallel.on_first_use(apply_default_threads)

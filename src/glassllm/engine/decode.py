@@ -6,7 +6,8 @@ more in Python and NumPy call overhead than in arithmetic (stories260K: about 85
 time). `step` is the same computation as the engine's `GlassLM.forward` for a single position
 against a `KVCache` -- the same formulas in the same order as the engine's forms
 (`glassllm.engine.ops`, `glassllm.engine.attention`), so the same bits -- with none of its
-bookkeeping: no Tensor objects or graph closures, no id validation per layer, no slicing into
+bookkeeping (its norms, rotations, softmax and gating are the engine's compiled forms where
+numba loads, `glassllm.engine.compiled`, NumPy's otherwise): no Tensor objects or graph closures, no id validation per layer, no slicing into
 thread-pool work, one vector per matrix product. The whole sequence of a layer reads top to
 bottom as in llama2.c's run.c.
 
@@ -24,6 +25,7 @@ import numpy as np
 from .. import amp, generate, kernels
 from ..config import PRESETS
 from ..model import GlassLM, KVCache
+from . import compiled, jit
 
 _mm = kernels.matmul  # the library's one matrix product (here float32: no autocast)
 
@@ -47,6 +49,8 @@ def supports(model: GlassLM, cache: KVCache) -> bool:
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     # as engine.ops.rms_norm_forward: rstd = 1 / sqrt(mean(x^2) + eps); (x * rstd) * weight
+    if jit.kernels() is not None:  # the engine forward's compiled form: the same bits
+        return compiled.rms_norm_forward(x, weight, eps)[0]
     rstd = np.divide(1.0, np.sqrt(np.einsum("...i,...i->...", x, x)[..., None] / x.shape[-1]
                                   + eps))
     return (x * rstd) * weight
@@ -54,6 +58,8 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     # as functional.rope_forward: x * cos + rotate_half(x) * sin, rotate_half(a, b) = (-b, a)
+    if jit.kernels() is not None:
+        return compiled.rope_forward(x[None], cos, sin)[0][0]
     half = x.shape[-1] // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     rotated *= sin
@@ -62,10 +68,21 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 def _softmax_inplace(x: np.ndarray) -> np.ndarray:
     # functional.softmax_rows in x's buffer: the same operations, the same bits (test_kernels)
+    if jit.kernels() is not None:
+        return compiled.softmax_rows_inplace(x)
     x -= x.max(axis=-1, keepdims=True)
     np.exp(x, out=x)
     x /= x.sum(axis=-1, keepdims=True)
     return x
+
+
+def _swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    # silu(gate) * up as the engine forward computes it
+    if jit.kernels() is not None:
+        return compiled.swiglu_forward(gate, up)[0]
+    with np.errstate(over="ignore"):  # exp(-gate) = inf for gate < -88: sigmoid 0
+        sigmoid = 1.0 / (np.exp(-gate) + 1.0)
+    return (gate * sigmoid) * up
 
 
 def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
@@ -102,9 +119,7 @@ def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
         # SwiGLU MLP: down(silu(gate) * up)
         h = _rms_norm(x, block.mlp_norm.weight.data, cfg.norm_eps)
         gate, up = _mm(h, mlp.gate.weight.data), _mm(h, mlp.up.weight.data)
-        with np.errstate(over="ignore"):  # exp(-gate) = inf for gate < -88: sigmoid 0
-            sigmoid = 1.0 / (np.exp(-gate) + 1.0)
-        x = x + _mm((gate * sigmoid) * up, mlp.down.weight.data)
+        x = x + _mm(_swiglu(gate, up), mlp.down.weight.data)
     cache.length = pos + 1
     x = _rms_norm(x, model.final_norm.weight.data, cfg.norm_eps)
     if cfg.tie_embeddings:

@@ -55,8 +55,34 @@ _in_worker = threading.local()
 _dispatch = threading.Lock()
 
 
+# Called once, before the first work this module splits or sizes (`glassllm.engine.cpu`
+# sets it: the thread count the CLI would choose, for every caller of the library).
+_first_use: Callable[[], None] | None = None
+
+
+def on_first_use(fn: Callable[[], None] | None) -> None:
+    """Run fn() once, at the first call that asks how to split work (None: nothing)."""
+    global _first_use
+    _first_use = fn
+
+
+def first_use_pending() -> bool:
+    """True until the first-use function has run (or was cleared)."""
+    return _first_use is not None
+
+
+def _check_first_use() -> None:
+    global _first_use
+    fn = _first_use
+    if fn is not None:
+        _first_use = None  # before the call: what fn calls back in here runs as configured
+        fn()
+
+
 def get_num_threads() -> int:
     """Threads used for elementwise work (default: the CPUs this process may run on)."""
+    if _first_use is not None:
+        _check_first_use()
     return _num_threads
 
 
@@ -75,6 +101,8 @@ def set_num_threads(n: int) -> None:
 
 def split_matmuls() -> bool:
     """True in split mode: the fused ops split their matrix products over this pool."""
+    if _first_use is not None:
+        _check_first_use()
     return _split_matmuls
 
 
@@ -273,6 +301,8 @@ def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
     slices by SLICE_ELEMENTS alone, the same on any thread count: for per-slice partial sums,
     whose total must not depend on how many threads there are.
     """
+    if _first_use is not None:
+        _check_first_use()
     total = n_rows * row_size
     parallel = (_num_threads > 1 and total >= MIN_PARALLEL_ELEMENTS
                 and not getattr(_in_worker, "active", False))
@@ -305,6 +335,8 @@ def for_thread_slices(fn: Callable[[slice], None], n_rows: int) -> None:
     """Call fn(rows) for one contiguous slice of range(n_rows) per thread, in parallel (for
     matrix products, whose BLAS calls want big pieces). Serial on one thread or in a worker.
     """
+    if _first_use is not None:
+        _check_first_use()
     n = _num_threads
     if n == 1 or n_rows < 2 or getattr(_in_worker, "active", False):
         if n_rows:

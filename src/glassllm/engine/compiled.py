@@ -1,0 +1,255 @@
+"""The engine's compiled forms of the elementwise ops: `glassllm.functional`'s signatures, the
+passes of each op fused into one numba loop (`glassllm.engine.numba_kernels`), run per slice
+of rows on the pool's threads (`parallel.for_slices`).
+
+Each form here falls back to the engine's NumPy form (`glassllm.engine.ops`) where numba
+cannot load (`jit.kernels()` is None) or the arrays are not float32/float64 of one dtype; a
+forward and its backward share the `saved` format of the NumPy pair, so either backward
+reads either forward's values. Registered after `ops`, so these are the fast forms in engine
+mode; GLASSLLM_KERNELS=reference runs `glassllm.functional` as ever. Equal to the references
+to the bounds stated in tests/test_numba_kernels.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import functional as F
+from .. import optim
+from . import jit, ops, optimizer, parallel
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _kernels(*arrays):
+    """The kernels module when every array is float32 (or every one float64), else None."""
+    k = jit.kernels()
+    if k is None:
+        return None
+    dtype = arrays[0].dtype
+    if dtype not in _FLOATS or any(a.dtype != dtype for a in arrays[1:]):
+        return None
+    return k
+
+
+def _rows(a):
+    """a as C-contiguous (rows, last axis): a view when a is contiguous already."""
+    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1))
+
+
+def _for_rows(kernel, arguments, n_rows, row_size):
+    """kernel(*arguments(rows)) over slices of rows on the pool's threads (the slice function
+    named after the kernel, for profiles)."""
+    def rows(r):
+        kernel(*arguments(r))
+
+    rows.__qualname__ = f"{kernel.__name__}.rows"
+    parallel.for_slices(rows, n_rows, row_size)
+
+
+def _each_slice(kernel, arrays, *scalars):
+    """kernel(*(a[rows] for a in arrays), *scalars) over slices of the first array's rows, on
+    the pool's threads."""
+    n, c = arrays[0].shape
+
+    _for_rows(kernel, lambda r: [a[r] for a in arrays] + list(scalars), n, c)
+
+
+# --------------------------------------------------------------------------- norms
+def rms_norm_forward(x, weight, eps):
+    k = _kernels(x, weight)
+    if k is None:
+        return ops.rms_norm_forward(x, weight, eps)
+    x2 = _rows(x)
+    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
+    n, c = x2.shape
+    eps = float(eps)
+    _for_rows(k.rms_norm_forward, lambda r: (x2[r], weight, eps, y[r], xhat[r], rstd[r]), n, c)
+    return y.reshape(x.shape), (xhat, rstd, weight)
+
+
+def _norm_dx(dy, xhat, rstd, weight, centred):
+    k = _kernels(dy, xhat, weight)
+    if k is None:
+        return ops._norm_backward(dy, xhat, rstd, weight, centred)
+    dy2 = _rows(dy)
+    dx = np.empty_like(dy2)
+    _for_rows(k.norm_backward, lambda r: (dy2[r], xhat[r], rstd[r], weight, centred, dx[r]),
+              *dy2.shape)
+    return dx.reshape(dy.shape)
+
+
+def rms_norm_backward(dy, saved):
+    xhat, rstd, weight = saved
+    return _norm_dx(dy, xhat, rstd, weight, False), ops._column_dot(ops._rows(dy), xhat)
+
+
+def layer_norm_forward(x, weight, bias, eps):
+    k = _kernels(x, weight, bias)
+    if k is None:
+        return ops.layer_norm_forward(x, weight, bias, eps)
+    x2 = _rows(x)
+    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
+    eps = float(eps)
+    _for_rows(k.layer_norm_forward,
+              lambda r: (x2[r], weight, bias, eps, y[r], xhat[r], rstd[r]), *x2.shape)
+    return y.reshape(x.shape), (xhat, rstd, weight)
+
+
+def layer_norm_backward(dy, saved):
+    xhat, rstd, weight = saved
+    dy2 = ops._rows(dy)
+    return (_norm_dx(dy, xhat, rstd, weight, True), ops._column_dot(dy2, xhat),
+            dy2.sum(axis=0))
+
+
+# --------------------------------------------------------------------------- activations
+def swiglu_forward(gate, up):
+    k = _kernels(gate, up)
+    if k is None:
+        return ops.swiglu_forward(gate, up)
+    g, u = _rows(gate), _rows(up)
+    s, y = np.empty_like(g), np.empty_like(g)
+    _each_slice(k.swiglu_forward, (g, u, s, y))
+    return y.reshape(gate.shape), (g, u, s)
+
+
+def swiglu_backward(dy, saved):
+    g, u, s = saved
+    k = _kernels(dy, g, u)
+    if k is None:
+        return ops.swiglu_backward(dy, saved)
+    dy2 = _rows(dy)
+    dgate, dup = np.empty_like(g), np.empty_like(g)
+    _each_slice(k.swiglu_backward, (dy2, g, u, s, dgate, dup))
+    return dgate.reshape(dy.shape), dup.reshape(dy.shape)
+
+
+def gelu_forward(x):
+    k = _kernels(x)
+    if k is None:
+        return ops.gelu_forward(x)
+    x2 = _rows(x)
+    s, y = np.empty_like(x2), np.empty_like(x2)
+    n, c = x2.shape
+    _for_rows(k.gelu_forward, lambda r: (x2[r], F.GELU_C, s[r], y[r]), n, c)
+    return y.reshape(x.shape), (x2, s)
+
+
+def gelu_backward(dy, saved):
+    x2, s = saved
+    k = _kernels(dy, x2)
+    if k is None:
+        return ops.gelu_backward(dy, saved)
+    dy2 = _rows(dy)
+    dx = np.empty_like(x2)
+    _for_rows(k.gelu_backward, lambda r: (dy2[r], x2[r], s[r], F.GELU_C, dx[r]), *x2.shape)
+    return (dx.reshape(dy.shape),)
+
+
+# --------------------------------------------------------------------------- rotary embedding
+def _rope(x, cos, sin, sign):
+    """x (B, T, H, D), cos/sin (T, D) -> the rotation of every head (sign -1: back), in one
+    pass over x's own layout."""
+    B, T, H, D = x.shape
+    k = _kernels(x, cos, sin)
+    x3 = np.ascontiguousarray(x).reshape(B * T, H, D)
+    y3 = np.empty_like(x3)
+    cos, sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
+    _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D)
+    return y3.reshape(B, T, H, D)
+
+
+def rope_forward(x, cos, sin):
+    if _kernels(x, cos, sin) is None or x.shape[-1] % 2:
+        return ops.rope_forward(x, cos, sin)
+    return _rope(x, cos, sin, 1.0), (cos[:, None, :], sin[:, None, :])
+
+
+def rope_backward(dy, saved):
+    c, s = saved
+    if _kernels(dy, c, s) is None or dy.shape[-1] % 2:
+        return ops.rope_backward(dy, saved)
+    return (_rope(dy, c[:, 0, :], s[:, 0, :], -1.0),)
+
+
+# --------------------------------------------------------------------------- softmax
+def softmax_rows_inplace(x):
+    """`ops.softmax_rows_inplace` (x C-contiguous, changed in place; returns x)."""
+    k = _kernels(x)
+    if k is None:
+        return ops.softmax_rows_inplace(x)
+    x2 = ops._rows(x)
+    _for_rows(k.softmax_rows_inplace, lambda r: (x2[r],), *x2.shape)
+    return x
+
+
+def softmax_backward_inplace(dp, p):
+    """`ops.softmax_backward_inplace`: dp <- p (dp - rowsum(dp p)) in dp's buffer."""
+    k = _kernels(dp, p)
+    if k is None:
+        return ops.softmax_backward_inplace(dp, p)
+    d2, p2 = ops._rows(dp), ops._rows(p)
+    _for_rows(k.softmax_backward_inplace, lambda r: (d2[r], p2[r]), *d2.shape)
+    return dp
+
+
+def softmax_forward(x):
+    p = softmax_rows_inplace(np.array(x, order="C"))
+    return p, p
+
+
+def softmax_backward(dp, p):
+    return (softmax_backward_inplace(np.array(dp, dtype=np.result_type(dp, p), order="C"), p),)
+
+
+# --------------------------------------------------------------------------- loss
+def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
+    k = _kernels(logits)
+    if k is None or not logits.flags.c_contiguous:
+        return ops.cross_entropy_forward(logits, targets, overwrite_logits)
+    probs = logits if overwrite_logits else np.empty_like(logits)
+    logprob = np.empty(logits.shape[0], dtype=logits.dtype)
+    t = np.ascontiguousarray(targets, dtype=np.int64)
+    _for_rows(k.cross_entropy_forward, lambda r: (logits[r], t[r], probs[r], logprob[r]),
+              *logits.shape)
+    return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, targets)
+
+
+def cross_entropy_backward(dloss, saved):
+    dz, targets = saved  # the probabilities' buffer, reused (the backward runs once)
+    k = _kernels(dz)
+    if k is None:
+        return ops.cross_entropy_backward(dloss, saved)
+    t = np.ascontiguousarray(targets, dtype=np.int64)
+    scale = float(dloss) / len(targets)
+    _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], scale), *dz.shape)
+    return (dz,)
+
+
+# --------------------------------------------------------------------------- optimizer
+def adamw_update(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step) -> None:
+    """`optim.adamw_update` in one pass per slice: the same bits as the reference."""
+    k = _kernels(p, g, m, v)
+    if k is None or not all(a.flags.c_contiguous for a in (p, g, m, v)):
+        return optimizer.adamw_update(p, g, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                      weight_decay=weight_decay, step=step)
+    pf, gf, mf, vf = p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1)
+    lr, beta1, beta2, eps, decay = map(float, (lr, beta1, beta2, eps, weight_decay))
+    c1, c2 = 1.0 - beta1 ** step, 1.0 - beta2 ** step  # as the reference computes them
+    _for_rows(k.adamw_update, lambda r: (pf[r], gf[r], mf[r], vf[r], lr, beta1, beta2, eps,
+                                         decay, c1, c2), p.size, 1)
+
+
+FAST_FORMS = [
+    ((F.rms_norm_forward, F.rms_norm_backward), (rms_norm_forward, rms_norm_backward)),
+    ((F.layer_norm_forward, F.layer_norm_backward), (layer_norm_forward, layer_norm_backward)),
+    ((F.swiglu_forward, F.swiglu_backward), (swiglu_forward, swiglu_backward)),
+    ((F.gelu_forward, F.gelu_backward), (gelu_forward, gelu_backward)),
+    ((F.rope_forward, F.rope_backward), (rope_forward, rope_backward)),
+    ((F.softmax_forward, F.softmax_backward), (softmax_forward, softmax_backward)),
+    ((F.cross_entropy_forward, F.cross_entropy_backward),
+     (cross_entropy_forward, cross_entropy_backward)),
+    (optim.adamw_update, adamw_update),
+]

@@ -1,0 +1,58 @@
+"""numba, loaded on first use: `kernels()` is `glassllm.engine.numba_kernels`, or None where
+numba cannot load (then the engine runs its NumPy forms, `glassllm.engine.ops`, and says so
+once).
+
+Why lazily: importing numba and llvmlite costs about 0.3 s, and `import glassllm` stays under
+a second; a script that never runs an op (a tokenizer, a file check) never pays it. The first
+op that wants a kernel imports numba; each kernel compiles on its first call for each dtype,
+or loads from numba's on-disk cache (`cache=True`), which a fresh install fills once.
+
+GLASSLLM_NUMBA=0 turns the kernels off (the NumPy forms run, without a warning).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+
+ENV_VAR = "GLASSLLM_NUMBA"
+
+_lock = threading.Lock()
+_loaded = False
+_module = None
+
+
+def kernels():
+    """The compiled kernels module, or None (numba missing or failing to load, or turned off
+    by GLASSLLM_NUMBA=0). Loads once per process; the first failure prints one warning line."""
+    global _loaded, _module
+    if _loaded:
+        return _module
+    with _lock:
+        if not _loaded:
+            _module = _load()
+            _loaded = True
+    return _module
+
+
+def _load():
+    if os.environ.get(ENV_VAR, "1").strip() == "0":
+        return None
+    try:
+        from . import numba_kernels
+    except Exception as error:  # ImportError, or llvmlite failing to load its library
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        warnings.warn_explicit(
+            f"glassllm: numba cannot load ({reason}); running the NumPy forms of the ops",
+            RuntimeWarning, __file__, 0)
+        return None
+    return numba_kernels
+
+
+def reset() -> None:
+    """Forget the load result (tests simulate a missing numba, then load again)."""
+    global _loaded, _module
+    with _lock:
+        _loaded, _module = False, None
+        sys.modules.pop(f"{__package__}.numba_kernels", None)
