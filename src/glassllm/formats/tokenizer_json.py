@@ -24,27 +24,15 @@ import re
 import numpy as np
 
 from .atomic import atomic_write
+from .tokenizer import _UNICODE_TO_BYTE
 
 EOS_NAMES = ("<|endoftext|>", "<eos>", "</s>", "<|end_of_text|>", "<|im_end|>")
 BOS_NAMES = ("<bos>", "<s>", "<|begin_of_text|>")
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _byte_to_char() -> dict[int, str]:
-    """GPT-2's printable stand-in for each byte (openai/gpt-2 encoder.py bytes_to_unicode)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-_CHAR_TO_BYTE = {c: b for b, c in _byte_to_char().items()}
+# GPT-2's printable stand-in of each byte, reversed: how a byte-level vocabulary spells bytes
+_CHAR_TO_BYTE = _UNICODE_TO_BYTE
 
 
 class HFTokenizer:
