@@ -397,19 +397,22 @@ def _apply_config_file(args) -> None:
     import tomllib
     if args.config is None:
         return
+    data = _read_small_file(args.config, "--config")
     try:
-        with open(args.config, "rb") as f:
-            table = tomllib.load(f)
-    except OSError as e:
-        raise UsageError(f"--config {_one_line(e)}") from None
+        table = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"--config {args.config}: not valid TOML: {e}") from None
+    seen = {}
     for key, value in table.items():
         dest = key.replace("-", "_")
         action = args.config_options.get(dest)
         if action is None:
             raise UsageError(f"{args.config}: unknown key {key!r}: not an option of glassllm "
                              f"train (see glassllm train --help)")
+        if dest in seen:  # "d-model" and "d_model": one option set twice
+            raise UsageError(f"{args.config}: keys {seen[dest]!r} and {key!r} are the same "
+                             f"option; give one")
+        seen[dest] = key
         if getattr(args, dest) is action.default:  # a flag on the command line wins
             setattr(args, dest, _config_value(args.config, key, value, action))
 
@@ -723,14 +726,13 @@ def _generate_prompt(args) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
     if args.prompt_file is not None:
+        data = _read_small_file(args.prompt_file, "--prompt-file")
         try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                return f.read()
+            # universal newlines, as open(..., encoding="utf-8") reads a text file
+            return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
         except UnicodeDecodeError as e:
             raise UsageError(f"--prompt-file {args.prompt_file}: not UTF-8 text (byte "
                              f"{e.start})") from None
-        except OSError as e:
-            raise UsageError(f"--prompt-file {_one_line(e)}") from None
     prompt = "" if args.prompt is None else args.prompt
     try:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
         prompt.encode("utf-8")
@@ -1324,6 +1326,28 @@ def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
         hint = "" if "not finite" in str(e) else " (float32 overflow in this model's forward?)"
         return 1, f"glassllm {command}: error: self-check failed: {_one_line(e)}{hint}"
     return 2, f"glassllm {command}: error: {_one_line(e)}"
+
+
+SMALL_FILE_BYTES = 16 << 20  # a prompt or a --config file; /dev/zero must not fill memory
+
+
+def _read_small_file(path: str, option: str) -> bytes:
+    """The bytes of a file an option names (a regular file, a pipe such as /dev/stdin or a
+    shell's <(...)), read up to SMALL_FILE_BYTES: a longer file, or an endless device such as
+    /dev/zero, is refused instead of read until memory runs out.
+
+    Raises:
+        UsageError: cannot be read, or longer than SMALL_FILE_BYTES (option and path named).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(SMALL_FILE_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"{option} {_one_line(e)}") from None
+    if len(data) > SMALL_FILE_BYTES:
+        raise UsageError(f"{option} {path}: longer than {SMALL_FILE_BYTES >> 20} MiB; not "
+                         f"read (is it the file you meant?)")
+    return data
 
 
 def _one_line(e: Exception) -> str:
