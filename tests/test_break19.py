@@ -24,14 +24,9 @@ def test_an_endless_file_is_refused_not_read_until_memory_runs_out(capsys, argv)
     assert f"{argv[-1]} /dev/zero: longer than {SMALL_FILE_BYTES >> 20} MiB; not read" in err
 
 
-def test_a_prompt_file_from_a_pipe_is_read(capsys, tmp_path):
+def test_a_prompt_file_from_a_pipe_is_read(capsys, byte_lm):
     """/dev/stdin or a shell's <(...) is a pipe, not a regular file: still a prompt."""
-    from glassllm import Config, GlassLM
-    from glassllm.formats import files
-    from glassllm.formats.tokenizer import ByteTokenizer
-    path = tmp_path / "m.safetensors"
-    files.save(GlassLM(Config(d_model=8, n_layers=1, n_heads=2, max_len=16)), path,
-               tokenizer=ByteTokenizer())
+    path = byte_lm[0]
     read, write = os.pipe()
     os.write(write, "héllo\r\n".encode())
     os.close(write)
@@ -41,3 +36,30 @@ def test_a_prompt_file_from_a_pipe_is_read(capsys, tmp_path):
     finally:
         os.close(read)
     assert (code, out) == (0, "héllo\n\n"), err
+
+
+@pytest.fixture(scope="module")
+def byte_lm(tmp_path_factory):
+    import glassllm
+    from glassllm import Config, GlassLM
+    from glassllm.formats import files
+    from glassllm.formats.tokenizer import ByteTokenizer
+    path = tmp_path_factory.mktemp("lm") / "byte.safetensors"
+    files.save(GlassLM(Config(d_model=8, n_layers=1, n_heads=2, max_len=16)), path,
+               tokenizer=ByteTokenizer())
+    return path, glassllm.load(path)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0", True])
+def test_a_bad_seed_is_a_value_error_naming_it(byte_lm, seed):
+    _, lm = byte_lm
+    for call in (lm.generate, lm.stream):
+        with pytest.raises(ValueError, match=f"seed must be an integer >= 0, got {seed!r}"):
+            call("hi", max_new_tokens=2, seed=seed)
+
+
+def test_a_tokenizer_of_no_known_kind_is_a_type_error(byte_lm):
+    import glassllm
+    with pytest.raises(TypeError, match="tokenizer must be None, a path or a glassllm "
+                                        "tokenizer, got int"):
+        glassllm.load(byte_lm[0], tokenizer=5)
