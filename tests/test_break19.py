@@ -63,3 +63,40 @@ def test_a_tokenizer_of_no_known_kind_is_a_type_error(byte_lm):
     with pytest.raises(TypeError, match="tokenizer must be None, a path or a glassllm "
                                         "tokenizer, got int"):
         glassllm.load(byte_lm[0], tokenizer=5)
+
+
+def test_a_broken_link_is_named_as_one_not_answered_as_a_hub_name(tmp_path, monkeypatch):
+    import glassllm
+    monkeypatch.chdir(tmp_path)
+    os.symlink("gone/model.safetensors", "gpt2")  # "gpt2" reads as a hub name, but is a link
+    with pytest.raises(FileNotFoundError, match=r"^no such model file: gpt2 is a symbolic "
+                                                r"link to gone/model.safetensors, which does "
+                                                r"not exist$"):
+        glassllm.load("gpt2")
+
+
+@pytest.fixture
+def hf_dir(tmp_path):
+    from glassllm import Config, GlassLM
+    from glassllm.formats import hf
+    from glassllm.formats.tokenizer import ByteTokenizer
+    directory = tmp_path / "tiny"
+    hf.to_hf(GlassLM(Config(d_model=8, n_layers=1, n_heads=2, max_len=16)), directory,
+             ByteTokenizer())
+    return directory
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_hf_directory_whose_files_are_pipes_says_so(hf_dir):
+    """Opening a FIFO blocks for ever: it is named, never opened."""
+    import glassllm
+    (hf_dir / "model.safetensors").unlink()
+    os.mkfifo(hf_dir / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model.safetensors: not a regular file \(a device, "
+                                         r"pipe or socket\)"):
+        glassllm.load(hf_dir)
+    (hf_dir / "config.json").unlink()
+    os.mkfifo(hf_dir / "config.json")
+    with pytest.raises(IsADirectoryError, match=r"its config.json is no regular file: a link "
+                                                r"to nowhere, a device or a pipe"):
+        glassllm.load(hf_dir)

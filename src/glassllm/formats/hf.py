@@ -586,7 +586,7 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
     """
     directory = Path(directory)
     single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
-    if single.is_file():
+    if single.is_file() or os.path.lexists(single):  # a link to nowhere, a FIFO: said below
         files = [single]
     elif index.is_file():
         try:
@@ -600,7 +600,7 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE} or {INDEX_FILE}{hint}")
     tensors: dict[str, np.ndarray] = {}
     for file in files:
-        if not file.is_file():
+        if not os.path.lexists(file):  # one that is there but no regular file: said below
             raise FileNotFoundError(f"{file} not found (named by {INDEX_FILE})")
         found = _read_safetensors(file)
         twice = sorted(set(found) & set(tensors))

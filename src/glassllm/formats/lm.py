@@ -88,7 +88,7 @@ def load_model_and_tokenizer(path) -> tuple[GlassLM, object]:
         IsADirectoryError / ValueError: as `files.load`, `hf.from_hf`, `llama2c.from_llama2c`.
     """
     where = os.fspath(path)
-    if not os.path.exists(where) and looks_like_hub_name(where):
+    if not os.path.lexists(where) and looks_like_hub_name(where):  # a broken link is local
         raise hub_name_error(where)
     if hf.is_hf_dir(where):
         model = hf.from_hf(where)
