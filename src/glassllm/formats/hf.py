@@ -106,9 +106,10 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     Args:
         model: the GlassLM to export.
         out_dir: directory, created if needed; its other files are left as they are.
-            A directory that already holds a model.safetensors or config.json is refused
-            unless `overwrite=True` (a checkpoint, or a training run's model, is never
-            replaced by accident).
+            A directory that already holds a model.safetensors or config.json (or the
+            tokenizer.json / tokenizer_config.json this call writes) is refused unless
+            `overwrite=True` (a checkpoint, a training run's model, a tokenizer of one's own
+            is never replaced by accident).
         tokenizer: optional. glassllm's byte, BPE and SentencePiece tokenizers are written as
             `tokenizer.json` (the `tokenizers` library's format) + `tokenizer_config.json`,
             which `transformers.AutoTokenizer` loads with the same ids (`write_tokenizer`).
@@ -137,8 +138,8 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     Raises:
         ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none); an empty
             out_dir; a max_shard_size that is not a positive size.
-        FileExistsError: out_dir already holds model.safetensors, its index or config.json
-            (and overwrite is False), or one of the files to write or remove is `source`.
+        FileExistsError: out_dir already holds model.safetensors, its index, config.json or
+            a tokenizer file this call writes (and overwrite is False), or one of the files to write or remove is `source`.
     """
     if not os.fspath(out_dir):  # Path("") is the current directory: never a silent default
         raise ValueError("to_hf: the output directory path is empty; give a directory such as "
@@ -162,7 +163,10 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             if target.exists() and os.path.samefile(target, source):
                 raise FileExistsError(f"{target} is the model being converted ({source}); "
                                       f"choose another directory")
-    existing = [n for n in (WEIGHTS_FILE, INDEX_FILE, CONFIG_FILE) if (out / n).exists()]
+    writes_tokenizer = tokenizer is not None and stores_tokenizer(tokenizer, cfg.vocab_size)
+    guarded = (WEIGHTS_FILE, INDEX_FILE, CONFIG_FILE) + \
+        ((TOKENIZER_FILE, TOKENIZER_CONFIG_FILE) if writes_tokenizer else ())
+    existing = [n for n in guarded if (out / n).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds {' and '.join(existing)}; choose a new "
                               f"directory or allow overwriting (overwrite=True, --force)")
@@ -183,7 +187,7 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
     for path in stale:  # a reader must not find the earlier checkpoint's weights
         path.unlink()
-    if tokenizer is not None and stores_tokenizer(tokenizer, cfg.vocab_size):
+    if writes_tokenizer:
         write_tokenizer(out, tokenizer, cfg.max_len)
     text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
     with atomic_write(out / CONFIG_FILE, "w") as f:
