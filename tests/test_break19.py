@@ -100,3 +100,22 @@ def test_a_hf_directory_whose_files_are_pipes_says_so(hf_dir):
     with pytest.raises(IsADirectoryError, match=r"its config.json is no regular file: a link "
                                                 r"to nowhere, a device or a pipe"):
         glassllm.load(hf_dir)
+
+
+def test_to_hf_into_a_file_is_one_clear_line(capsys, byte_lm, tmp_path):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    code, out, err = cli(capsys, "convert", "--model", byte_lm[0], "--to-hf", taken)
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert f"--to-hf: {taken} is a file, not a directory; give a directory path" in err
+    assert taken.read_text() == "mine\n"
+
+
+def test_convert_of_a_llama2c_checkpoint_says_how(capsys, tmp_path):
+    from conftest import shared_data_path
+    checkpoint = shared_data_path("llama2c", "stories260K.bin")
+    code, out, err = cli(capsys, "convert", "--model", checkpoint, "--to-hf", tmp_path / "hf")
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert (f"--model takes a glassllm model file: for a llama2.c checkpoint, first `glassllm "
+            f"convert --from-llama2c {checkpoint} --tokenizer TOKENIZER.bin --out") in err
+    assert not (tmp_path / "hf").exists()

@@ -986,7 +986,7 @@ def _convert_from_llama2c(args):
 
 
 def _convert_to_hf(args):
-    from .formats import files, hf
+    from .formats import hf
 
     size = hf.DEFAULT_MAX_SHARD_SIZE if args.max_shard_size is None else (
         int(args.max_shard_size) if args.max_shard_size.strip().isdigit() else args.max_shard_size)
@@ -994,7 +994,7 @@ def _convert_to_hf(args):
         hf.shard_size_bytes(size)
     except ValueError as e:
         raise UsageError(f"--max-shard-size: {e}") from None
-    model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
+    model, tokenizer = _convert_source(args.model)
     try:
         hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model,
                  max_shard_size=size)
@@ -1010,8 +1010,26 @@ def _convert_to_hf(args):
     return model, tokenizer
 
 
+def _convert_source(path: str):
+    """(model, tokenizer or None) of `convert --model`: a glassllm model file. A llama2.c
+    checkpoint given there (glassllm.load and generate take one) is told how to convert it.
+
+    Raises:
+        ValueError: as `files.load`, with the way from a llama2.c `.bin` added.
+    """
+    from .formats import files
+    try:
+        return files.load(path), files.load_tokenizer(path)
+    except ValueError as e:
+        if not path.endswith(".bin"):
+            raise
+        raise ValueError(f"{_one_line(e)}; --model takes a glassllm model file: for a "
+                         f"llama2.c checkpoint, first `glassllm convert --from-llama2c {path} "
+                         f"--tokenizer TOKENIZER.bin --out MODEL.safetensors`") from None
+
+
 def _convert_to_llama2c(args):
-    from .formats import files, llama2c
+    from .formats import llama2c
 
     if os.path.isdir(args.to_llama2c):
         raise UsageError(f"--to-llama2c {args.to_llama2c} is a directory; give a file path")
@@ -1019,7 +1037,7 @@ def _convert_to_llama2c(args):
             os.path.samefile(args.to_llama2c, args.model):
         raise UsageError(f"--to-llama2c {args.to_llama2c} is the model being converted; "
                          f"write the llama2.c file elsewhere")
-    model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
+    model, tokenizer = _convert_source(args.model)
     llama2c.to_llama2c(model, args.to_llama2c)
     if tokenizer is not None:  # the format has no place for one: run.c takes it with -z
         kind = json.loads(tokenizer.to_json())["type"]

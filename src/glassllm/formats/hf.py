@@ -138,14 +138,17 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     Raises:
         ValueError: a gpt2-family model with grouped KV heads (GPT-2 has none); an empty
             out_dir; a max_shard_size that is not a positive size.
-        FileExistsError: out_dir already holds model.safetensors, its index, config.json or
-            a tokenizer file this call writes (and overwrite is False), or one of the files to write or remove is `source`.
+        FileExistsError: out_dir is a file, or already holds model.safetensors, its index,
+            config.json or a tokenizer file this call writes (and overwrite is False), or
+            one of the files to write or remove is `source`.
     """
     if not os.fspath(out_dir):  # Path("") is the current directory: never a silent default
         raise ValueError("to_hf: the output directory path is empty; give a directory such as "
                          "exported/")
     limit = shard_size_bytes(max_shard_size)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not a directory; give a directory path")
     cfg = model.cfg
     tensors = _state_to_hf(cfg, model.state_dict())
     shards = _split_into_shards(tensors, limit)
