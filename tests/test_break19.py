@@ -119,3 +119,11 @@ def test_convert_of_a_llama2c_checkpoint_says_how(capsys, tmp_path):
     assert (f"--model takes a glassllm model file: for a llama2.c checkpoint, first `glassllm "
             f"convert --from-llama2c {checkpoint} --tokenizer TOKENIZER.bin --out") in err
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_config_file_saved_with_a_bom_is_read(capsys, tmp_path):
+    """Windows editors start UTF-8 files with a byte-order mark; tomllib alone refuses it."""
+    path = tmp_path / "run.toml"
+    path.write_bytes("\ufeffstepz = 3\n".encode("utf-8"))
+    code, _, err = cli(capsys, "train", "--config", path)
+    assert code == 2 and f"{path}: unknown key 'stepz'" in err  # parsed: the key is seen

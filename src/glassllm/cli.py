@@ -399,7 +399,7 @@ def _apply_config_file(args) -> None:
         return
     data = _read_small_file(args.config, "--config")
     try:
-        table = tomllib.loads(data.decode("utf-8"))
+        table = tomllib.loads(data.decode("utf-8-sig"))  # a BOM (Windows editors) skipped
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"--config {args.config}: not valid TOML: {e}") from None
     seen = {}
