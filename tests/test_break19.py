@@ -127,3 +127,22 @@ def test_a_config_file_saved_with_a_bom_is_read(capsys, tmp_path):
     path.write_bytes("\ufeffstepz = 3\n".encode("utf-8"))
     code, _, err = cli(capsys, "train", "--config", path)
     assert code == 2 and f"{path}: unknown key 'stepz'" in err  # parsed: the key is seen
+
+
+def test_a_full_disk_under_stdout_is_a_failure_not_a_usage_error(capsys, monkeypatch, byte_lm):
+    """`glassllm generate > /dev/full`: exit 1 (the machine failed), not 2 (usage)."""
+    import errno
+    import sys
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    code = main(["generate", "--model", str(byte_lm[0]), "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and err == ("glassllm generate: error: cannot write: "
+                                 f"{os.strerror(errno.ENOSPC)}\n"), err

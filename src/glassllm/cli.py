@@ -10,6 +10,7 @@ and exit code 2, never a traceback; Ctrl-C ends with exit code 130.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -1343,7 +1344,14 @@ def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
     if isinstance(e, AttributionError):  # not the user's input: the numbers disagree
         hint = "" if "not finite" in str(e) else " (float32 overflow in this model's forward?)"
         return 1, f"glassllm {command}: error: self-check failed: {_one_line(e)}{hint}"
+    if isinstance(e, OSError) and e.errno in _WRITE_FAILURES:  # not the user's input: exit 1
+        where = f" {e.filename}" if e.filename is not None else ""
+        return 1, f"glassllm {command}: error: cannot write{where}: {e.strerror}"
     return 2, f"glassllm {command}: error: {_one_line(e)}"
+
+
+# disk full, quota exceeded, an I/O error: a failure of the machine, not of the command line
+_WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
 
 
 SMALL_FILE_BYTES = 16 << 20  # a prompt or a --config file; /dev/zero must not fill memory
