@@ -77,6 +77,8 @@ def test_config_file_sets_options_and_flags_override_it(tmp_path, text_file, cap
     ("data = [1]\n", "{path}: key 'data' must be a string or a list of strings, got [1]"),
     ("serve = 1\n", "{path}: key 'serve' must be true or false, got 1"),
     ("steps = \n", "--config {path}: not valid TOML: "),
+    ("d-model = 8\nd_model = 16\n",
+     "{path}: keys 'd-model' and 'd_model' are the same option; give one"),
 ])
 def test_config_file_errors_name_the_file_and_key(tmp_path, capsys, content, message):
     path = tmp_path / "bad.toml"

@@ -740,6 +740,21 @@ def test_to_hf_refuses_an_existing_checkpoint_unless_overwrite(tmp_path):
                                   other.state_dict()["final_norm.weight"])
 
 
+def test_to_hf_refuses_to_replace_a_tokenizer_of_ones_own(tmp_path):
+    """tokenizer.json alone (a tokenizer kept beside, no checkpoint yet) is not replaced
+    without overwrite; with no tokenizer to write, it is left as it is."""
+    from glassllm.formats.tokenizer import ByteTokenizer
+    mine = '{"mine": true}\n'
+    (tmp_path / "tokenizer.json").write_text(mine)
+    with pytest.raises(FileExistsError, match=f"{tmp_path} already holds tokenizer.json;"):
+        hf.to_hf(glass_model("llama"), tmp_path, ByteTokenizer())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]
+    hf.to_hf(glass_model("llama"), tmp_path)  # weights only: the tokenizer is not touched
+    assert (tmp_path / "tokenizer.json").read_text() == mine
+    hf.to_hf(glass_model("llama"), tmp_path, ByteTokenizer(), overwrite=True)
+    assert (tmp_path / "tokenizer.json").read_text() != mine
+
+
 def test_cli_convert_never_overwrites_the_source_and_needs_force(tmp_path, capsys):
     from glassllm.formats import files
     model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)

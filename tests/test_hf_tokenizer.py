@@ -19,7 +19,9 @@ from conftest import shared_data_path
 
 SAMPLES = ["Hello, world! The quick brown fox jumps over the lazy dog.\n",
            "  two spaces, a tab\t, 株式会社 and 🙂 emoji; Ünïcödé.\n\nOnce upon a time",
-           "<0x41> <s> [INST]"]
+           "<0x41> <s> [INST]",
+           # special tokens' text is text (glassllm never matches it; transformers would)
+           "<|endoftext|> <unk> \n<s>\n </s> \n</s>\n"]
 
 
 def sample_texts():

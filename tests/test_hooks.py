@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from glassllm import Tensor
 from glassllm.formats.tokenizer import ByteTokenizer
 from glassllm.generate import Sampling, generate
 from glassllm.lens.trace import (NAMES, TRANSFORMER_LENS_NAMES, Edit, Trace, run_with_cache,
@@ -96,6 +97,30 @@ def test_a_hook_cannot_write_into_the_forward_and_must_keep_the_shape():
         run_with_hooks(model, x, backward_hooks=[("logits", print)])
     np.testing.assert_array_equal(  # one pair given bare works as a list of one
         run_with_hooks(model, x, hooks=("logits", lambda v, n: v * 0)), 0 * model(x).data)
+
+
+@pytest.mark.parametrize("result, kind", [
+    (lambda v: v.astype(np.complex64), "an array of dtype complex64"),  # never a silent cast
+    (lambda v: "zero", "a str"),
+    (lambda v: {"value": v}, "a dict"),
+    (lambda v: Tensor(v.copy()), "a Tensor"),
+    (lambda v: np.full(v.shape, None), "an array of dtype object"),
+])
+def test_a_hook_returning_no_real_array_is_one_clear_error(result, kind):
+    model = model_for("llama")
+    x, _ = batch(model.cfg)
+    with pytest.raises(ValueError, match=re.escape(
+            f"trace: the value hook on 'blocks.0.mlp.output' returned {kind}; it must return a "
+            f"NumPy array of real numbers (a Tensor's .data) or None")):
+        run_with_hooks(model, x, hooks=[("blocks.0.mlp.output", lambda v, n: result(v))])
+
+
+def test_hooks_as_a_dict_or_none():
+    model = model_for("llama")
+    x, _ = batch(model.cfg)
+    np.testing.assert_array_equal(run_with_hooks(model, x, hooks=None), model(x).data)
+    np.testing.assert_array_equal(
+        run_with_hooks(model, x, hooks={"logits": lambda v, n: v * 0}), 0 * model(x).data)
 
 
 def test_hooks_act_on_their_model_in_their_thread_only():
@@ -263,6 +288,7 @@ def test_to_str_tokens():
     assert to_str_tokens(byte, np.array([[104, 105]])) == ["h", "i"]
     assert to_str_tokens(byte, np.array([[104, 105], [105, 104]])) == [["h", "i"], ["i", "h"]]
     assert to_str_tokens(byte, [256]) == ["<|eot|>"]
+    assert to_str_tokens(byte, []) == [] and to_str_tokens(byte, np.zeros(0)) == []
     for bad in ([257], [-1], [1.5], [[[1]]]):
         with pytest.raises(ValueError, match=r"ids must be integers in \[0, 257\)"):
             to_str_tokens(byte, bad)

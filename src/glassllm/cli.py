@@ -11,6 +11,7 @@ and exit code 2, never a traceback; Ctrl-C ends with exit code 130, SIGTERM 143,
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -469,19 +470,22 @@ def _apply_config_file(args) -> None:
     import tomllib
     if args.config is None:
         return
+    data = _read_small_file(args.config, "--config")
     try:
-        with open(args.config, "rb") as f:
-            table = tomllib.load(f)
-    except OSError as e:
-        raise UsageError(f"--config {_one_line(e)}") from None
+        table = tomllib.loads(data.decode("utf-8-sig"))  # a BOM (Windows editors) skipped
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"--config {args.config}: not valid TOML: {e}") from None
+    seen = {}
     for key, value in table.items():
         dest = key.replace("-", "_")
         action = args.config_options.get(dest)
         if action is None:
             raise UsageError(f"{args.config}: unknown key {key!r}: not an option of glassllm "
                              f"train (see glassllm train --help)")
+        if dest in seen:  # "d-model" and "d_model": one option set twice
+            raise UsageError(f"{args.config}: keys {seen[dest]!r} and {key!r} are the same "
+                             f"option; give one")
+        seen[dest] = key
         if getattr(args, dest) is action.default:  # a flag on the command line wins
             setattr(args, dest, _config_value(args.config, key, value, action))
 
@@ -841,14 +845,13 @@ def _generate_prompt(args) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
     if args.prompt_file is not None:
+        data = _read_small_file(args.prompt_file, "--prompt-file")
         try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                return f.read()
+            # universal newlines, as open(..., encoding="utf-8") reads a text file
+            return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
         except UnicodeDecodeError as e:
             raise UsageError(f"--prompt-file {args.prompt_file}: not UTF-8 text (byte "
                              f"{e.start})") from None
-        except OSError as e:
-            raise UsageError(f"--prompt-file {_one_line(e)}") from None
     prompt = "" if args.prompt is None else args.prompt
     try:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
         prompt.encode("utf-8")
@@ -1102,7 +1105,7 @@ def _convert_from_llama2c(args):
 
 
 def _convert_to_hf(args):
-    from .formats import files, hf
+    from .formats import hf
 
     size = hf.DEFAULT_MAX_SHARD_SIZE if args.max_shard_size is None else (
         int(args.max_shard_size) if args.max_shard_size.strip().isdigit() else args.max_shard_size)
@@ -1110,7 +1113,7 @@ def _convert_to_hf(args):
         hf.shard_size_bytes(size)
     except ValueError as e:
         raise UsageError(f"--max-shard-size: {e}") from None
-    model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
+    model, tokenizer = _convert_source(args.model)
     try:
         hf.to_hf(model, args.to_hf, tokenizer, overwrite=args.force, source=args.model,
                  max_shard_size=size)
@@ -1126,8 +1129,26 @@ def _convert_to_hf(args):
     return model, tokenizer
 
 
+def _convert_source(path: str):
+    """(model, tokenizer or None) of `convert --model`: a glassllm model file. A llama2.c
+    checkpoint given there (glassllm.load and generate take one) is told how to convert it.
+
+    Raises:
+        ValueError: as `files.load`, with the way from a llama2.c `.bin` added.
+    """
+    from .formats import files
+    try:
+        return files.load(path), files.load_tokenizer(path)
+    except ValueError as e:
+        if not path.endswith(".bin"):
+            raise
+        raise ValueError(f"{_one_line(e)}; --model takes a glassllm model file: for a "
+                         f"llama2.c checkpoint, first `glassllm convert --from-llama2c {path} "
+                         f"--tokenizer TOKENIZER.bin --out MODEL.safetensors`") from None
+
+
 def _convert_to_llama2c(args):
-    from .formats import files, llama2c
+    from .formats import llama2c
 
     if os.path.isdir(args.to_llama2c):
         raise UsageError(f"--to-llama2c {args.to_llama2c} is a directory; give a file path")
@@ -1135,7 +1156,7 @@ def _convert_to_llama2c(args):
             os.path.samefile(args.to_llama2c, args.model):
         raise UsageError(f"--to-llama2c {args.to_llama2c} is the model being converted; "
                          f"write the llama2.c file elsewhere")
-    model, tokenizer = files.load(args.model), files.load_tokenizer(args.model)
+    model, tokenizer = _convert_source(args.model)
     llama2c.to_llama2c(model, args.to_llama2c)
     if tokenizer is not None:  # the format has no place for one: run.c takes it with -z
         kind = json.loads(tokenizer.to_json())["type"]
@@ -1445,7 +1466,36 @@ def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
     if isinstance(e, AttributionError):  # not the user's input: the numbers disagree
         hint = "" if "not finite" in str(e) else " (float32 overflow in this model's forward?)"
         return 1, f"glassllm {command}: error: self-check failed: {_one_line(e)}{hint}"
+    if isinstance(e, OSError) and e.errno in _WRITE_FAILURES:  # not the user's input: exit 1
+        where = f" {e.filename}" if e.filename is not None else ""
+        return 1, f"glassllm {command}: error: cannot write{where}: {e.strerror}"
     return 2, f"glassllm {command}: error: {_one_line(e)}"
+
+
+# disk full, quota exceeded, an I/O error: a failure of the machine, not of the command line
+_WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
+SMALL_FILE_BYTES = 16 << 20  # a prompt or a --config file; /dev/zero must not fill memory
+
+
+def _read_small_file(path: str, option: str) -> bytes:
+    """The bytes of a file an option names (a regular file, a pipe such as /dev/stdin or a
+    shell's <(...)), read up to SMALL_FILE_BYTES: a longer file, or an endless device such as
+    /dev/zero, is refused instead of read until memory runs out.
+
+    Raises:
+        UsageError: cannot be read, or longer than SMALL_FILE_BYTES (option and path named).
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(SMALL_FILE_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"{option} {_one_line(e)}") from None
+    if len(data) > SMALL_FILE_BYTES:
+        raise UsageError(f"{option} {path}: longer than {SMALL_FILE_BYTES >> 20} MiB; not "
+                         f"read (is it the file you meant?)")
+    return data
 
 
 def _one_line(e: Exception) -> str:

@@ -48,10 +48,13 @@ from .tokenizer import tokenizer_from_json
 
 
 def _model_directory_hint(path: str) -> str:
-    has = [n for n in ("config.json", "model.safetensors")
-           if os.path.isfile(os.path.join(path, n))]
+    names = ("config.json", "model.safetensors")
+    has = [n for n in names if os.path.isfile(os.path.join(path, n))]
+    odd = [n for n in names if os.path.lexists(os.path.join(path, n)) and n not in has]
     return (f"; a Hugging Face model directory needs config.json + model.safetensors (this "
-            f"one has {' and '.join(has) or 'neither'})")
+            f"one has {' and '.join(has) or 'neither'}" +
+            "".join(f"; its {n} is no regular file: a link to nowhere, a device or a pipe"
+                    for n in odd) + ")")
 
 
 MODEL_FILE = safetensors_io.Kind(format="glassllm", version="2", noun="model file",

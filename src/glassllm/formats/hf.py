@@ -113,9 +113,10 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
     Args:
         model: the GlassLM to export.
         out_dir: directory, created if needed; its other files are left as they are.
-            A directory that already holds a model.safetensors or config.json is refused
-            unless `overwrite=True` (a checkpoint, or a training run's model, is never
-            replaced by accident).
+            A directory that already holds a model.safetensors or config.json (or the
+            tokenizer.json / tokenizer_config.json this call writes) is refused unless
+            `overwrite=True` (a checkpoint, a training run's model, a tokenizer of one's own
+            is never replaced by accident).
         tokenizer: optional. glassllm's byte, BPE and SentencePiece tokenizers are written as
             `tokenizer.json` (the `tokenizers` library's format) + `tokenizer_config.json`,
             which `transformers.AutoTokenizer` loads with the same ids (`write_tokenizer`).
@@ -145,14 +146,17 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
         ValueError: a model its family's class cannot hold (named fields; e.g. a gpt2-family
             model with grouped KV heads); an empty out_dir; a max_shard_size that is not a
             positive size.
-        FileExistsError: out_dir already holds model.safetensors, its index or config.json
-            (and overwrite is False), or one of the files to write or remove is `source`.
+        FileExistsError: out_dir is a file, or already holds model.safetensors, its index,
+            config.json or a tokenizer file this call writes (and overwrite is False), or
+            one of the files to write or remove is `source`.
     """
     if not os.fspath(out_dir):  # Path("") is the current directory: never a silent default
         raise ValueError("to_hf: the output directory path is empty; give a directory such as "
                          "exported/")
     limit = shard_size_bytes(max_shard_size)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not a directory; give a directory path")
     cfg = model.cfg
     hf_config = config_to_hf(cfg)  # a model its class cannot hold: refused before writing
     tensors = _state_to_hf(cfg, model.state_dict())
@@ -171,7 +175,10 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             if target.exists() and os.path.samefile(target, source):
                 raise FileExistsError(f"{target} is the model being converted ({source}); "
                                       f"choose another directory")
-    existing = [n for n in (WEIGHTS_FILE, INDEX_FILE, CONFIG_FILE) if (out / n).exists()]
+    writes_tokenizer = tokenizer is not None and stores_tokenizer(tokenizer, cfg.vocab_size)
+    guarded = (WEIGHTS_FILE, INDEX_FILE, CONFIG_FILE) + \
+        ((TOKENIZER_FILE, TOKENIZER_CONFIG_FILE) if writes_tokenizer else ())
+    existing = [n for n in guarded if (out / n).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{out} already holds {' and '.join(existing)}; choose a new "
                               f"directory or allow overwriting (overwrite=True, --force)")
@@ -191,7 +198,7 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
     for path in stale:  # a reader must not find the earlier checkpoint's weights
         path.unlink()
-    if tokenizer is not None and stores_tokenizer(tokenizer, cfg.vocab_size):
+    if writes_tokenizer:
         write_tokenizer(out, tokenizer, cfg.max_len)
     text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
     with atomic_write(out / CONFIG_FILE, "w") as f:
@@ -452,7 +459,7 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
     """
     directory = Path(directory)
     single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
-    if single.is_file():
+    if single.is_file() or os.path.lexists(single):  # a link to nowhere, a FIFO: said below
         files = [single]
     elif index.is_file():
         try:
@@ -466,7 +473,7 @@ def read_tensors(directory) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE} or {INDEX_FILE}{hint}")
     tensors: dict[str, np.ndarray] = {}
     for file in files:
-        if not file.is_file():
+        if not os.path.lexists(file):  # one that is there but no regular file: said below
             raise FileNotFoundError(f"{file} not found (named by {INDEX_FILE})")
         found = _read_safetensors(file)
         twice = sorted(set(found) & set(tensors))

@@ -18,7 +18,9 @@ the file), never written by hand:
   space.
 
 `tokenizer_config.json` names the generic fast tokenizer class and the special tokens, so
-AutoTokenizer does not pick a model-specific class that would rebuild the pipeline.
+AutoTokenizer does not pick a model-specific class that would rebuild the pipeline, and sets
+`split_special_tokens`: a special token's text inside a prompt ("<|endoftext|>", "<unk>") is
+encoded as text, as glassllm's tokenizers encode it, never as the special id.
 
 Reading back (`from_hf_json`, used by `load_tokenizer`): a file of the byte layout above is the
 `ByteTokenizer`; one with byte fallback and the byte pieces at ids 3..258 a
@@ -67,8 +69,10 @@ def to_hf_tokenizer(tokenizer):
 
 def tokenizer_config(tokenizer, max_len: int) -> dict:
     """The `tokenizer_config.json` that goes with `to_hf_tokenizer(tokenizer)`."""
+    # split_special_tokens: "<|endoftext|>" or "<s>" typed in a text are that text's bytes, as
+    # glassllm encodes them, not the special id (transformers' default matches them in text)
     config = {"tokenizer_class": TOKENIZER_CLASS, "model_max_length": int(max_len),
-              "clean_up_tokenization_spaces": False}
+              "clean_up_tokenization_spaces": False, "split_special_tokens": True}
     from .tokenizer_json import HFTokenizer
     if isinstance(tokenizer, HFTokenizer):
         named = {"eos_token": tokenizer.eot_id, "bos_token": tokenizer.bos_id}

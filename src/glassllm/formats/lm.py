@@ -57,12 +57,16 @@ def load(path, tokenizer=None) -> "LM":
             local path gets a message saying how to download it.
         ValueError: a corrupt or foreign file, no tokenizer (a weights-only file or a llama2.c
             checkpoint without `tokenizer=`), or a tokenizer with more ids than the model.
+        TypeError: `tokenizer` neither None, a path nor a tokenizer object.
     """
     model, own = load_model_and_tokenizer(path)
     if tokenizer is None:
         tokenizer = own
     elif isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = read_tokenizer(tokenizer)
+    elif not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "vocab_size")):
+        raise TypeError(f"glassllm.load: tokenizer must be None, a path or a glassllm "
+                        f"tokenizer, got {type(tokenizer).__name__}")
     where = os.fspath(path)
     if tokenizer is None:
         raise ValueError(f"{where} has no tokenizer (a weights-only model or a llama2.c "
@@ -84,7 +88,7 @@ def load_model_and_tokenizer(path) -> tuple[GlassLM, object]:
         IsADirectoryError / ValueError: as `files.load`, `hf.from_hf`, `llama2c.from_llama2c`.
     """
     where = os.fspath(path)
-    if not os.path.exists(where) and looks_like_hub_name(where):
+    if not os.path.lexists(where) and looks_like_hub_name(where):  # a broken link is local
         raise hub_name_error(where)
     if hf.is_hf_dir(where):
         model = hf.from_hf(where)
@@ -123,6 +127,17 @@ def hub_name_error(name: str) -> FileNotFoundError:
         f"{name}: no such local file or directory; glassllm reads local files only (it never "
         f"downloads). Get it with `huggingface-cli download {name} --local-dir {local}` "
         f"(or from https://huggingface.co/{name}), then give the directory {local}")
+
+
+def _random_stream(seed) -> np.random.Generator:
+    """`np.random.default_rng(seed)` for seed None or an int >= 0; a Generator as it is.
+
+    Raises:
+        ValueError: any other seed (a negative int, a float, a str), naming `seed`.
+    """
+    if seed is None or isinstance(seed, np.random.Generator):
+        return np.random.default_rng(seed)
+    return np.random.default_rng(check_int(seed, "seed", low=0))
 
 
 class LM:
@@ -179,7 +194,7 @@ class LM:
             ValueError: a bad sampling setting, max_new_tokens or seed, a prompt that is not
                 valid Unicode, a model whose logits are not finite.
         """
-        rng = np.random.default_rng(seed)
+        rng = _random_stream(seed)
         if isinstance(prompt, (list, tuple)):
             return ["".join(self._pieces(p, max_new_tokens, temperature, top_k, top_p, rng))
                     for p in prompt]
@@ -193,7 +208,7 @@ class LM:
         `generate(prompt, ...)` with the same arguments. Arguments and errors as `generate`;
         errors are raised by this call (the first token is drawn before it returns), not in
         the middle of the loop."""
-        rng = np.random.default_rng(seed)
+        rng = _random_stream(seed)
         return self._pieces(prompt, max_new_tokens, temperature, top_k, top_p, rng)
 
     def _pieces(self, prompt, max_new_tokens, temperature, top_k, top_p, rng) -> Iterator[str]:

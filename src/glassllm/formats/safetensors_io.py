@@ -165,6 +165,9 @@ def open_file(path, noun: str = "safetensors file", where: str | None = None,
 
 def _check_is_a_file(path: str, noun: str, directory_hint) -> None:
     if not os.path.exists(path):
+        if os.path.islink(path):
+            raise FileNotFoundError(f"no such {noun}: {path} is a symbolic link to "
+                                    f"{os.readlink(path)}, which does not exist")
         raise FileNotFoundError(f"no such {noun}: {path} (the path does not exist)")
     if os.path.isdir(path):
         hint = directory_hint(path) if directory_hint is not None else ""

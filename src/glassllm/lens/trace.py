@@ -508,13 +508,18 @@ def _join(name: str, old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 def hooks_by_name(cfg: Config, hooks: Iterable, what: str = "hooks") -> dict[str, list]:
-    """(name_or_pattern, fn) pairs -> {name: [fn, ...]} over the names each pattern matches,
-    in the order given (`select_names`: exact names, fnmatch patterns, TransformerLens names).
+    """(name_or_pattern, fn) pairs (or a {name_or_pattern: fn} dict, or None: no hooks) ->
+    {name: [fn, ...]} over the names each pattern matches, in the order given
+    (`select_names`: exact names, fnmatch patterns, TransformerLens names).
 
     Raises:
         ValueError: an item that is not a (str, callable) pair; an unknown name.
     """
-    if isinstance(hooks, tuple) and len(hooks) == 2 and isinstance(hooks[0], str):
+    if hooks is None:
+        hooks = ()
+    elif isinstance(hooks, dict):  # {name: fn}
+        hooks = list(hooks.items())
+    elif isinstance(hooks, tuple) and len(hooks) == 2 and isinstance(hooks[0], str):
         hooks = [hooks]  # one pair given bare
     by_name: dict[str, list] = {}
     for item in hooks:
@@ -536,10 +541,22 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 
 
 def _checked(result, like: np.ndarray, name: str, what: str) -> np.ndarray | None:
+    """A hook's result as a fresh array of `like`'s dtype and shape, or None.
+
+    Raises:
+        ValueError: not an array of real numbers (complex, strings, objects, a glassllm
+            Tensor: no silent cast), or another shape; the hook's name in the message.
+    """
     if result is None:
         return None
+    found = np.asarray(result) if not isinstance(result, Tensor) else None
+    if found is None or found.dtype.kind not in "biuf":
+        kind = f"a {type(result).__name__}" if found is None or found.ndim == 0 else \
+            f"an array of dtype {found.dtype}"
+        raise ValueError(f"trace: the {what} on {name!r} returned {kind}; it must return a "
+                         f"NumPy array of real numbers (a Tensor's .data) or None")
     # a copy: the result may be the read-only view itself, or another view of the forward's
-    out = np.array(result, dtype=like.dtype, copy=True)
+    out = np.array(found, dtype=like.dtype, copy=True)
     if out.shape != like.shape:
         raise ValueError(f"trace: the {what} on {name!r} returned shape {out.shape}; the "
                          f"{what.split()[0]} it replaces has shape {like.shape}")
@@ -686,6 +703,8 @@ def to_str_tokens(tokenizer_or_lm, ids_or_text, prepend_bos: bool | None = None)
             ids = [int(bos)] + ids
         return [token_text(tokenizer, i) for i in ids]
     ids = np.asarray(ids_or_text)
+    if ids.size == 0 and ids.dtype.kind == "f":
+        ids = ids.astype(np.int64)  # [] is float64 to NumPy: no tokens, no text
     if ids.ndim == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.dtype.kind not in "iu" or ids.ndim not in (1, 2) or ids.size and not (
