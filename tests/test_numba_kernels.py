@@ -115,6 +115,22 @@ def compare(name, dtype, T, C, tol=None):
                      floor=float(np.max(np.abs(dy))))
 
 
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm"])
+def test_a_row_whose_mean_square_overflows_float32_normalises_as_the_reference(name):
+    """Weights of 1e30 (a diverged run): mean(x^2) is inf in float32, so the reference's rstd
+    is 0 and its output finite; the kernel sums in float64 but must round the mean square to
+    float32 as the reference holds it (it once gave rstd 1e-30 and then NaN downstream)."""
+    x = np.full((2, 16), 1e30, dtype=np.float32)
+    x[1] = np.linspace(-1, 1, 16, dtype=np.float32)  # an ordinary row beside it
+    w = np.ones(16, np.float32)
+    args = (x, w, 1e-5) if name == "rms_norm" else (x, w, np.zeros(16, np.float32), 1e-5)
+    (ref_f, _), (fast_f, _) = pair(name)
+    want, _ = ref_f(*copy.deepcopy(args))
+    got, _ = fast_f(*copy.deepcopy(args))
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("T", [1, 7, 33])
 @pytest.mark.parametrize("C", [3, 17])

@@ -75,7 +75,9 @@ def rms_norm_forward(x, weight, eps, y, xhat, rstd):
         ss = 0.0
         for j in range(C):
             ss += np.float64(x[i, j]) * x[i, j]
-        r = x.dtype.type(1.0 / math.sqrt(ss / C + eps))
+        # the mean square in x's dtype, as the reference holds it: past float32's range it is
+        # inf there, rstd 0 (torch's and HF's RMSNorm too), never a finite 1e-30 here
+        r = x.dtype.type(1.0 / math.sqrt(x.dtype.type(ss / C) + eps))
         rstd[i, 0] = r
         for j in range(C):
             xh = x[i, j] * r
@@ -96,7 +98,7 @@ def layer_norm_forward(x, weight, bias, eps, y, xhat, rstd):
         for j in range(C):
             d = x[i, j] - mean
             ss += np.float64(d) * d
-        r = x.dtype.type(1.0 / math.sqrt(ss / C + eps))
+        r = x.dtype.type(1.0 / math.sqrt(x.dtype.type(ss / C) + eps))  # as RMSNorm's
         rstd[i, 0] = r
         for j in range(C):
             xh = (x[i, j] - mean) * r
@@ -338,7 +340,7 @@ def _rms_norm_vec(out, x, weight, eps):
     ss = 0.0
     for j in range(x.shape[0]):
         ss += np.float64(x[j]) * x[j]
-    r = x.dtype.type(1.0 / math.sqrt(ss / x.shape[0] + eps))
+    r = x.dtype.type(1.0 / math.sqrt(x.dtype.type(ss / x.shape[0]) + eps))  # as above
     for j in range(x.shape[0]):
         out[j] = (x[j] * r) * weight[j]
 
