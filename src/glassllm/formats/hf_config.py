@@ -62,23 +62,24 @@ class _Fields:
         self.read.add(name)
         return self.hf.get(name, default)
 
-    def int(self, name: str, default=..., low: int = 1):
-        value = self.raw(name)  # null is "not set", as transformers reads it
-        value = default if value is None else value
-        if value is ...:
-            raise ValueError(f"{self.where}: field {name!r} is missing")
-        if value is None and default is None:
-            return None
-        return check_int(value, f"{self.where}: field {name!r}", low=low)
-
-    def real(self, name: str, default=..., positive: bool = True):
+    def _given(self, name: str, default):
+        """The field, null read as "not set" (as transformers reads it): then `default`;
+        `...` as the default makes the field required."""
         value = self.raw(name)
         value = default if value is None else value
         if value is ...:
             raise ValueError(f"{self.where}: field {name!r} is missing")
-        if value is None and default is None:
-            return None
-        return check_real(value, f"{self.where}: field {name!r}", positive=positive)
+        return value
+
+    def int(self, name: str, default=..., low: int = 1):
+        value = self._given(name, default)
+        return None if value is None else check_int(value, f"{self.where}: field {name!r}",
+                                                    low=low)
+
+    def real(self, name: str, default=..., positive: bool = True):
+        value = self._given(name, default)
+        return None if value is None else check_real(value, f"{self.where}: field {name!r}",
+                                                     positive=positive)
 
     def off_or_real(self, name: str, default):
         """A real number, or None where null means "off" (a soft-cap): transformers' default

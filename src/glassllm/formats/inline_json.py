@@ -14,6 +14,7 @@ would break. The same set as Django's `json_script` and Jinja's `htmlsafe_json_d
 from __future__ import annotations
 
 import json
+from importlib import resources
 
 ESCAPED = "<>&\u2028\u2029"
 _TABLE = {ord(c): f"\\u{ord(c):04x}" for c in ESCAPED}
@@ -32,3 +33,23 @@ def inline_json(value) -> str:
         TypeError: a value JSON cannot hold.
     """
     return json.dumps(value, ensure_ascii=False, allow_nan=False).translate(_TABLE)
+
+
+def page_files(package: str, names: tuple[str, str, str], what: str) -> tuple[str, str, str]:
+    """The (html, css, script) text of a page shipped as package data in `package`'s `page/`
+    folder, the CSS and script checked to be inlinable: neither may hold "</style" or
+    "</script", which would end the element it is inlined in.
+
+    Raises:
+        RuntimeError: a file missing or not inlinable -- a broken installation, not a user
+            error (`what` names the page in the message).
+    """
+    folder = resources.files(package) / "page"
+    try:
+        page, css, script = ((folder / name).read_text(encoding="utf-8") for name in names)
+    except OSError as e:
+        raise RuntimeError(f"the {what}'s files are missing from the installed glassllm "
+                           f"({folder}): {e}") from None
+    if "</style" in css.lower() or "</script" in script.lower():
+        raise RuntimeError(f"{folder}: {names[1]} or {names[2]} closes its own element")
+    return page, css, script

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import interpret
 from ..formats.atomic import atomic_write
-from ..formats.inline_json import inline_json
+from ..formats.inline_json import inline_json, page_files
 from ..formats.paths import check_output_paths
 from ..model import GlassLM
 from .trace import run_with_cache, token_text
@@ -270,14 +270,8 @@ def page_template() -> str:
             once; no "</style" in the CSS nor "</script" in the script, which would end the
             element they are inlined in) -- a broken installation, not a user error.
     """
+    page, css, script = page_files("glassllm.lens", PAGE_FILES, "report page")
     folder = resources.files("glassllm.lens") / "page"
-    try:
-        page, css, script = ((folder / name).read_text(encoding="utf-8") for name in PAGE_FILES)
-    except OSError as e:
-        raise RuntimeError(f"the report page's files are missing from the installed glassllm "
-                           f"({folder}): {e}") from None
-    if "</style" in css.lower() or "</script" in script.lower():
-        raise RuntimeError(f"{folder}: report.css or report.js closes its own element")
     page = page.replace("__STYLE__", css).replace("__SCRIPT__", script)
     if any(page.count(f"__{slot}__") != 1 for slot in ("TITLE", "DATA")) or \
             "__STYLE__" in page or "__SCRIPT__" in page:

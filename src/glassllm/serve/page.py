@@ -11,7 +11,7 @@ import functools
 import re
 from importlib import resources
 
-from ..formats.inline_json import inline_json
+from ..formats.inline_json import inline_json, page_files
 
 PAGE_FILES = ("index.html", "app.css", "app.js")
 _SLOT = re.compile(r"__(NONCE|DATA)__")
@@ -28,15 +28,10 @@ def template() -> str:
     Raises:
         RuntimeError: a page file missing or malformed (a broken installation).
     """
+    page, css, script = page_files("glassllm.serve", PAGE_FILES, "serve page")
     folder = resources.files("glassllm.serve") / "page"
-    try:
-        page, css, script = ((folder / name).read_text(encoding="utf-8") for name in PAGE_FILES)
-    except OSError as e:
-        raise RuntimeError(f"the serve page's files are missing from the installed glassllm "
-                           f"({folder}): {e}") from None
-    if "</style" in css.lower() or "</script" in script.lower() or \
-            any(f"__{slot}__" in css + script for slot in ("DATA", "NONCE")):
-        raise RuntimeError(f"{folder}: app.css or app.js closes its element or holds a slot")
+    if any(f"__{slot}__" in css + script for slot in ("DATA", "NONCE")):
+        raise RuntimeError(f"{folder}: app.css or app.js holds a slot")
     page = page.replace("__STYLE__", css).replace("__SCRIPT__", script)
     # the nonce twice: the policy's meta tag and the script element
     if page.count("__DATA__") != 1 or page.count("__NONCE__") != 2:
