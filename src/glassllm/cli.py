@@ -1058,7 +1058,7 @@ def _check_out_file(out: str, source: str, what: str) -> None:
 
 
 def _convert_from_hf(args):
-    from .formats import files, hf
+    from .formats import hf
     from .formats.tokenizer import load_tokenizer
 
     _check_out_file(args.out, args.from_hf, "--from-hf checkpoint")
@@ -1074,16 +1074,13 @@ def _convert_from_hf(args):
         tokenizer = load_tokenizer(args.tokenizer)
     else:
         tokenizer = hf.tokenizer_from_hf(args.from_hf, model.cfg.vocab_size)
-    files.save(model, args.out, tokenizer)
-    if tokenizer is None:
-        print(f"note: {args.from_hf} has no tokenizer files (vocab.json + merges.txt or "
-              f"tokenizer.json): {args.out} holds the weights only; give --tokenizer PATH "
-              f"here or to `glassllm generate`", file=sys.stderr, flush=True)
-    return model, tokenizer
+    return _save_converted(model, tokenizer, args.out, (
+        f"{args.from_hf} has no tokenizer files (vocab.json + merges.txt or tokenizer.json)",
+        "give --tokenizer PATH here or to `glassllm generate`"))
 
 
 def _convert_from_llama2c(args):
-    from .formats import files, llama2c
+    from .formats import llama2c
 
     _check_out_file(args.out, args.from_llama2c, "--from-llama2c checkpoint")
     if args.tokenizer is not None:
@@ -1096,11 +1093,20 @@ def _convert_from_llama2c(args):
             raise UsageError(f"--tokenizer {args.tokenizer} has {tokenizer.vocab_size} pieces "
                              f"but {args.from_llama2c} has vocab_size {model.cfg.vocab_size}; "
                              f"give the checkpoint's own tokenizer.bin")
-    files.save(model, args.out, tokenizer)
+    return _save_converted(model, tokenizer, args.out, (
+        "no --tokenizer", "give llama2.c's tokenizer.bin (e.g. tok512.bin for stories260K.bin) "
+        "here, or a tokenizer to `glassllm generate --tokenizer`"))
+
+
+def _save_converted(model, tokenizer, out: str, without: tuple[str, str]):
+    """Save a converted model; without a tokenizer, say why (without[0]) and what to give
+    (without[1]) on stderr: the file then holds the weights only."""
+    from .formats import files
+    files.save(model, out, tokenizer)
     if tokenizer is None:
-        print(f"note: no --tokenizer: {args.out} holds the weights only; give llama2.c's "
-              f"tokenizer.bin (e.g. tok512.bin for stories260K.bin) here, or a tokenizer to "
-              f"`glassllm generate --tokenizer`", file=sys.stderr, flush=True)
+        why, what = without
+        print(f"note: {why}: {out} holds the weights only; {what}", file=sys.stderr,
+              flush=True)
     return model, tokenizer
 
 
