@@ -89,8 +89,9 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
         max_len = check_int(max_len, "from_hf: max_len (at most the checkpoint's context "
                             "length)", low=1, high=stored_len)
         cfg = Config.from_dict({**cfg.to_dict(), "max_len": max_len})
-    model = GlassLM(cfg)
-    state = _state_from_hf(model, read_tensors(directory), directory, stored_len)
+    tensors = read_tensors(directory)
+    model = GlassLM(_untied_if_head_differs(cfg, tensors))
+    state = _state_from_hf(model, tensors, directory, stored_len)
     model.load_state_dict(state)
     return model
 
@@ -379,6 +380,23 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
         raise ValueError(f"{where}: unexpected tensor(s) {unexpected[:8]} for a "
                          f"{ARCHITECTURES[MODEL_TYPES[cfg.family]]} with this config.json")
     return state
+
+
+def _untied_if_head_differs(cfg: Config, tensors: dict[str, np.ndarray]) -> Config:
+    """`cfg` untied when config.json ties the head to the embedding but the checkpoint stores
+    a different head: transformers 5 then keeps the stored head ("both are present in the
+    checkpoints with different values, so we will NOT tie them", modeling_utils.py), and
+    glassllm computes what transformers computes."""
+    if not cfg.tie_embeddings:
+        return cfg
+    pre = hf_tensors.prefix(cfg)
+    stored = {k.removeprefix(pre) if pre else k: v for k, v in tensors.items()}
+    embedding = next(theirs for ours, theirs, _ in hf_tensors.tensor_map(cfg)
+                     if ours == "token_embedding.weight")
+    head = stored.get("lm_head.weight", stored.get("embed_out.weight"))
+    if head is None or embedding not in stored or np.array_equal(head, stored[embedding]):
+        return cfg
+    return Config.from_dict({**cfg.to_dict(), "tie_embeddings": False})
 
 
 def _float_tensor(value: np.ndarray, name: str, shape: tuple, where: Path) -> np.ndarray:

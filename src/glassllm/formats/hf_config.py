@@ -126,7 +126,7 @@ def config_from_hf(hf: dict, where: str = "config.json") -> Config:
             not implement (rope scaling, MoE, ...), a missing or malformed size.
     """
     model_type = hf.get("model_type")
-    if model_type not in _READERS:
+    if not isinstance(model_type, str) or model_type not in _READERS:  # a list is unhashable
         raise ValueError(f"{where}: model_type {model_type!r} is not supported by glassllm "
                          f"(supported: {sorted(_READERS)})")
     fields = _Fields(hf, where)
