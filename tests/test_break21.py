@@ -43,3 +43,17 @@ def test_a_tied_config_with_a_different_stored_head_loads_as_transformers_does(t
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
     assert hf.from_hf(tmp_path).cfg.tie_embeddings
+
+
+def test_a_gpt2_with_a_different_stored_head_is_refused_naming_the_tensor(tmp_path):
+    """glassllm's GPT-2 is always tied: a GPT-2 directory whose stored lm_head differs (which
+    transformers 5 would keep) is refused in one line naming the directory and the tensor."""
+    config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=1, n_head=2,
+                                     n_positions=16)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = safetensors_numpy.load_file(path)
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"] + 1.0
+    safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"^{tmp_path}: tensor 'lm_head.weight' differs"):
+        hf.from_hf(tmp_path)

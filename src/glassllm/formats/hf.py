@@ -90,7 +90,7 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
                             "length)", low=1, high=stored_len)
         cfg = Config.from_dict({**cfg.to_dict(), "max_len": max_len})
     tensors = read_tensors(directory)
-    model = GlassLM(_untied_if_head_differs(cfg, tensors))
+    model = GlassLM(_untied_if_head_differs(cfg, tensors, directory))
     state = _state_from_hf(model, tensors, directory, stored_len)
     model.load_state_dict(state)
     return model
@@ -382,7 +382,8 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
     return state
 
 
-def _untied_if_head_differs(cfg: Config, tensors: dict[str, np.ndarray]) -> Config:
+def _untied_if_head_differs(cfg: Config, tensors: dict[str, np.ndarray],
+                            where: Path) -> Config:
     """`cfg` untied when config.json ties the head to the embedding but the checkpoint stores
     a different head: transformers 5 then keeps the stored head ("both are present in the
     checkpoints with different values, so we will NOT tie them", modeling_utils.py), and
@@ -396,6 +397,9 @@ def _untied_if_head_differs(cfg: Config, tensors: dict[str, np.ndarray]) -> Conf
     head = stored.get("lm_head.weight", stored.get("embed_out.weight"))
     if head is None or embedding not in stored or np.array_equal(head, stored[embedding]):
         return cfg
+    if cfg.family == "gpt2":  # glassllm's GPT-2 is always tied
+        raise ValueError(f"{where}: tensor 'lm_head.weight' differs from {embedding!r} but "
+                         f"the gpt2 family ties them; glassllm cannot hold an untied GPT-2")
     return Config.from_dict({**cfg.to_dict(), "tie_embeddings": False})
 
 
