@@ -57,3 +57,47 @@ def test_a_gpt2_with_a_different_stored_head_is_refused_naming_the_tensor(tmp_pa
     safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=f"^{tmp_path}: tensor 'lm_head.weight' differs"):
         hf.from_hf(tmp_path)
+
+
+# config.json of google/gemma-2-2b and google/gemma-3-1b-pt as transformers 4.x saved them: both
+# store cache_implementation "hybrid" (generate's cache, not the arithmetic), and gemma-2-2b a
+# hidden_act beside the hidden_activation its MLP reads. Both were once refused.
+_GEMMA_HUB = {
+    "architectures": ["X"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "initializer_range": 0.02,
+    "max_position_embeddings": 8192, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "torch_dtype": "bfloat16", "transformers_version": "4.42.4", "use_cache": True,
+    "vocab_size": 256000}
+GEMMA_2_2B = {**_GEMMA_HUB, "model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh",
+              "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+              "rope_theta": 10000.0, "sliding_window": 4096}
+GEMMA_3_1B = {**_GEMMA_HUB, "model_type": "gemma3_text", "hidden_size": 1152,
+              "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4,
+              "num_key_value_heads": 1, "attn_logit_softcapping": None,
+              "final_logit_softcapping": None, "rope_local_base_freq": 10000,
+              "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512,
+              "sliding_window_pattern": 6, "max_position_embeddings": 32768,
+              "vocab_size": 262144}
+
+
+def test_gemma_2_2b_and_gemma_3_1b_configs_read():
+    g2 = hf.config_from_hf(GEMMA_2_2B, where="gemma-2-2b/config.json")
+    assert (g2.family, g2.sliding_window, g2.attn_softcap, g2.final_softcap) == \
+        ("gemma2", 4096, 50.0, 30.0)
+    assert g2.layer_types[:2] == ("sliding_attention", "full_attention")
+    g3 = hf.config_from_hf(GEMMA_3_1B, where="gemma-3-1b/config.json")
+    assert (g3.family, g3.sliding_window, g3.rope_local_theta, g3.rope_theta) == \
+        ("gemma3", 512, 10000.0, 1e6)
+    assert g3.layer_types[4:7] == ("sliding_attention", "full_attention", "sliding_attention")
+
+
+def test_gemma2s_stored_hidden_act_is_ignored_as_transformers_ignores_it(tmp_path):
+    model = make_hf("gemma2", vocab_size=40, hidden_act="silu")
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["hidden_act"] == "silu"
+    idx = batch(4, shape=(2, 12)) % 40
+    want = hf_logits(model, idx)
+    assert np.abs(hf.from_hf(tmp_path)(idx).data - want).max() <= tolerance(want)
