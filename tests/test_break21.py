@@ -101,3 +101,15 @@ def test_gemma2s_stored_hidden_act_is_ignored_as_transformers_ignores_it(tmp_pat
     idx = batch(4, shape=(2, 12)) % 40
     want = hf_logits(model, idx)
     assert np.abs(hf.from_hf(tmp_path)(idx).data - want).max() <= tolerance(want)
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"attention_types": [[["global", "sparse"], 1]]}, "attention_types"),
+    ({"attention_types": None, "attention_layers": ["global", "sparse"]}, "attention_layers"),
+    ({}, "attention_types"),  # GPTNeoConfig's default: 24 layers, not 2
+])
+def test_gpt_neo_layer_kinds_errors_name_the_field_given(fields, named):
+    config = {"model_type": "gpt_neo", "hidden_size": 16, "num_layers": 2, "num_heads": 2,
+              "max_position_embeddings": 8, "vocab_size": 10, **fields}
+    with pytest.raises(ValueError, match=f"^c.json: field '{named}' must name"):
+        hf.config_from_hf(config, where="c.json")

@@ -371,8 +371,10 @@ def _read_gptneo(f: _Fields) -> dict:
                              f"[[kinds...], times], got {_short(types)}") from None
     if not isinstance(layers, list) or any(k not in ("global", "local") for k in layers) \
             or len(layers) != n_layers:
-        raise ValueError(f"{f.where}: field 'attention_layers' must name 'global' or 'local' "
-                         f"for each of the {n_layers} layers, got {_short(layers)}")
+        derived = types is not None or f.hf.get("attention_layers") is None
+        field = "attention_types" if derived else "attention_layers"  # the one they came from
+        raise ValueError(f"{f.where}: field {field!r} must name 'global' or 'local' for each "
+                         f"of the {n_layers} layers, got {_short(types if derived else layers)}")
     types = tuple("sliding_attention" if k == "local" else "full_attention" for k in layers)
     window = f.int("window_size", 256)
     return dict(family="gptneo", vocab_size=f.int("vocab_size"), d_model=d_model,
