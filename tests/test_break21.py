@@ -113,3 +113,19 @@ def test_gpt_neo_layer_kinds_errors_name_the_field_given(fields, named):
               "max_position_embeddings": 8, "vocab_size": 10, **fields}
     with pytest.raises(ValueError, match=f"^c.json: field '{named}' must name"):
         hf.config_from_hf(config, where="c.json")
+
+
+def test_a_tied_gpt_neox_with_a_stored_copy_of_its_head_loads(tmp_path):
+    """Pythia names its head embed_out; a tied checkpoint that stores it equal to the
+    embedding was once refused as an unexpected tensor."""
+    model = make_hf("neox", vocab_size=40, tie_word_embeddings=True)
+    model.save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = safetensors_numpy.load_file(path)
+    tensors["embed_out.weight"] = tensors["gpt_neox.embed_in.weight"]
+    safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
+    idx = batch(5, shape=(2, 12)) % 40
+    want = hf_logits(model, idx)
+    glass = hf.from_hf(tmp_path)
+    assert glass.cfg.tie_embeddings
+    assert np.abs(glass(idx).data - want).max() <= tolerance(want)

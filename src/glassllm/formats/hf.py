@@ -350,8 +350,10 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
     for alias, name in hf_tensors.aliases(cfg).items():
         if alias in tensors and name not in tensors:
             tensors[name] = tensors.pop(alias)
-    if cfg.tie_embeddings:  # transformers ties lm_head to the embedding; a stored copy is unused
-        tensors.pop("lm_head.weight", None)
+    if cfg.tie_embeddings:  # transformers ties the head to the embedding; a stored copy
+        tensors.pop("lm_head.weight", None)  # (equal: _untied_if_head_differs) is unused
+        if cfg.family == "neox":  # Pythia's name for the head
+            tensors.pop("embed_out.weight", None)
     shapes = {name: p.shape for name, p in model.named_parameters()}  # expected shapes
     if cfg.positions == "learned":
         shapes["position_embedding.weight"] = (stored_len, cfg.d_model)
