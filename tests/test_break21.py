@@ -129,3 +129,29 @@ def test_a_tied_gpt_neox_with_a_stored_copy_of_its_head_loads(tmp_path):
     glass = hf.from_hf(tmp_path)
     assert glass.cfg.tie_embeddings
     assert np.abs(glass(idx).data - want).max() <= tolerance(want)
+
+
+@pytest.mark.parametrize("change,said", [
+    ("drop", "tensor 'transformer.h.0.attn.attention.k_proj.weight' is missing"),
+    ("grow", "tensor 'transformer.h.0.attn.attention.k_proj.weight' has shape \\(17, 16\\)"),
+    ("add", r"unexpected tensor\(s\) \['transformer.h.0.extra'\]"),
+])
+def test_tensor_errors_quote_the_name_in_the_file(change, said, tmp_path):
+    """GPT-2 and GPT-Neo files prefix their tensors with `transformer.`; errors once quoted
+    the names without it, which a reader does not find in the file."""
+    config = transformers.GPTNeoConfig(vocab_size=20, hidden_size=16, num_layers=1,
+                                       num_heads=2, max_position_embeddings=8,
+                                       attention_types=[[["global"], 1]])
+    transformers.GPTNeoForCausalLM(config).save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = safetensors_numpy.load_file(path)
+    name = "transformer.h.0.attn.attention.k_proj.weight"
+    if change == "drop":
+        del tensors[name]
+    elif change == "grow":
+        tensors[name] = np.concatenate([tensors[name], tensors[name][:1]])
+    else:
+        tensors["transformer.h.0.extra"] = np.zeros(2, np.float32)
+    safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"^{tmp_path}: {said}"):
+        hf.from_hf(tmp_path)

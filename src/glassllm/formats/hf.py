@@ -344,12 +344,11 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
     model.cfg.max_len rows of the stored table.
     """
     cfg = model.cfg
-    pre = hf_tensors.prefix(cfg)  # the original OpenAI GPT-2 upload has no "transformer."
-    tensors = {k.removeprefix(pre) if pre else k: v for k, v in tensors.items()
-               if not k.endswith(_IGNORED_SUFFIXES)}
+    tensors, in_file = _strip_prefix(cfg, tensors)
     for alias, name in hf_tensors.aliases(cfg).items():
         if alias in tensors and name not in tensors:
             tensors[name] = tensors.pop(alias)
+            in_file[name] = in_file.pop(alias)
     if cfg.tie_embeddings:  # transformers ties the head to the embedding; a stored copy
         tensors.pop("lm_head.weight", None)  # (equal: _untied_if_head_differs) is unused
         if cfg.family == "neox":  # Pythia's name for the head
@@ -361,9 +360,9 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
 
     def take(name: str, shape: tuple) -> np.ndarray:
         if name not in tensors:
-            raise ValueError(f"{where}: tensor {name!r} is missing from the checkpoint")
+            raise ValueError(f"{where}: tensor {in_file(name)!r} is missing from the checkpoint")
         used.add(name)
-        return _float_tensor(tensors[name], name, shape, where)
+        return _float_tensor(tensors[name], in_file(name), shape, where)
 
     state = {}
     for ours, theirs, transpose in hf_tensors.tensor_map(cfg):
@@ -377,11 +376,34 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
                 state[f"{ours}.{part}"] = value
     if cfg.positions == "learned":
         state["position_embedding.weight"] = state["position_embedding.weight"][:cfg.max_len]
-    unexpected = sorted(set(tensors) - used)
+    unexpected = sorted(in_file(name) for name in set(tensors) - used)
     if unexpected:
         raise ValueError(f"{where}: unexpected tensor(s) {unexpected[:8]} for a "
                          f"{ARCHITECTURES[MODEL_TYPES[cfg.family]]} with this config.json")
     return state
+
+
+class _FileNames(dict):
+    """Tensor name without the prefix -> the name in the file; called with a name the file
+    lacks, the name it would have (errors quote what a reader finds in the file)."""
+
+    def __init__(self, names: dict, prefix: str):
+        super().__init__(names)
+        self.prefix = prefix
+
+    def __call__(self, name: str) -> str:
+        head = name.startswith(("lm_head.", "embed_out."))  # stored without the prefix
+        return self.get(name, name if head else self.prefix + name)
+
+
+def _strip_prefix(cfg: Config, tensors: dict) -> tuple[dict, _FileNames]:
+    """(tensors by HF name without `hf_tensors.prefix`, their names in the file); the
+    buffers transformers rebuilds (`_IGNORED_SUFFIXES`) left out."""
+    pre = hf_tensors.prefix(cfg)  # the original OpenAI GPT-2 upload has no "transformer."
+    names = {k.removeprefix(pre) if pre else k: k for k in tensors
+             if not k.endswith(_IGNORED_SUFFIXES)}
+    prefixed = bool(pre) and any(k.startswith(pre) for k in names.values())
+    return {k: tensors[v] for k, v in names.items()}, _FileNames(names, pre if prefixed else "")
 
 
 def _untied_if_head_differs(cfg: Config, tensors: dict[str, np.ndarray],
