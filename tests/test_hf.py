@@ -433,7 +433,9 @@ def test_an_integer_or_bool_tensor_is_refused_naming_file_and_tensor(tmp_path, g
     name = "transformer.h.0.mlp.c_fc.weight"
     bad = copy_checkpoint(directory, tmp_path / "m", edit_tensors=lambda t: t.update(
         {name: np.full(t[name].shape, value, dtype=dtype)}))
-    with pytest.raises(ValueError, match=rf"{bad}.*'h\.0\.mlp\.c_fc\.weight'.*dtype"):
+    # the name as stored in the file, prefix and all
+    with pytest.raises(ValueError,
+                       match=rf"{bad}: tensor 'transformer\.h\.0\.mlp\.c_fc\.weight' has dtype"):
         hf.from_hf(bad)
 
 
@@ -446,7 +448,8 @@ def test_nan_or_inf_weights_are_refused_naming_file_and_tensor(tmp_path, hf_chec
         tensors[name] = tensors[name].copy()
         tensors[name][3] = value
     bad = copy_checkpoint(directory, tmp_path / "m", edit_tensors=poison)
-    with pytest.raises(ValueError, match=r"'(ln_f|model\.norm)\.weight' holds 1 NaN or inf"):
+    with pytest.raises(ValueError,
+                       match=r"'(transformer\.ln_f|model\.norm)\.weight' holds 1 NaN or inf"):
         hf.from_hf(bad)
 
 
@@ -474,7 +477,7 @@ def test_unknown_model_type(tmp_path, gpt2_checkpoint):
 
 def test_shape_mismatch_names_the_tensor(tmp_path, hf_checkpoint):
     kind, _, directory, _ = hf_checkpoint
-    field, tensor = ("n_inner", "h.0.mlp.c_fc.weight") if kind == "gpt2" else \
+    field, tensor = ("n_inner", "transformer.h.0.mlp.c_fc.weight") if kind == "gpt2" else \
         ("intermediate_size", "model.layers.0.mlp.gate_proj.weight")
     bad = copy_checkpoint(directory, tmp_path / "m", edit_config=lambda c: c.update({field: 80}))
     with pytest.raises(ValueError, match=f"tensor '{tensor}' has shape"):

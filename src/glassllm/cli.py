@@ -980,7 +980,9 @@ def add_convert(sub) -> None:
     p = sub.add_parser(
         "convert", help="import/export Hugging Face and llama2.c checkpoints",
         description="--from-hf DIR --out FILE: a transformers checkpoint directory (config.json "
-                    "+ model.safetensors, GPT2LMHeadModel or LlamaForCausalLM) to a glassllm "
+                    "+ model.safetensors or shards, any class docs/architectures.md lists: "
+                    "GPT-2, Llama, Mistral, Qwen2/3, GPT-NeoX, GPT-Neo, Phi, Gemma 1/2/3, "
+                    "OLMo-2) to a glassllm "
                     "model file, with the directory's tokenizer. --model FILE --to-hf DIR: the "
                     "reverse; transformers' from_pretrained(DIR) then gives the same logits. "
                     "--from-llama2c CKPT.bin --out FILE: a llama2.c checkpoint (legacy "

@@ -89,8 +89,9 @@ def from_hf(path, *, max_len: int | None = None) -> GlassLM:
         max_len = check_int(max_len, "from_hf: max_len (at most the checkpoint's context "
                             "length)", low=1, high=stored_len)
         cfg = Config.from_dict({**cfg.to_dict(), "max_len": max_len})
-    model = GlassLM(cfg)
-    state = _state_from_hf(model, read_tensors(directory), directory, stored_len)
+    tensors = read_tensors(directory)
+    model = GlassLM(_untied_if_head_differs(cfg, tensors, directory))
+    state = _state_from_hf(model, tensors, directory, stored_len)
     model.load_state_dict(state)
     return model
 
@@ -350,14 +351,15 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
     model.cfg.max_len rows of the stored table.
     """
     cfg = model.cfg
-    pre = hf_tensors.prefix(cfg)  # the original OpenAI GPT-2 upload has no "transformer."
-    tensors = {k.removeprefix(pre) if pre else k: v for k, v in tensors.items()
-               if not k.endswith(_IGNORED_SUFFIXES)}
+    tensors, in_file = _strip_prefix(cfg, tensors)
     for alias, name in hf_tensors.aliases(cfg).items():
         if alias in tensors and name not in tensors:
             tensors[name] = tensors.pop(alias)
-    if cfg.tie_embeddings:  # transformers ties lm_head to the embedding; a stored copy is unused
-        tensors.pop("lm_head.weight", None)
+            in_file[name] = in_file.pop(alias)
+    if cfg.tie_embeddings:  # transformers ties the head to the embedding; a stored copy
+        tensors.pop("lm_head.weight", None)  # (equal: _untied_if_head_differs) is unused
+        if cfg.family == "neox":  # Pythia's name for the head
+            tensors.pop("embed_out.weight", None)
     shapes = {name: p.shape for name, p in model.named_parameters()}  # expected shapes
     if cfg.positions == "learned":
         shapes["position_embedding.weight"] = (stored_len, cfg.d_model)
@@ -365,9 +367,9 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
 
     def take(name: str, shape: tuple) -> np.ndarray:
         if name not in tensors:
-            raise ValueError(f"{where}: tensor {name!r} is missing from the checkpoint")
+            raise ValueError(f"{where}: tensor {in_file(name)!r} is missing from the checkpoint")
         used.add(name)
-        return _float_tensor(tensors[name], name, shape, where)
+        return _float_tensor(tensors[name], in_file(name), shape, where)
 
     state = {}
     for ours, theirs, transpose in hf_tensors.tensor_map(cfg):
@@ -381,11 +383,55 @@ def _state_from_hf(model: GlassLM, tensors: dict[str, np.ndarray], where: Path,
                 state[f"{ours}.{part}"] = value
     if cfg.positions == "learned":
         state["position_embedding.weight"] = state["position_embedding.weight"][:cfg.max_len]
-    unexpected = sorted(set(tensors) - used)
+    unexpected = sorted(in_file(name) for name in set(tensors) - used)
     if unexpected:
         raise ValueError(f"{where}: unexpected tensor(s) {unexpected[:8]} for a "
                          f"{ARCHITECTURES[MODEL_TYPES[cfg.family]]} with this config.json")
     return state
+
+
+class _FileNames(dict):
+    """Tensor name without the prefix -> the name in the file; called with a name the file
+    lacks, the name it would have (errors quote what a reader finds in the file)."""
+
+    def __init__(self, names: dict, prefix: str):
+        super().__init__(names)
+        self.prefix = prefix
+
+    def __call__(self, name: str) -> str:
+        head = name.startswith(("lm_head.", "embed_out."))  # stored without the prefix
+        return self.get(name, name if head else self.prefix + name)
+
+
+def _strip_prefix(cfg: Config, tensors: dict) -> tuple[dict, _FileNames]:
+    """(tensors by HF name without `hf_tensors.prefix`, their names in the file); the
+    buffers transformers rebuilds (`_IGNORED_SUFFIXES`) left out."""
+    pre = hf_tensors.prefix(cfg)  # the original OpenAI GPT-2 upload has no "transformer."
+    names = {k.removeprefix(pre) if pre else k: k for k in tensors
+             if not k.endswith(_IGNORED_SUFFIXES)}
+    prefixed = bool(pre) and any(k.startswith(pre) for k in names.values())
+    return {k: tensors[v] for k, v in names.items()}, _FileNames(names, pre if prefixed else "")
+
+
+def _untied_if_head_differs(cfg: Config, tensors: dict[str, np.ndarray],
+                            where: Path) -> Config:
+    """`cfg` untied when config.json ties the head to the embedding but the checkpoint stores
+    a different head: transformers 5 then keeps the stored head ("both are present in the
+    checkpoints with different values, so we will NOT tie them", modeling_utils.py), and
+    glassllm computes what transformers computes."""
+    if not cfg.tie_embeddings:
+        return cfg
+    pre = hf_tensors.prefix(cfg)
+    stored = {k.removeprefix(pre) if pre else k: v for k, v in tensors.items()}
+    embedding = next(theirs for ours, theirs, _ in hf_tensors.tensor_map(cfg)
+                     if ours == "token_embedding.weight")
+    head = stored.get("lm_head.weight", stored.get("embed_out.weight"))
+    if head is None or embedding not in stored or np.array_equal(head, stored[embedding]):
+        return cfg
+    if cfg.family == "gpt2":  # glassllm's GPT-2 is always tied
+        raise ValueError(f"{where}: tensor 'lm_head.weight' differs from {embedding!r} but "
+                         f"the gpt2 family ties them; glassllm cannot hold an untied GPT-2")
+    return Config.from_dict({**cfg.to_dict(), "tie_embeddings": False})
 
 
 def _float_tensor(value: np.ndarray, name: str, shape: tuple, where: Path) -> np.ndarray:

@@ -21,7 +21,9 @@ from ..config import PRESETS, Config
 # Fields that never change a forward pass: ids, dropouts (glassllm has none; eval mode), init,
 # bookkeeping, heads other than the LM head, generation defaults; fields the readers below
 # replace by what they imply (Qwen2's max_window_layers by layer_types, Gemma 3's pattern);
-# is_llama_config, nanotron's marker in SmolLM2's config.json, which transformers ignores.
+# is_llama_config, nanotron's marker in SmolLM2's config.json, which transformers ignores;
+# cache_implementation ("hybrid" in Gemma 2/3's config.json), the KV cache generate() builds,
+# which holds the same keys and values.
 _HARMLESS = frozenset("""
     architectures model_type transformers_version _name_or_path name_or_path torch_dtype dtype
     bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id
@@ -35,7 +37,7 @@ _HARMLESS = frozenset("""
     tokenizer_class prefix chunk_size_feed_forward pruned_heads tie_encoder_decoder
     torchscript use_bfloat16 output_scores return_dict_in_generate
     max_window_layers use_sliding_window _sliding_window_pattern sliding_window_pattern
-    is_llama_config
+    is_llama_config cache_implementation
 """.split())
 
 ARCHITECTURES = {  # model_type -> the transformers class `to_hf` writes
@@ -127,7 +129,7 @@ def config_from_hf(hf: dict, where: str = "config.json") -> Config:
             not implement (rope scaling, MoE, ...), a missing or malformed size.
     """
     model_type = hf.get("model_type")
-    if model_type not in _READERS:
+    if not isinstance(model_type, str) or model_type not in _READERS:  # a list is unhashable
         raise ValueError(f"{where}: model_type {model_type!r} is not supported by glassllm "
                          f"(supported: {sorted(_READERS)})")
     fields = _Fields(hf, where)
@@ -267,6 +269,8 @@ def _read_gemma(f: _Fields, model_type: str) -> dict:
     f.require("attention_bias", (False,), False)
     if family == "gemma":  # GemmaConfig maps a plain "gelu" to the tanh form too
         f.raw("hidden_activation")
+    else:  # Gemma2/3MLP read hidden_activation; gemma-2-2b's config.json stores both
+        f.raw("hidden_act")
     allowed = ("gelu_pytorch_tanh", "gelu") if family == "gemma" else ("gelu_pytorch_tanh",)
     out = _llama_like(f, family, act=act, act_default="gelu_pytorch_tanh", act_allowed=allowed,
                       head_dim_default=256, tie_default=True, rope=family != "gemma3")
@@ -368,8 +372,10 @@ def _read_gptneo(f: _Fields) -> dict:
                              f"[[kinds...], times], got {_short(types)}") from None
     if not isinstance(layers, list) or any(k not in ("global", "local") for k in layers) \
             or len(layers) != n_layers:
-        raise ValueError(f"{f.where}: field 'attention_layers' must name 'global' or 'local' "
-                         f"for each of the {n_layers} layers, got {_short(layers)}")
+        derived = types is not None or f.hf.get("attention_layers") is None
+        field = "attention_types" if derived else "attention_layers"  # the one they came from
+        raise ValueError(f"{f.where}: field {field!r} must name 'global' or 'local' for each "
+                         f"of the {n_layers} layers, got {_short(types if derived else layers)}")
     types = tuple("sliding_attention" if k == "local" else "full_attention" for k in layers)
     window = f.int("window_size", 256)
     return dict(family="gptneo", vocab_size=f.int("vocab_size"), d_model=d_model,
