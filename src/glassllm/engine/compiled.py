@@ -11,6 +11,8 @@ to the bounds stated in tests/test_numba_kernels.py.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import functional as F
@@ -33,7 +35,10 @@ def _kernels(*arrays):
 
 def _rows(a):
     """a as C-contiguous (rows, last axis): a view when a is contiguous already."""
-    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1))
+    if not a.ndim:
+        return a.reshape(1, 1)
+    # (not reshape(-1, C): with C = 0 the row count cannot be inferred)
+    return np.ascontiguousarray(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]))
 
 
 def _for_rows(kernel, arguments, n_rows, row_size):
@@ -209,12 +214,23 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     k = _kernels(logits)
     if k is None or not logits.flags.c_contiguous:
         return ops.cross_entropy_forward(logits, targets, overwrite_logits)
+    t = _checked_targets(targets, logits.shape[1])
     probs = logits if overwrite_logits else np.empty_like(logits)
     logprob = np.empty(logits.shape[0], dtype=logits.dtype)
-    t = np.ascontiguousarray(targets, dtype=np.int64)
     _for_rows(k.cross_entropy_forward, lambda r: (logits[r], t[r], probs[r], logprob[r]),
               *logits.shape)
-    return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, targets)
+    return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, t)
+
+
+def _checked_targets(targets, V):
+    """targets as int64 in [0, V): NumPy's indexing rules, which the reference follows (a
+    negative target counts from the end; one outside [-V, V) is an IndexError), checked
+    here because the compiled loops index without bounds checks."""
+    t = np.asarray(targets, dtype=np.int64)
+    if t.size and (t.min() < -V or t.max() >= V):
+        bad = t[(t < -V) | (t >= V)][0]
+        raise IndexError(f"cross_entropy: target {bad} is out of bounds for {V} classes")
+    return np.ascontiguousarray(np.where(t < 0, t + V, t))
 
 
 def cross_entropy_backward(dloss, saved):
@@ -222,7 +238,7 @@ def cross_entropy_backward(dloss, saved):
     k = _kernels(dz)
     if k is None:
         return ops.cross_entropy_backward(dloss, saved)
-    t = np.ascontiguousarray(targets, dtype=np.int64)
+    t = _checked_targets(targets, dz.shape[1])
     scale = float(dloss) / len(targets)
     _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], scale), *dz.shape)
     return (dz,)

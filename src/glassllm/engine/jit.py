@@ -7,7 +7,9 @@ a second; a script that never runs an op (a tokenizer, a file check) never pays 
 op that wants a kernel imports numba; each kernel compiles on its first call for each dtype,
 or loads from numba's on-disk cache (`cache=True`), which a fresh install fills once.
 
-GLASSLLM_NUMBA=0 turns the kernels off (the NumPy forms run, without a warning).
+GLASSLLM_NUMBA=0 turns the kernels off (the NumPy forms run, without a warning); 1 (or unset)
+leaves them on; any other value is a ValueError naming the variable (a mistyped "off" must not
+silently leave them on).
 """
 from __future__ import annotations
 
@@ -36,8 +38,21 @@ def kernels():
     return _module
 
 
+def enabled_by_environment() -> bool:
+    """GLASSLLM_NUMBA as a switch: "1" or unset -> True, "0" -> False.
+
+    Raises:
+        ValueError: any other value, naming the variable.
+    """
+    text = os.environ.get(ENV_VAR, "1").strip() or "1"
+    if text not in ("0", "1"):
+        raise ValueError(f"{ENV_VAR}: expected 0 (NumPy forms) or 1 (compiled kernels), "
+                         f"got {text!r}")
+    return text == "1"
+
+
 def _load():
-    if os.environ.get(ENV_VAR, "1").strip() == "0":
+    if not enabled_by_environment():
         return None
     try:
         from . import numba_kernels

@@ -1,0 +1,57 @@
+"""Regression tests from a break-it pass over the compiled kernels and fast-by-default: each
+case is an input that once gave a silent wrong answer or an unclear error."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glassllm import functional as F
+from glassllm.engine import compiled, jit
+
+needs_numba = pytest.mark.skipif(jit.kernels() is None, reason="numba cannot load here")
+
+
+@pytest.mark.parametrize("value", ["off", "false", "yes", "2"])
+def test_a_mistyped_glassllm_numba_is_an_error_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("GLASSLLM_NUMBA", value)
+    with pytest.raises(ValueError, match=r"^GLASSLLM_NUMBA: expected 0 .* got '"):
+        jit.enabled_by_environment()
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("1", True), (" 1 ", True), ("", True)])
+def test_glassllm_numba_reads_0_and_1(monkeypatch, value, on):
+    monkeypatch.setenv("GLASSLLM_NUMBA", value)
+    assert jit.enabled_by_environment() is on
+
+
+@needs_numba
+@pytest.mark.parametrize("bad", [3, 7, -4])
+def test_a_target_outside_the_vocabulary_raises_instead_of_reading_past_the_row(bad):
+    # the compiled loop has no bounds checks: it once returned a loss read from other memory
+    logits = np.zeros((2, 3), np.float32)
+    with pytest.raises(IndexError):
+        F.cross_entropy_forward(logits, np.array([0, bad]))
+    with pytest.raises(IndexError, match="target .* out of bounds for 3 classes"):
+        compiled.cross_entropy_forward(logits, np.array([0, bad]))
+
+
+@needs_numba
+def test_a_negative_target_counts_from_the_end_in_forward_and_backward_as_the_reference():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((3, 5)).astype(np.float32)
+    targets = np.array([1, -1, -5])
+    ref_loss, ref_saved = F.cross_entropy_forward(logits, targets)
+    loss, saved = compiled.cross_entropy_forward(logits.copy(), targets)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    (ref_dz,) = F.cross_entropy_backward(np.float32(1), ref_saved)
+    (dz,) = compiled.cross_entropy_backward(np.float32(1), saved)
+    np.testing.assert_allclose(dz, ref_dz, atol=1e-7)
+
+
+@needs_numba
+def test_zero_width_rows_pass_through_the_compiled_forms():
+    x = np.zeros((4, 0), np.float32)
+    y, _ = compiled.gelu_forward(x)
+    assert y.shape == (4, 0)
+    y, _ = compiled.rms_norm_forward(x, np.zeros(0, np.float32), 1e-5)
+    assert y.shape == (4, 0)
