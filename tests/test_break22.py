@@ -75,3 +75,32 @@ def test_import_glassllm_leaves_ml_dtypes_unloaded_and_takes_under_a_second():
     (seconds, loaded), (bf16, loaded_after) = (line.split() for line in result.stdout.splitlines())
     assert (loaded, bf16, loaded_after) == ("False", "bfloat16", "True")
     assert float(seconds) < 1.0, f"import glassllm took {seconds} s of CPU"
+
+
+@needs_numba
+def test_without_a_writable_numba_cache_the_kernels_still_run_compiled():
+    # A read-only install run with a read-only home (simulated: numba finds no cache locator)
+    # once fell back to NumPy with "numba cannot load"; numba loads, it only cannot cache.
+    code = """
+import warnings
+import numpy as np
+from numba.core import caching
+caching.CacheImpl._locator_classes = []
+from glassllm.engine import compiled, jit
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    kernels = jit.kernels()
+print(kernels is not None, jit.disk_cache(), len(caught))
+print(caught[0].message)
+x = np.arange(6, dtype=np.float32).reshape(2, 3)
+y, _ = compiled.gelu_forward(x)
+print(np.allclose(y, compiled.ops.gelu_forward(x)[0], atol=1e-6))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "PYTHONPATH": str(SRC),
+                                              "GLASSLLM_NUMBA": "1"})
+    assert result.returncode == 0, result.stderr
+    first, message, equal = result.stdout.splitlines()
+    assert first.split() == ["True", "False", "1"]
+    assert message.startswith("glassllm: numba has no writable cache directory")
+    assert equal == "True"

@@ -51,11 +51,38 @@ def enabled_by_environment() -> bool:
     return text == "1"
 
 
+_disk_cache = True
+
+
+def disk_cache() -> bool:
+    """Whether the kernels keep their machine code on disk (numba's `cache=True`)."""
+    return _disk_cache
+
+
+def _import_kernels():
+    """`numba_kernels`, cached on disk where numba can write (next to the module, else
+    NUMBA_CACHE_DIR or the user's cache directory); where it cannot (a read-only install run
+    with a read-only home, as in some containers) numba refuses `cache=True` at decoration
+    ("no locator available"): then the kernels compile in each process, said in one line."""
+    global _disk_cache
+    try:
+        from . import numba_kernels
+    except RuntimeError as error:
+        if "no locator available" not in str(error):
+            raise
+        _disk_cache = False
+        warnings.warn_explicit(
+            "glassllm: numba has no writable cache directory (set NUMBA_CACHE_DIR); the "
+            "kernels compile in each process", RuntimeWarning, __file__, 0)
+        from . import numba_kernels
+    return numba_kernels
+
+
 def _load():
     if not enabled_by_environment():
         return None
     try:
-        from . import numba_kernels
+        numba_kernels = _import_kernels()
     except Exception as error:  # ImportError, or llvmlite failing to load its library
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         warnings.warn_explicit(
@@ -67,7 +94,7 @@ def _load():
 
 def reset() -> None:
     """Forget the load result (tests simulate a missing numba, then load again)."""
-    global _loaded, _module
+    global _loaded, _module, _disk_cache
     with _lock:
-        _loaded, _module = False, None
+        _loaded, _module, _disk_cache = False, None, True
         sys.modules.pop(f"{__package__}.numba_kernels", None)
