@@ -104,3 +104,39 @@ print(np.allclose(y, compiled.ops.gelu_forward(x)[0], atol=1e-6))
     assert first.split() == ["True", "False", "1"]
     assert message.startswith("glassllm: numba has no writable cache directory")
     assert equal == "True"
+
+
+@needs_numba
+def test_a_truncated_numba_cache_file_is_compiled_again_with_one_warning_line(tmp_path):
+    # numba unpickles its cache files unguarded: one truncated .nbi or .nbc once made every
+    # op raise UnpicklingError. The kernels cache into tmp_path here; one process fills it,
+    # its files are broken, a second process loads them.
+    code = """
+import warnings
+import numpy as np
+from glassllm.engine import compiled
+x = np.arange(6, dtype=np.float32).reshape(2, 3)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    y = compiled.gelu_forward(x)[0]
+print(np.allclose(y, compiled.ops.gelu_forward(x)[0], atol=1e-6), len(caught))
+print(caught[0].message if caught else "")
+"""
+    environment = {**os.environ, "PYTHONPATH": str(SRC), "GLASSLLM_NUMBA": "1",
+                   "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def run():
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=300, env=environment)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    assert run()[0] == "True 0"
+    files = sorted(tmp_path.rglob("numba_kernels.gelu_forward-*"))
+    assert {f.suffix for f in files} == {".nbi", ".nbc"}
+    for f in files:
+        f.write_bytes(f.read_bytes()[:10])
+    first, message = run()
+    assert first == "True 1"
+    assert message.startswith("glassllm: numba's cache in ") and "gelu_forward" in message
+    assert run()[0] == "True 0"  # written afresh

@@ -75,7 +75,37 @@ def _import_kernels():
             "glassllm: numba has no writable cache directory (set NUMBA_CACHE_DIR); the "
             "kernels compile in each process", RuntimeWarning, __file__, 0)
         from . import numba_kernels
+    _survive_broken_cache_files(numba_kernels)
     return numba_kernels
+
+
+def _survive_broken_cache_files(module) -> None:
+    """Each kernel's on-disk cache treats an unreadable file as a miss, not an error.
+
+    numba reads its cache files (.nbi index, .nbc code: pickles) without a guard: one file
+    truncated or corrupted (a disk filled up, a copied or half-synced install) made every op
+    raise UnpicklingError. Here a failed load empties that function's index (`flush`, numba's
+    own reset) and says so in one line; numba then compiles and writes fresh files."""
+    warned = []
+    for name, dispatcher in vars(module).items():
+        cache = getattr(dispatcher, "_cache", None)  # numba's per-function Cache (or None)
+        if cache is None or not hasattr(cache, "load_overload"):
+            continue
+
+        def load_overload(*args, _load=cache.load_overload, _cache=cache, _name=name):
+            try:
+                return _load(*args)
+            except Exception as error:  # what a broken pickle raises varies with the damage
+                if not warned:  # one line per process, however many files are broken
+                    warned.append(_name)
+                    warnings.warn_explicit(
+                        f"glassllm: numba's cache in {_cache.cache_path} has unreadable files "
+                        f"({_name}: {type(error).__name__}); compiling those kernels again",
+                        RuntimeWarning, __file__, 0)
+                _cache.flush()
+                return None
+
+        cache.load_overload = load_overload
 
 
 def _load():
