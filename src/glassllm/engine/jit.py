@@ -111,6 +111,13 @@ def _survive_broken_cache_files(module) -> None:
 def _load():
     if not enabled_by_environment():
         return None
+    if os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0"):
+        # numba would run the kernels as the Python loops they are: a step 20x (tiny model)
+        # to 1000x slower than NumPy's forms, for a variable often set for another project
+        warnings.warn_explicit(
+            "glassllm: NUMBA_DISABLE_JIT is set; running the NumPy forms of the ops",
+            RuntimeWarning, __file__, 0)
+        return None
     try:
         numba_kernels = _import_kernels()
     except Exception as error:  # ImportError, or llvmlite failing to load its library
