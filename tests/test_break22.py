@@ -154,3 +154,13 @@ def test_numba_disable_jit_runs_the_numpy_forms_not_python_loops(monkeypatch):
     finally:
         monkeypatch.delenv("NUMBA_DISABLE_JIT")
         jit.reset()
+
+
+@pytest.mark.parametrize("value", ["99999999999", "1025", "0", "-3", "2.5"])
+def test_glassllm_threads_out_of_range_is_an_error_naming_the_variable(monkeypatch, value):
+    # GLASSLLM_THREADS=99999999999 once hung the first op, starting pool threads
+    from glassllm.engine import cpu
+    monkeypatch.setenv("GLASSLLM_THREADS", value)
+    with pytest.raises(ValueError, match=r"^GLASSLLM_THREADS: expected an integer from 1 to "
+                                         r"1024, got '"):
+        cpu.default_threads_from_environment()
