@@ -164,3 +164,9 @@ def test_glassllm_threads_out_of_range_is_an_error_naming_the_variable(monkeypat
     with pytest.raises(ValueError, match=r"^GLASSLLM_THREADS: expected an integer from 1 to "
                                          r"1024, got '"):
         cpu.default_threads_from_environment()
+
+
+@needs_numba
+def test_fewer_targets_than_rows_is_an_error_not_a_read_past_the_targets():
+    with pytest.raises(ValueError, match=r"targets of shape \(2,\) for 4 rows"):
+        compiled.cross_entropy_forward(np.zeros((4, 3), np.float32), np.array([0, 1]))

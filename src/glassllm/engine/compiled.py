@@ -214,7 +214,7 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     k = _kernels(logits)
     if k is None or not logits.flags.c_contiguous:
         return ops.cross_entropy_forward(logits, targets, overwrite_logits)
-    t = _checked_targets(targets, logits.shape[1])
+    t = _checked_targets(targets, *logits.shape)
     probs = logits if overwrite_logits else np.empty_like(logits)
     logprob = np.empty(logits.shape[0], dtype=logits.dtype)
     _for_rows(k.cross_entropy_forward, lambda r: (logits[r], t[r], probs[r], logprob[r]),
@@ -222,11 +222,14 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, t)
 
 
-def _checked_targets(targets, V):
-    """targets as int64 in [0, V): NumPy's indexing rules, which the reference follows (a
+def _checked_targets(targets, N, V):
+    """targets as N int64 in [0, V): NumPy's indexing rules, which the reference follows (a
     negative target counts from the end; one outside [-V, V) is an IndexError), checked
-    here because the compiled loops index without bounds checks."""
+    here because the compiled loops index without bounds checks (`functional.cross_entropy`
+    checks its callers' ids; these forms are also called directly)."""
     t = np.asarray(targets, dtype=np.int64)
+    if t.shape != (N,):
+        raise ValueError(f"cross_entropy: targets of shape {t.shape} for {N} rows of logits")
     if t.size and (t.min() < -V or t.max() >= V):
         bad = t[(t < -V) | (t >= V)][0]
         raise IndexError(f"cross_entropy: target {bad} is out of bounds for {V} classes")
@@ -238,7 +241,7 @@ def cross_entropy_backward(dloss, saved):
     k = _kernels(dz)
     if k is None:
         return ops.cross_entropy_backward(dloss, saved)
-    t = _checked_targets(targets, dz.shape[1])
+    t = _checked_targets(targets, *dz.shape)
     scale = float(dloss) / len(targets)
     _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], scale), *dz.shape)
     return (dz,)
