@@ -170,3 +170,45 @@ def test_glassllm_threads_out_of_range_is_an_error_naming_the_variable(monkeypat
 def test_fewer_targets_than_rows_is_an_error_not_a_read_past_the_targets():
     with pytest.raises(ValueError, match=r"targets of shape \(2,\) for 4 rows"):
         compiled.cross_entropy_forward(np.zeros((4, 3), np.float32), np.array([0, 1]))
+
+
+def _mismatched_ops():
+    from glassllm.tensor import Tensor
+    x = Tensor(np.ones((2, 5), np.float32))
+    return {
+        "rms_norm": lambda: F.rms_norm(x, Tensor(np.ones(4, np.float32))),
+        "layer_norm": lambda: F.layer_norm(x, Tensor(np.ones(5, np.float32)),
+                                           Tensor(np.ones(3, np.float32))),
+        "swiglu": lambda: F.swiglu(x, Tensor(np.ones((2, 4), np.float32))),
+        "rope": lambda: F.rope(Tensor(np.ones((1, 3, 1, 4), np.float32)), *F.rope_tables(2, 4)),
+    }
+
+
+@pytest.mark.parametrize("op", sorted(_mismatched_ops()))
+def test_mismatched_shapes_raise_in_engine_mode_as_in_the_reference(op):
+    # the compiled loops have no bounds checks: a weight of 4 for rows of 5, or RoPE tables
+    # for 2 positions of 3, once returned numbers read from past the arrays
+    from glassllm import kernels
+    for mode in ("reference", "engine"):
+        with kernels.use(mode), pytest.raises(ValueError, match="could not be broadcast"):
+            _mismatched_ops()[op]()
+
+
+def test_a_broadcast_the_reference_allows_gives_its_numbers_in_engine_mode():
+    from glassllm import kernels
+    from glassllm.tensor import Tensor
+    gate = Tensor(np.linspace(-2, 2, 10, dtype=np.float32).reshape(2, 5))
+    up = Tensor(np.arange(5, dtype=np.float32)[None])                 # (1, 5): broadcast
+    with kernels.use("reference"):
+        expected = F.swiglu(gate, up).data
+    with kernels.use("engine"):
+        np.testing.assert_allclose(F.swiglu(gate, up).data, expected, rtol=1e-6)
+
+
+@needs_numba
+def test_adamw_with_a_gradient_of_another_shape_raises():
+    p = np.ones(6, np.float32)
+    with pytest.raises(ValueError):
+        compiled.adamw_update(p, np.ones(3, np.float32), np.zeros(6, np.float32),
+                              np.zeros(6, np.float32), lr=0.1, beta1=0.9, beta2=0.99,
+                              eps=1e-8, weight_decay=0.0, step=1)
