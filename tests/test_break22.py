@@ -212,3 +212,17 @@ def test_adamw_with_a_gradient_of_another_shape_raises():
         compiled.adamw_update(p, np.ones(3, np.float32), np.zeros(6, np.float32),
                               np.zeros(6, np.float32), lr=0.1, beta1=0.9, beta2=0.99,
                               eps=1e-8, weight_decay=0.0, step=1)
+
+
+def test_glassllm_train_honours_glassllm_threads_below_an_explicit_threads(monkeypatch):
+    # `glassllm train` measured the load and ignored GLASSLLM_THREADS, which pins the count
+    # for every library caller
+    from types import SimpleNamespace
+    from glassllm import cli
+    one_rank = SimpleNamespace(size=1)
+    monkeypatch.setenv("GLASSLLM_THREADS", "3")
+    assert cli._choose_threads(one_rank, None) == (3, "GLASSLLM_THREADS=3")
+    assert cli._choose_threads(one_rank, 2) == (2, "as requested")
+    monkeypatch.setenv("GLASSLLM_THREADS", "lots")
+    with pytest.raises(ValueError, match="^GLASSLLM_THREADS: "):
+        cli._choose_threads(one_rank, None)
