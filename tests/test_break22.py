@@ -226,3 +226,24 @@ def test_glassllm_train_honours_glassllm_threads_below_an_explicit_threads(monke
     monkeypatch.setenv("GLASSLLM_THREADS", "lots")
     with pytest.raises(ValueError, match="^GLASSLLM_THREADS: "):
         cli._choose_threads(one_rank, None)
+
+
+def test_a_bad_glassllm_threads_fails_every_op_not_only_the_first():
+    # the first op's error once consumed the default's one try: the second op ran unpinned
+    code = """
+import numpy as np
+from glassllm.model import Config, GlassLM
+model = GlassLM(Config(vocab_size=30, d_model=16, n_layers=1, n_heads=2, max_len=8), seed=0)
+for attempt in range(2):
+    try:
+        model.loss(np.zeros((1, 4), int), np.zeros((1, 4), int))
+        print("ran")
+    except ValueError as error:
+        print(str(error).split(":")[0])
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(SRC),
+                                              "GLASSLLM_THREADS": "two",
+                                              "GLASSLLM_KERNELS": "engine"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["GLASSLLM_THREADS", "GLASSLLM_THREADS"]
