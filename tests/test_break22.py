@@ -247,3 +247,30 @@ for attempt in range(2):
                                               "GLASSLLM_KERNELS": "engine"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["GLASSLLM_THREADS", "GLASSLLM_THREADS"]
+
+
+def test_a_cache_made_for_another_config_takes_the_reference_not_the_compiled_step():
+    # the compiled step indexes the cache without bounds checks: a cache of fewer layers
+    # once aborted the process ("corrupted size vs. prev_size"). In a child process.
+    code = """
+from glassllm import generate, kernels
+from glassllm.engine import decode, fast_decode
+from glassllm.model import Config, GlassLM, KVCache
+small = dict(vocab_size=30, d_model=16, n_heads=2)
+model = GlassLM(Config(n_layers=2, max_len=8, **small), seed=0)
+print(fast_decode.supports(model, KVCache(model.cfg)))
+for other in (dict(n_layers=1, max_len=8), dict(n_layers=2, max_len=4)):
+    cache = KVCache(Config(**other, **small))
+    print(fast_decode.supports(model, cache), decode.supports(model, cache))
+cache = KVCache(Config(n_layers=1, max_len=8, **small))
+try:
+    with kernels.use("engine"):
+        generate.next_token_logits(model, cache, 1)
+        generate.next_token_logits(model, cache, 2)
+except IndexError as error:
+    print("IndexError")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False", "False", "False", "False", "IndexError"]
