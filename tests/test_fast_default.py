@@ -70,7 +70,7 @@ def test_a_bad_glassllm_threads_is_one_clear_error():
                              "cpu.apply_default_threads()"], env=environment,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
-    assert "GLASSLLM_THREADS: expected an integer >= 1, got 'many'" in result.stderr
+    assert "GLASSLLM_THREADS: expected an integer from 1 to 1024, got 'many'" in result.stderr
 
 
 STEP_TIMES = """

@@ -58,7 +58,6 @@ import contextlib
 import math
 import threading
 
-import ml_dtypes
 import numpy as np
 
 from . import kernels
@@ -78,10 +77,19 @@ class _AutocastState(threading.local):
 
 _state = _AutocastState()
 
-_DTYPES = {
-    "float16": np.dtype(np.float16), "fp16": np.dtype(np.float16), "half": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16), "bf16": np.dtype(ml_dtypes.bfloat16),
-}
+_FLOAT16 = np.dtype(np.float16)
+_NAMES = {"float16": "float16", "fp16": "float16", "half": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def _low_dtype(name: str) -> np.dtype:
+    """np.dtype of "float16" or "bfloat16". ml_dtypes is imported here, on the first use of
+    bfloat16, not with glassllm: loading its extension takes 0.3-0.9 s of CPU (it registers
+    a dozen dtypes and their casts with NumPy), more than the rest of `import glassllm`."""
+    if name == "float16":
+        return _FLOAT16
+    import ml_dtypes
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def resolve_dtype(dtype) -> np.dtype:
@@ -94,14 +102,14 @@ def resolve_dtype(dtype) -> np.dtype:
     """
     if isinstance(dtype, str):
         key = dtype.lower()
-        if key in _DTYPES:
-            return _DTYPES[key]
+        if key in _NAMES:
+            return _low_dtype(_NAMES[key])
         raise ValueError(f"autocast: dtype must be float16 or bfloat16, got {dtype!r}")
     try:
         resolved = np.dtype(dtype)
     except TypeError:
         raise ValueError(f"autocast: dtype must be float16 or bfloat16, got {dtype!r}") from None
-    if resolved not in (_DTYPES["float16"], _DTYPES["bfloat16"]):
+    if resolved != _FLOAT16 and resolved != _low_dtype("bfloat16"):
         raise ValueError(f"autocast: dtype must be float16 or bfloat16, got {resolved}")
     return resolved
 
@@ -125,7 +133,7 @@ def round_to(x: np.ndarray, low) -> np.ndarray:
     65504); NaN stays NaN; float16 subnormals round on its 2**-24 grid. Shape is unchanged.
     Bit-identical to `x.astype(low).astype(np.float32)` (tested on millions of bit patterns).
     """
-    if low == _DTYPES["float16"]:
+    if low == _FLOAT16:
         return _round_float16(x)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is the point here
         return x.astype(low).astype(np.float32)

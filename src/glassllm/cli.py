@@ -535,9 +535,14 @@ def _train_command(ranks: int) -> str:
 
 
 def _choose_threads(comm, requested: int | None) -> tuple[int, str]:
-    """`cpu.choose_threads`, except that ranks of an MPI job on one host share its cores
-    (each measuring the others as load would be a race): cores // ranks on the host."""
+    """`cpu.choose_threads`, except that GLASSLLM_THREADS (under --threads) pins the count,
+    and ranks of an MPI job on one host share its cores (each measuring the others as load
+    would be a race): cores // ranks on the host."""
     from .engine import cpu
+    if requested is None:  # GLASSLLM_THREADS pins the count for the CLI as for the library
+        requested, source = cpu.default_threads_from_environment()
+        if requested is not None:
+            return requested, f"{source}={requested}"
     local = comm.local_size() if comm.size > 1 else 1
     if requested is not None or local == 1:
         return cpu.choose_threads(requested)

@@ -11,6 +11,8 @@ to the bounds stated in tests/test_numba_kernels.py.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import functional as F
@@ -31,9 +33,20 @@ def _kernels(*arrays):
     return k
 
 
+def _fits(*pairs) -> bool:
+    """Each (array, shape) pair matches exactly. The loops index without bounds checks and
+    without broadcasting: where shapes differ (a caller's mistake, or a broadcast the
+    reference allows) the NumPy form runs instead and raises or broadcasts as the
+    reference does."""
+    return all(a.shape == tuple(shape) for a, shape in pairs)
+
+
 def _rows(a):
     """a as C-contiguous (rows, last axis): a view when a is contiguous already."""
-    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1))
+    if not a.ndim:
+        return a.reshape(1, 1)
+    # (not reshape(-1, C): with C = 0 the row count cannot be inferred)
+    return np.ascontiguousarray(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]))
 
 
 def _for_rows(kernel, arguments, n_rows, row_size):
@@ -57,7 +70,7 @@ def _each_slice(kernel, arrays, *scalars):
 # --------------------------------------------------------------------------- norms
 def rms_norm_forward(x, weight, eps):
     k = _kernels(x, weight)
-    if k is None:
+    if k is None or not _fits((weight, x.shape[-1:])):
         return ops.rms_norm_forward(x, weight, eps)
     x2 = _rows(x)
     y, xhat = np.empty_like(x2), np.empty_like(x2)
@@ -70,7 +83,7 @@ def rms_norm_forward(x, weight, eps):
 
 def _norm_dx(dy, xhat, rstd, weight, centred):
     k = _kernels(dy, xhat, weight)
-    if k is None:
+    if k is None or dy.size != xhat.size or not _fits((weight, xhat.shape[-1:])):
         return ops._norm_backward(dy, xhat, rstd, weight, centred)
     dy2 = _rows(dy)
     dx = np.empty_like(dy2)
@@ -86,7 +99,7 @@ def rms_norm_backward(dy, saved):
 
 def layer_norm_forward(x, weight, bias, eps):
     k = _kernels(x, weight, bias)
-    if k is None:
+    if k is None or not _fits((weight, x.shape[-1:]), (bias, x.shape[-1:])):
         return ops.layer_norm_forward(x, weight, bias, eps)
     x2 = _rows(x)
     y, xhat = np.empty_like(x2), np.empty_like(x2)
@@ -107,7 +120,7 @@ def layer_norm_backward(dy, saved):
 # --------------------------------------------------------------------------- activations
 def swiglu_forward(gate, up):
     k = _kernels(gate, up)
-    if k is None:
+    if k is None or not _fits((up, gate.shape)):
         return ops.swiglu_forward(gate, up)
     g, u = _rows(gate), _rows(up)
     s, y = np.empty_like(g), np.empty_like(g)
@@ -118,7 +131,7 @@ def swiglu_forward(gate, up):
 def swiglu_backward(dy, saved):
     g, u, s = saved
     k = _kernels(dy, g, u)
-    if k is None:
+    if k is None or dy.size != g.size:
         return ops.swiglu_backward(dy, saved)
     dy2 = _rows(dy)
     dgate, dup = np.empty_like(g), np.empty_like(g)
@@ -140,7 +153,7 @@ def gelu_forward(x):
 def gelu_backward(dy, saved):
     x2, s = saved
     k = _kernels(dy, x2)
-    if k is None:
+    if k is None or dy.size != x2.size:
         return ops.gelu_backward(dy, saved)
     dy2 = _rows(dy)
     dx = np.empty_like(x2)
@@ -161,15 +174,22 @@ def _rope(x, cos, sin, sign):
     return y3.reshape(B, T, H, D)
 
 
+def _rope_fits(x, cos, sin) -> bool:
+    """x (B, T, H, D) with D even, cos and sin (T, D): what the loop reads."""
+    return x.ndim == 4 and x.shape[-1] % 2 == 0 and _fits((cos, (x.shape[1], x.shape[3])),
+                                                          (sin, (x.shape[1], x.shape[3])))
+
+
 def rope_forward(x, cos, sin):
-    if _kernels(x, cos, sin) is None or x.shape[-1] % 2:
+    if _kernels(x, cos, sin) is None or not _rope_fits(x, cos, sin):
         return ops.rope_forward(x, cos, sin)
     return _rope(x, cos, sin, 1.0), (cos[:, None, :], sin[:, None, :])
 
 
 def rope_backward(dy, saved):
     c, s = saved
-    if _kernels(dy, c, s) is None or dy.shape[-1] % 2:
+    if (_kernels(dy, c, s) is None or c.ndim != 3
+            or not _rope_fits(dy, c[:, 0, :], s[:, 0, :])):
         return ops.rope_backward(dy, saved)
     return (_rope(dy, c[:, 0, :], s[:, 0, :], -1.0),)
 
@@ -188,7 +208,7 @@ def softmax_rows_inplace(x):
 def softmax_backward_inplace(dp, p):
     """`ops.softmax_backward_inplace`: dp <- p (dp - rowsum(dp p)) in dp's buffer."""
     k = _kernels(dp, p)
-    if k is None:
+    if k is None or not _fits((p, dp.shape)):
         return ops.softmax_backward_inplace(dp, p)
     d2, p2 = ops._rows(dp), ops._rows(p)
     _for_rows(k.softmax_backward_inplace, lambda r: (d2[r], p2[r]), *d2.shape)
@@ -209,12 +229,26 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     k = _kernels(logits)
     if k is None or not logits.flags.c_contiguous:
         return ops.cross_entropy_forward(logits, targets, overwrite_logits)
+    t = _checked_targets(targets, *logits.shape)
     probs = logits if overwrite_logits else np.empty_like(logits)
     logprob = np.empty(logits.shape[0], dtype=logits.dtype)
-    t = np.ascontiguousarray(targets, dtype=np.int64)
     _for_rows(k.cross_entropy_forward, lambda r: (logits[r], t[r], probs[r], logprob[r]),
               *logits.shape)
-    return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, targets)
+    return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, t)
+
+
+def _checked_targets(targets, N, V):
+    """targets as N int64 in [0, V): NumPy's indexing rules, which the reference follows (a
+    negative target counts from the end; one outside [-V, V) is an IndexError), checked
+    here because the compiled loops index without bounds checks (`functional.cross_entropy`
+    checks its callers' ids; these forms are also called directly)."""
+    t = np.asarray(targets, dtype=np.int64)
+    if t.shape != (N,):
+        raise ValueError(f"cross_entropy: targets of shape {t.shape} for {N} rows of logits")
+    if t.size and (t.min() < -V or t.max() >= V):
+        bad = t[(t < -V) | (t >= V)][0]
+        raise IndexError(f"cross_entropy: target {bad} is out of bounds for {V} classes")
+    return np.ascontiguousarray(np.where(t < 0, t + V, t))
 
 
 def cross_entropy_backward(dloss, saved):
@@ -222,7 +256,7 @@ def cross_entropy_backward(dloss, saved):
     k = _kernels(dz)
     if k is None:
         return ops.cross_entropy_backward(dloss, saved)
-    t = np.ascontiguousarray(targets, dtype=np.int64)
+    t = _checked_targets(targets, *dz.shape)
     scale = float(dloss) / len(targets)
     _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], scale), *dz.shape)
     return (dz,)
@@ -232,7 +266,8 @@ def cross_entropy_backward(dloss, saved):
 def adamw_update(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step) -> None:
     """`optim.adamw_update` in one pass per slice: the same bits as the reference."""
     k = _kernels(p, g, m, v)
-    if k is None or not all(a.flags.c_contiguous for a in (p, g, m, v)):
+    if (k is None or not all(a.flags.c_contiguous for a in (p, g, m, v))
+            or not _fits((g, p.shape), (m, p.shape), (v, p.shape))):
         return optimizer.adamw_update(p, g, m, v, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                                       weight_decay=weight_decay, step=step)
     pf, gf, mf, vf = p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1)

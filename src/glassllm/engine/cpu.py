@@ -232,6 +232,7 @@ def use_threads(n: int):
 
 
 THREADS_ENV = "GLASSLLM_THREADS"
+MAX_THREADS = 1024  # as the CLI's --threads: a pool thread per count, past any machine's cores
 _default_lock = threading.Lock()
 _blas_limit = None  # the process-wide threadpoolctl limit (kept alive: it is the setting)
 
@@ -258,7 +259,8 @@ def default_threads_from_environment() -> tuple[int | None, str]:
     """(n, source): GLASSLLM_THREADS as a count, or (None, "") when unset.
 
     Raises:
-        ValueError: GLASSLLM_THREADS set to something other than an integer >= 1.
+        ValueError: GLASSLLM_THREADS set to something other than an integer in
+            [1, MAX_THREADS].
     """
     text = os.environ.get(THREADS_ENV, "").strip()
     if not text:
@@ -267,8 +269,9 @@ def default_threads_from_environment() -> tuple[int | None, str]:
         n = int(text)
     except ValueError:
         n = 0
-    if n < 1:
-        raise ValueError(f"{THREADS_ENV}: expected an integer >= 1, got {text!r}")
+    if not 1 <= n <= MAX_THREADS:  # (a huge count once hung the first op, starting threads)
+        raise ValueError(f"{THREADS_ENV}: expected an integer from 1 to {MAX_THREADS}, "
+                         f"got {text!r}")
     return n, THREADS_ENV
 
 

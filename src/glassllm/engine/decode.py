@@ -39,12 +39,21 @@ _STEP_FIXED = {name: value for name, value in PRESETS["llama"].items()
 def supports(model: GlassLM, cache: KVCache) -> bool:
     """True when `step` applies: a Llama architecture (every switch but rope_theta, norm_eps
     and tie_embeddings at Llama's value, whatever the family's name), a batch of one, float32
-    weights and no autocast (which rounds every product: `GlassLM.forward` does that)."""
+    weights, a cache of the model's own shape and no autocast (which rounds every product:
+    `GlassLM.forward` does that)."""
     cfg = model.cfg
     return (all(getattr(cfg, name) == value for name, value in _STEP_FIXED.items())
-            and cache.k.shape[1] == 1
+            and _cache_fits(cfg, cache)
             and amp.matmul_dtype() is None
             and model.token_embedding.weight.data.dtype == np.float32)
+
+
+def _cache_fits(cfg, cache: KVCache) -> bool:
+    """A float32 cache of this model's own shape, batch of one: the compiled step indexes it
+    without bounds checks (a cache made for another config, fewer layers or positions,
+    corrupted the heap), so any other cache takes the reference, which raises."""
+    shape = (cfg.n_layers, 1, cfg.max_len, cfg.n_kv_heads, cfg.head_dim)
+    return all(a.shape == shape and a.dtype == np.float32 for a in (cache.k, cache.v))
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

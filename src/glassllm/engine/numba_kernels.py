@@ -31,8 +31,10 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-_jit = njit(cache=True, nogil=True, error_model="numpy")
-_jit_sum = njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+from .jit import disk_cache  # False where numba has nowhere to write its cache (see jit)
+
+_jit = njit(cache=disk_cache(), nogil=True, error_model="numpy")
+_jit_sum = njit(cache=disk_cache(), nogil=True, error_model="numpy", fastmath={"reassoc"})
 
 
 def _expf(x):

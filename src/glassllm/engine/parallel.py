@@ -76,7 +76,11 @@ def _check_first_use() -> None:
     fn = _first_use
     if fn is not None:
         _first_use = None  # before the call: what fn calls back in here runs as configured
-        fn()
+        try:
+            fn()
+        except BaseException:  # (a mistyped GLASSLLM_THREADS): every later op says so too,
+            _first_use = fn    # rather than run unconfigured after the first one's error
+            raise
 
 
 def get_num_threads() -> int:
