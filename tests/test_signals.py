@@ -148,6 +148,52 @@ def test_sigterm_before_the_loop_releases_locks_and_exits_143(tmp_path, text_fil
     assert not list((tmp_path / "run").glob("*.lock"))
 
 
+@pytest.mark.parametrize("steps, code", [(3, 0), (50, 143)])
+def test_a_sigterm_after_the_run_has_ended_or_stopped_changes_nothing(
+        tmp_path, text_file, capsys, monkeypatch, steps, code):
+    """A SIGTERM that arrives once the run's files are written (under MPI: a rank stopped by
+    the others' agreement gets its own `scancel` SIGTERM late; seen in CI as a rank "killed
+    outside the training loop", the job's exit 15) is a repeat: a complete run exits 0, a
+    stopped one 143, with its checkpoint."""
+    from glassllm import cli
+    from glassllm.training import trainer as trainer_module
+    real = cli._train
+
+    def train_then_signal(*args, **kwargs):
+        rc = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the late one
+        return rc
+
+    class StoppedAtOnce(stopping.DeferredStop):
+        def __enter__(self):
+            super().__enter__()
+            self.pending = int(signal.SIGTERM)  # a SIGTERM before the first step
+            return self
+
+    monkeypatch.setattr(cli, "_train", train_then_signal)
+    if code:
+        monkeypatch.setattr(trainer_module, "DeferredStop", StoppedAtOnce)
+    out = tmp_path / "run" / "model.safetensors"
+    rc = main(["train", "--data", str(text_file), "--steps", str(steps), "--out", str(out),
+               *TINY])
+    err = capsys.readouterr().err
+    assert rc == code, err
+    assert err.count("interrupted") == (code != 0), err
+    assert (tmp_path / "run" / ("model.safetensors" if code == 0 else
+                                "checkpoint.safetensors")).exists(), err
+    assert not list((tmp_path / "run").glob("*.lock"))
+
+
+def test_signals_raise_ignores_stop_signals_once_a_stop_has_begun():
+    with stopping.signals_raise():
+        stopping.stop_begun()
+        os.kill(os.getpid(), signal.SIGTERM)  # a repeat: ignored
+    with pytest.raises(stopping.StopSignal):  # a new block starts afresh
+        with stopping.signals_raise():
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_deferred_stop_holds_a_repeated_sigterm_and_insists_on_a_second_ctrl_c():
     with stopping.DeferredStop() as held:
         os.kill(os.getpid(), signal.SIGTERM)

@@ -298,7 +298,12 @@ def _train(args, comm, cfg, settings, corpus, resume, paths, threads) -> int:
     until the run's files are written, and the run, complete, ends as one (exit 0)."""
     from .training import stopping
     with stopping.DeferredStop() as late:
-        return _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
+        try:
+            return _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
+        finally:
+            # ended or stopped, files written: a signal from here on is a repeat (under MPI
+            # a rank stopped by the others' agreement may get its own SIGTERM only now)
+            stopping.stop_begun()
 
 
 def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late) -> int:

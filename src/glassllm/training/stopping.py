@@ -86,6 +86,18 @@ class _RaiseOnce:
             raise StopSignal(signum)
 
 
+_ACTIVE: list[_RaiseOnce] = []  # the handlers of the open `signals_raise` blocks
+
+
+def stop_begun() -> None:
+    """Say that this process has begun to stop (its checkpoint and history are being written):
+    from here on SIGTERM and SIGHUP are repeats, which `signals_raise` ignores. Under MPI a
+    rank is told to stop by the others' agreement and its own SIGTERM (`scancel` signals
+    every rank) may arrive only then: it must not cut the checkpoint short."""
+    for once in _ACTIVE:
+        once.raised = True
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -99,9 +111,11 @@ def signals_raise():
         for signum in STOP_SIGNALS:
             if signum != signal.SIGINT and _is_default(signum, signal.getsignal(signum)):
                 previous[signum] = signal.signal(signum, once.handler)
+    _ACTIVE.append(once)
     try:
         yield
     finally:
+        _ACTIVE.remove(once)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
