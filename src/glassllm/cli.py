@@ -1395,6 +1395,7 @@ def version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from .training import launch
+    _print_paths_as_given()
     if argv is None and sys.argv[1:2] == ["train"] and launch.needs_supervisor():
         # One rank of `mpiexec -n N glassllm train`: this process watches the real one, so a
         # rank killed without a word is still named (glassllm.training.launch).
@@ -1421,6 +1422,17 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, KeyboardInterrupt):  # e.g. before MPI_Init: see interrupted_exit
             return launch.interrupted_exit(code, getattr(e, "signum", None))
         return code
+
+
+def _print_paths_as_given() -> None:
+    """Let stdout print any path the user gave. A file name that is not UTF-8 reaches Python
+    as lone surrogates (PEP 383); a stdout with errors="strict" (a UTF-8 locale other than C,
+    PYTHONIOENCODING=utf-8) fails on the first line naming it, before or after a whole run.
+    "surrogateescape" writes its bytes back as they were, as Python itself does in the C
+    locale (stderr already uses "backslashreplace")."""
+    stream = sys.stdout
+    if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        stream.reconfigure(errors="surrogateescape")
 
 
 def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
