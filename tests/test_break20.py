@@ -34,3 +34,44 @@ def test_cli_prints_a_non_utf8_path_on_a_strict_stdout(monkeypatch, tmp_path, ca
     print(f"model: {tmp_path / NOT_UTF8}")
     strict.flush()
     assert raw.getvalue().endswith(b"/run\xff\n")
+
+
+# ------------------------------------------------------------------ --init-from kept
+def _tiny_model_file(path):
+    from glassllm.formats import files
+    from glassllm.formats.tokenizer import ByteTokenizer
+    from glassllm.model import Config, GlassLM
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.save(GlassLM(Config(d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, max_len=16),
+                       seed=0), path, tokenizer=ByteTokenizer())
+    return path
+
+
+def test_a_fine_tune_never_replaces_the_model_it_starts_from(tmp_path, capsys):
+    """`--init-from base/m --out base/m` replaced the base model with the fine-tune, exit 0;
+    `--checkpoint base/m` would have on the first stop."""
+    from glassllm.cli import main
+    base = _tiny_model_file(tmp_path / "base" / "model.safetensors")
+    before = base.read_bytes()
+    data = tmp_path / "a.txt"
+    data.write_text("to be or not to be, that is the question. " * 40)
+    common = ["train", "--data", str(data), "--init-from", str(base), "--steps", "2",
+              "--seq-len", "16", "--batch-size", "2", "--eval-batches", "1"]
+    for extra in (["--out", str(base)],
+                  ["--out", str(tmp_path / "ft" / "m.safetensors"), "--checkpoint", str(base)]):
+        assert main(common + extra) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"would overwrite --init-from {base}" in line, line
+    assert base.read_bytes() == before
+    assert not (tmp_path / "base" / "history.csv").exists()
+
+
+def test_no_output_inside_an_init_from_directory(tmp_path):
+    import pytest
+    from glassllm.training.runfiles import check_init_from_kept
+    hf = tmp_path / "hf"
+    (hf / "sub").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"^--out .*sub/m.safetensors would overwrite "
+                                         r"--init-from .*hf, the model"):
+        check_init_from_kept({"--out": hf / "sub" / "m.safetensors", "--log-csv": None}, hf)
+    check_init_from_kept({"--out": tmp_path / "m.safetensors"}, hf)  # beside it: fine

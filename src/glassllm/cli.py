@@ -261,6 +261,8 @@ def _prepare_train(args, comm, held):
     data_dirs = [s for s in sources or () if os.path.isdir(s)]
     if writer:  # before reading any data: a bad path fails now
         runfiles.check_output_paths(outputs, data_dirs=data_dirs)
+        if args.init_from is not None:  # a fine-tune never replaces what it starts from
+            runfiles.check_init_from_kept(outputs, args.init_from)
     corpus = load_corpus(sources, settings.seq_len, tokenizer=init_tokenizer)
     for name, note in corpus.notes if writer else ():
         print(f"note: {name}: {note}", file=sys.stderr, flush=True)
