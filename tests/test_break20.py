@@ -75,3 +75,20 @@ def test_no_output_inside_an_init_from_directory(tmp_path):
                                          r"--init-from .*hf, the model"):
         check_init_from_kept({"--out": hf / "sub" / "m.safetensors", "--log-csv": None}, hf)
     check_init_from_kept({"--out": tmp_path / "m.safetensors"}, hf)  # beside it: fine
+
+
+def test_a_full_disk_in_any_command_exits_1_not_the_usage_code(tmp_path, monkeypatch, capsys):
+    """`glassllm prepare` on a huge file filled the disk and exited 2, the code of a bad
+    command line; a full disk (or quota, or I/O error) is a run failure: 1, as in train."""
+    import errno
+    from glassllm import cli
+    from glassllm.training import data
+    text = tmp_path / "a.txt"
+    text.write_text("hello world\n" * 50)
+
+    def full(self, ids, text_bytes=0):
+        raise OSError(errno.ENOSPC, "No space left on device", self.path)
+    monkeypatch.setattr(data.TokenWriter, "append", full)
+    assert cli.main(["prepare", str(text), "--out", str(tmp_path / "p")]) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert cli._error_report("x", FileNotFoundError(errno.ENOENT, "No such file", "f"))[0] == 2

@@ -502,7 +502,8 @@ def test_os_errors_and_memory_errors_are_one_line(tmp_path, text_file, capsys, m
     monkeypatch.setattr(train_module.Trainer, "run", full_disk)
     rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--out", str(tmp_path / "m.st")])
     line = one_error_line(capsys.readouterr().err)
-    assert rc == 2 and line == f"glassllm train: error: {tmp_path / 'm.st'}: No space left " \
+    # a full disk is a run failure, not a usage error: 1 (docs/faults.md)
+    assert rc == 1 and line == f"glassllm train: error: {tmp_path / 'm.st'}: No space left " \
                                f"on device"
 
 

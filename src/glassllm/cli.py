@@ -11,6 +11,7 @@ and exit code 2, never a traceback; Ctrl-C ends with exit code 130, SIGTERM 143,
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -1459,7 +1460,12 @@ def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:
     if isinstance(e, AttributionError):  # not the user's input: the numbers disagree
         hint = "" if "not finite" in str(e) else " (float32 overflow in this model's forward?)"
         return 1, f"glassllm {command}: error: self-check failed: {_one_line(e)}{hint}"
-    return 2, f"glassllm {command}: error: {_one_line(e)}"
+    # a full disk, a quota or a failing device: the command was right, the machine failed
+    code = 1 if isinstance(e, OSError) and e.errno in _MACHINE_ERRNOS else 2
+    return code, f"glassllm {command}: error: {_one_line(e)}"
+
+
+_MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
 
 
 def _one_line(e: Exception) -> str:
