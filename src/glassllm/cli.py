@@ -145,7 +145,8 @@ def add_train(sub) -> None:
                         "--steps cannot grow: the learning-rate schedule depends on it")
     p.add_argument("--threads", type=int, metavar="N",
                    help="threads for matrix products and elementwise passes (default: the "
-                        "resumed run's --threads, else one per core unless other processes "
+                        "resumed run's thread count, so that it continues bit for bit, else "
+                        "one per core unless other processes "
                         "are measured busy at start, then the cores they leave free; the "
                         "header says which; under mpiexec, the host's cores shared by its "
                         "ranks)")
@@ -329,12 +330,17 @@ def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
                                        paths["checkpoint"])}
     if initial is not None:
         extra["init_from"] = os.path.abspath(args.init_from)
-    if threads is not None:  # an explicit --threads is kept for --resume
-        extra["threads"] = threads
+    kept = args.threads is None and threads is not None  # the resumed run's count
+    threads, why = _choose_threads(comm, threads)  # measures the load when not given
+    if kept:
+        why = "the resumed run's, for the same bits"
+    # The count in effect is kept for --resume, measured or given: on NumPy's BLAS the last
+    # bits of a product depend on where its rows are cut (docs/performance.md), so a resume
+    # on another count (the load measured anew) would not continue bit for bit.
+    extra["threads"] = threads
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
                       checkpoint_path=paths["checkpoint"], tokenizer=corpus.tokenizer,
                       extra=extra, comm=comm)
-    threads, why = _choose_threads(comm, threads)  # measures the load when not given
     blas.backend()  # GLASSLLM_BLAS=mkl without a usable MKL: a clear error before any work
     if comm.rank != 0:  # the other ranks train in silence and write nothing
         try:
