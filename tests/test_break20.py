@@ -118,3 +118,43 @@ def test_a_resume_keeps_the_thread_count_the_run_measured(tmp_path, monkeypatch,
                         (requested, "as requested") if requested else (1, "measured"))
     assert main(["train", "--resume", str(ckpt)]) == 0
     assert re.search(r"^threads: 2 \(the resumed run's", capsys.readouterr().out, re.M)
+
+
+# ------------------------------------------------------------------ a step log not the run's
+def _tiny_run(tmp_path, name, log_csv, seed="0"):
+    from glassllm.cli import main
+    data = tmp_path / "a.txt"
+    if not data.exists():
+        data.write_text("to be or not to be, that is the question. " * 40)
+    assert main(["train", "--data", str(data), "--steps", "4", "--checkpoint-every", "2",
+                 "--seq-len", "16", "--batch-size", "2", "--eval-batches", "1", "--d-model",
+                 "16", "--n-layers", "1", "--n-heads", "2", "--threads", "1", "--seed", seed,
+                 "--out", str(tmp_path / name / "m.safetensors"), "--log-csv",
+                 str(log_csv)]) == 0
+    return tmp_path / name / "checkpoint.safetensors"
+
+
+def test_a_resume_never_rewrites_a_file_that_is_not_its_step_log(tmp_path, capsys):
+    """A moved run's recorded --log-csv (relative to the checkpoint) can name any file by
+    now: the resume rewrote it to its first line before finding its header wrong."""
+    from glassllm.cli import main
+    log = tmp_path / "steps.csv"
+    ckpt = _tiny_run(tmp_path, "r", log)
+    log.write_text("".join(f"someone else's row {i}\n" for i in range(100)))
+    before = log.read_bytes()
+    assert main(["train", "--resume", str(ckpt)]) == 2
+    assert log.read_bytes() == before
+    assert "is not a glassllm step log" in capsys.readouterr().err
+
+
+def test_another_runs_step_log_is_refused_by_its_rows(tmp_path):
+    import pytest
+    from glassllm.formats.checkpoint import load_checkpoint
+    from glassllm.training.safety import check_own_step_log
+    ours, theirs = tmp_path / "ours.csv", tmp_path / "theirs.csv"
+    history = load_checkpoint(str(_tiny_run(tmp_path, "a", ours))).history
+    _tiny_run(tmp_path, "b", theirs, seed="1")
+    check_own_step_log(ours, history)
+    with pytest.raises(ValueError, match=r"theirs.csv is not this run's step log \(no row for "
+                                         r"its step 3 with its loss"):
+        check_own_step_log(theirs, history)
