@@ -158,3 +158,28 @@ def test_another_runs_step_log_is_refused_by_its_rows(tmp_path):
     with pytest.raises(ValueError, match=r"theirs.csv is not this run's step log \(no row for "
                                          r"its step 3 with its loss"):
         check_own_step_log(theirs, history)
+
+
+# ------------------------------------------------------------------ lock files and outputs
+def test_an_output_named_as_another_outputs_lock_is_refused(tmp_path):
+    """`--log-csv m.safetensors.lock` beside `--out m.safetensors`: the step log was written
+    into the lock file, and removed with it when the run ended."""
+    import pytest
+    from glassllm.training.lock import lock_outputs
+    out = tmp_path / "m.safetensors"
+    with pytest.raises(ValueError, match=r"m.safetensors.lock is the lock file of the output "):
+        lock_outputs([out, tmp_path / "m.safetensors.lock"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_is_not_a_lock_is_never_taken_over(tmp_path):
+    """A user's file that happened to be named `<output>.lock` was emptied, then removed."""
+    import pytest
+    from glassllm.training.lock import lock_outputs
+    (tmp_path / "history.csv.lock").write_text("precious\n")
+    with pytest.raises(FileExistsError, match="not a glassllm lock"):
+        lock_outputs([tmp_path / "history.csv"])
+    assert (tmp_path / "history.csv.lock").read_text() == "precious\n"
+    (tmp_path / "m.lock").write_text('{"pid": 999999999, "ho')  # a holder killed mid-write
+    with lock_outputs([tmp_path / "m"]):  # taken over
+        assert json.loads((tmp_path / "m.lock").read_text())["pid"] == os.getpid()
