@@ -183,3 +183,25 @@ def test_a_file_that_is_not_a_lock_is_never_taken_over(tmp_path):
     (tmp_path / "m.lock").write_text('{"pid": 999999999, "ho')  # a holder killed mid-write
     with lock_outputs([tmp_path / "m"]):  # taken over
         assert json.loads((tmp_path / "m.lock").read_text())["pid"] == os.getpid()
+
+
+def test_sigterm_during_prepare_unwinds_and_leaves_no_temporary(tmp_path, monkeypatch, capsys):
+    """SIGTERM (or SIGHUP) in any command but train ended the process where it stood: exit
+    143 without a word, a `.train.bin.*.tmp` of the tokens so far left in --out."""
+    import signal
+    from glassllm import cli
+    from glassllm.training import data
+    text = tmp_path / "a.txt"
+    text.write_text("hello world\n" * 500)
+    append = data.TokenWriter.append
+
+    def append_then_terminated(self, ids, text_bytes=0):
+        append(self, ids, text_bytes)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, between two Python lines
+    monkeypatch.setattr(data.TokenWriter, "append", append_then_terminated)
+    assert cli.main(["prepare", str(text), "--out", str(tmp_path / "p")]) == 143
+    assert capsys.readouterr().err.strip().endswith("glassllm prepare: interrupted by SIGTERM")
+    left = [os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path)
+            for f in fs]
+    assert left == ["a.txt"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored

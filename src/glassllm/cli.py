@@ -1418,9 +1418,13 @@ def main(argv: list[str] | None = None) -> int:
     from .engine.blas import BlasError
     from .lens.interpret import AttributionError
     from . import kernels
+    from .training import stopping
     try:
-        kernels.mode()  # a mistyped GLASSLLM_KERNELS is this command's one error line
-        return int(args.func(args) or 0)
+        # SIGTERM and SIGHUP unwind every command as Ctrl-C does (its temporary files
+        # removed, one line, exit 128 + N) instead of ending it where it stands
+        with stopping.signals_raise():
+            kernels.mode()  # a mistyped GLASSLLM_KERNELS is this command's one error line
+            return int(args.func(args) or 0)
     except (KeyboardInterrupt, BrokenPipeError, MemoryError, UsageError, OSError,
             ValueError, BlasError, AttributionError) as e:
         code, line = _error_report(args.command, e)
