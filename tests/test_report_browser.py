@@ -231,3 +231,27 @@ def test_hostile_strings_leave_the_whole_report_in_chromium(browser, tmp_path):
         assert h in legends, (h, legends)
     errors = browser.execute_script("return window.__errors")
     assert errors == [], errors
+
+
+def test_a_file_name_that_is_not_utf8_gives_a_whole_report(browser, tmp_path):
+    """A model file whose name is not UTF-8 (a valid Linux name; Python holds its byte as a
+    lone surrogate, PEP 383) gives a report whose title shows U+FFFD for that byte, and the
+    whole page, instead of a UnicodeEncodeError after the analyses."""
+    from glassllm.cli import main
+    from glassllm.formats import files
+    model = GlassLM(Config(d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, max_len=16), seed=0)
+    name = os.fsdecode(b"m\xff<!--<script>.safetensors")
+    files.save(model, tmp_path / name, tokenizer=ByteTokenizer())
+    out = tmp_path / os.fsdecode(b"r\xfe.html")
+    assert main(["inspect", "--model", str(tmp_path / name), "--prompt", "hi there",
+                 "--out", str(out), "--color", "never"]) == 0
+    browser.get(out.as_uri())
+    page = browser.execute_script("""
+        const data = JSON.parse(document.getElementById('report-data').textContent);
+        return {ready: document.body.dataset.ready, title: document.title,
+                last: document.body.lastElementChild.tagName,
+                json_title: data.title.toWellFormed()};""")  # U+DCFF shown as U+FFFD
+    assert page == {"ready": "1", "title": "glassllm inspect: m\ufffd<!--<script>.safetensors",
+                    "last": "SCRIPT",
+                    "json_title": "glassllm inspect: m\ufffd<!--<script>.safetensors"}
+    assert browser.execute_script("return window.__errors") == []

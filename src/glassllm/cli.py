@@ -145,7 +145,8 @@ def add_train(sub) -> None:
                         "--steps cannot grow: the learning-rate schedule depends on it")
     p.add_argument("--threads", type=int, metavar="N",
                    help="threads for matrix products and elementwise passes (default: the "
-                        "resumed run's --threads, else one per core unless other processes "
+                        "resumed run's thread count, so that it continues bit for bit, else "
+                        "one per core unless other processes "
                         "are measured busy at start, then the cores they leave free; the "
                         "header says which; under mpiexec, the host's cores shared by its "
                         "ranks)")
@@ -262,6 +263,8 @@ def _prepare_train(args, comm, held):
     data_dirs = [s for s in sources or () if os.path.isdir(s)]
     if writer:  # before reading any data: a bad path fails now
         runfiles.check_output_paths(outputs, data_dirs=data_dirs)
+        if args.init_from is not None:  # a fine-tune never replaces what it starts from
+            runfiles.check_init_from_kept(outputs, args.init_from)
     corpus = load_corpus(sources, settings.seq_len, tokenizer=init_tokenizer)
     for name, note in corpus.notes if writer else ():
         print(f"note: {name}: {note}", file=sys.stderr, flush=True)
@@ -332,12 +335,17 @@ def _train_held(args, comm, cfg, settings, corpus, resume, paths, threads, late)
                                        paths["checkpoint"])}
     if initial is not None:
         extra["init_from"] = os.path.abspath(args.init_from)
-    if threads is not None:  # an explicit --threads is kept for --resume
-        extra["threads"] = threads
+    kept = args.threads is None and threads is not None  # the resumed run's count
+    threads, why = _choose_threads(comm, threads)  # measures the load when not given
+    if kept:
+        why = "the resumed run's, for the same bits"
+    # The count in effect is kept for --resume, measured or given: on NumPy's BLAS the last
+    # bits of a product depend on where its rows are cut (docs/performance.md), so a resume
+    # on another count (the load measured anew) would not continue bit for bit.
+    extra["threads"] = threads
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=out,
                       checkpoint_path=paths["checkpoint"], tokenizer=corpus.tokenizer,
                       extra=extra, comm=comm)
-    threads, why = _choose_threads(comm, threads)  # measures the load when not given
     blas.backend()  # GLASSLLM_BLAS=mkl without a usable MKL: a clear error before any work
     if comm.rank != 0:  # the other ranks train in silence and write nothing
         try:
@@ -1434,6 +1442,7 @@ def version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from .training import launch
+    _print_paths_as_given()
     if argv is None and sys.argv[1:2] == ["train"] and launch.needs_supervisor():
         # One rank of `mpiexec -n N glassllm train`: this process watches the real one, so a
         # rank killed without a word is still named (glassllm.training.launch).
@@ -1447,9 +1456,13 @@ def main(argv: list[str] | None = None) -> int:
     from .engine.blas import BlasError
     from .lens.interpret import AttributionError
     from . import kernels
+    from .training import stopping
     try:
-        kernels.mode()  # a mistyped GLASSLLM_KERNELS is this command's one error line
-        return int(args.func(args) or 0)
+        # SIGTERM and SIGHUP unwind every command as Ctrl-C does (its temporary files
+        # removed, one line, exit 128 + N) instead of ending it where it stands
+        with stopping.signals_raise():
+            kernels.mode()  # a mistyped GLASSLLM_KERNELS is this command's one error line
+            return int(args.func(args) or 0)
     except (KeyboardInterrupt, BrokenPipeError, MemoryError, UsageError, OSError,
             ValueError, BlasError, AttributionError) as e:
         code, line = _error_report(args.command, e)
@@ -1460,6 +1473,17 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, KeyboardInterrupt):  # e.g. before MPI_Init: see interrupted_exit
             return launch.interrupted_exit(code, getattr(e, "signum", None))
         return code
+
+
+def _print_paths_as_given() -> None:
+    """Let stdout print any path the user gave. A file name that is not UTF-8 reaches Python
+    as lone surrogates (PEP 383); a stdout with errors="strict" (a UTF-8 locale other than C,
+    PYTHONIOENCODING=utf-8) fails on the first line naming it, before or after a whole run.
+    "surrogateescape" writes its bytes back as they were, as Python itself does in the C
+    locale (stderr already uses "backslashreplace")."""
+    stream = sys.stdout
+    if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        stream.reconfigure(errors="surrogateescape")
 
 
 def _error_report(command: str, e: BaseException) -> tuple[int, str | None]:

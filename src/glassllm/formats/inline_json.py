@@ -10,22 +10,31 @@ escaping "<", ">" and "&" leaves nothing in the text that HTML reads as markup. 
 U+2029 (line and paragraph separators) are escaped too: legal in JSON strings, they ended a
 line in JavaScript before ES2019, so a block later evaluated as script (or copied into one)
 would break. The same set as Django's `json_script` and Jinja's `htmlsafe_json_dumps`.
+
+Lone surrogates (U+D800-U+DFFF) are escaped as well: Python decodes a file name that is not
+UTF-8 with "surrogateescape" (PEP 383), so b"\\xff" becomes U+DCFF, which no UTF-8 page can
+hold -- written raw, the page would fail to encode. As a \\u escape it is valid JSON (RFC 8259,
+section 7), and JSON.parse gives a string the browser shows with U+FFFD in its place.
 """
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
+import re
 
 ESCAPED = "<>&\u2028\u2029"
-_TABLE = {ord(c): f"\\u{ord(c):04x}" for c in ESCAPED}
+_SURROGATES = range(0xD800, 0xE000)
+_TABLE = {code: f"\\u{code:04x}" for code in (*map(ord, ESCAPED), *_SURROGATES)}
 
 
 def inline_json(value) -> str:
     """`value` as JSON text safe inside a <script type="application/json"> element.
 
     value: anything `json.dumps` takes (str keys; finite floats). Non-ASCII characters stay as
-    they are (the page is UTF-8), except U+2028/U+2029; "<", ">", "&" become \\u003c, \\u003e,
-    \\u0026 -- the same string to JSON.parse (and to `json.loads`).
+    they are (the page is UTF-8), except U+2028/U+2029 and lone surrogates (module doc); "<",
+    ">", "&" become \\u003c, \\u003e, \\u0026 -- the same string to JSON.parse (and to
+    `json.loads`).
 
     Raises:
         ValueError: a float that is NaN or infinite (not JSON; `allow_nan=False`), a circular
@@ -53,3 +62,13 @@ def page_files(package: str, names: tuple[str, str, str], what: str) -> tuple[st
     if "</style" in css.lower() or "</script" in script.lower():
         raise RuntimeError(f"{folder}: {names[1]} or {names[2]} closes its own element")
     return page, css, script
+
+
+def displayable(text: str) -> str:
+    """`text` with every lone surrogate (a byte of a non-UTF-8 file name, module doc) replaced
+    by U+FFFD, the replacement character: a str that can be written as UTF-8 (a page's title,
+    a terminal line)."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")

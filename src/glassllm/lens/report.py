@@ -30,7 +30,7 @@ import numpy as np
 
 from . import interpret
 from ..formats.atomic import atomic_write
-from ..formats.inline_json import inline_json, page_files
+from ..formats.inline_json import displayable, inline_json, page_files
 from ..formats.paths import check_output_paths
 from ..model import GlassLM
 from .trace import run_with_cache, token_text
@@ -249,7 +249,7 @@ def render_html(ins: Inspection) -> str:
     JSON block that the script parses.
     """
     # inline_json: no "</script>" or "<!--" in the data can end or bend the block it sits in
-    slots = {"TITLE": escape(ins.title), "DATA": inline_json(page_data(ins))}
+    slots = {"TITLE": escape(displayable(ins.title)), "DATA": inline_json(page_data(ins))}
     # one pass: a title or token that reads "__DATA__" is text, never a slot
     return _SLOT.sub(lambda m: slots[m.group(1)], page_template())
 

@@ -74,6 +74,7 @@ class OutputLock:
         self.stale: list[dict] = []
         self.stale_paths: list[str] = []
         self._locked: list[str] = []
+        _check_no_output_is_a_lock(self.paths)
         try:
             for path in self.paths:
                 previous = _acquire(path, lock_path(path))
@@ -105,7 +106,8 @@ def lock_outputs(paths) -> OutputLock:
         OutputLocked: a path is held by another running process (nothing stays locked).
         FileNotFoundError: an output's directory does not exist, naming that directory.
         OSError: a lock file cannot be created (e.g. no permission in its directory),
-            naming it.
+            naming it; FileExistsError where a file that is not a lock has its name.
+        ValueError: an output is another output's lock file.
     """
     return OutputLock(paths)
 
@@ -152,12 +154,28 @@ def _acquire(path: str, lock_file: str) -> dict | None:
             if not same:
                 os.close(fd)
                 continue
+            if os.fstat(fd).st_size and not _written_by_a_lock(fd):  # not ours: keep it
+                os.close(fd)
+                raise FileExistsError(errno.EEXIST, f"a file that is not a glassllm lock is "
+                                      f"where the lock of {path} goes; rename it, or give "
+                                      f"the output another name", lock_file)
             previous = _read(fd) or None
             os.lseek(fd, 0, os.SEEK_SET)
             os.ftruncate(fd, 0)
             os.write(fd, json.dumps(_holder()).encode())
             _held[key] = [fd, 1]
             return previous
+
+
+def _check_no_output_is_a_lock(paths: list[str]) -> None:
+    """Refuse an output that is another output's lock file (`--log-csv m.safetensors.lock`
+    beside `--out m.safetensors`): the release at the end would remove it."""
+    named = {os.path.realpath(p): p for p in paths}
+    for path in paths:
+        other = named.get(os.path.realpath(lock_path(path)))
+        if other is not None:
+            raise ValueError(f"{other} is the lock file of the output {path} (removed when "
+                             f"the run ends); give it another name")
 
 
 def _release(lock_file: str) -> None:
@@ -181,6 +199,13 @@ def _release(lock_file: str) -> None:
         except OSError:
             pass
         os.close(fd)
+
+
+def _written_by_a_lock(fd: int) -> bool:
+    """Whether the file holds what `_holder` writes (a JSON object starting with "pid"),
+    even cut short by a process killed while writing it."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 8) == b'{"pid": '
 
 
 def _read(fd: int) -> dict:

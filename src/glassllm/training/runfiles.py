@@ -24,7 +24,7 @@ import os
 from ..formats.atomic import atomic_write
 # The checks live with the formats (the report checks its --out with them too); a run's
 # callers keep using them from here.
-from ..formats.paths import check_output_paths, same_file  # noqa: F401
+from ..formats.paths import check_output_paths, is_inside, same_file  # noqa: F401
 
 HISTORY_COLUMNS = ("step", "train_loss", "val_loss", "lr")
 
@@ -96,6 +96,21 @@ def check_resume_outputs(paths: dict, checkpoint) -> None:
         raise ValueError(f"--resume {checkpoint} would write into {run_dir}, which holds "
                          f"another run's files ({', '.join(found)}); give --out in a new "
                          f"folder, or resume a checkpoint beside its own run")
+
+
+def check_init_from_kept(outputs: dict, init_from) -> None:
+    """Refuse an output that would replace the model a fine-tune starts from: `init_from`
+    itself (by identity, `same_file`) or a file inside it (a Hugging Face directory).
+
+    outputs: {label: path or None}, as for `check_output_paths`.
+
+    Raises:
+        ValueError: one line naming the label, the path and `init_from`.
+    """
+    for label, path in outputs.items():
+        if path is not None and (same_file(path, init_from) or is_inside(path, init_from)):
+            raise ValueError(f"{label} {path} would overwrite --init-from {init_from}, the "
+                             f"model this run starts from; write the run's files elsewhere")
 
 
 def make_parent_dirs(paths) -> None:

@@ -212,6 +212,47 @@ class TrainStep:
             self.scaler.load_state_dict(scaler_state)
 
 
+def check_own_step_log(path, history: list[dict]) -> None:
+    """Refuse, before a resume touches it, a step log that is not the resumed run's own.
+
+    A resume keeps a step log's rows of the updates before the checkpoint and rewrites the
+    rest; the path it uses may be recorded in the checkpoint relative to it (a moved run) and
+    then name another run's log, or any other file. The log is the run's own when its header
+    is `CSV_COLUMNS` and its row for the checkpoint's last update holds that update's loss
+    (`history[-1]`, as the run recorded it).
+
+    Args:
+        path: the existing step log. history: the resumed run's history (dicts with "step"
+            and "loss", None for a non-finite loss).
+
+    Raises:
+        ValueError: one line naming `path` and what does not match.
+    """
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or tuple(rows[0]) != CSV_COLUMNS:
+        raise ValueError(f"--log-csv {path} is not a glassllm step log (its header is "
+                         f"{rows[0] if rows else 'missing'}); give --log-csv a new path")
+    if not history:
+        return
+    step, loss = str(history[-1]["step"]), history[-1]["loss"]
+    column = CSV_COLUMNS.index("loss")
+    for row in rows[1:]:
+        if row and row[0] == step and len(row) > column and _same_loss(row[column], loss):
+            return
+    raise ValueError(f"--log-csv {path} is not this run's step log (no row for its step "
+                     f"{step} with its loss {loss}): another run's? give --log-csv a new "
+                     f"path")
+
+
+def _same_loss(text: str, loss) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return value == loss if loss is not None else not math.isfinite(value)
+
+
 class StepCSVLog:
     """Per-step CSV log with the header `step,lr,grad_l2_pre_clip,grad_l2_post_clip,loss,
     skipped,skip_reason,scaler_scale`; one row per `write(record)`, flushed at once so the file

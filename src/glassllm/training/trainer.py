@@ -42,7 +42,8 @@ from ..lens.health import HealthMonitor
 from .lock import lock_outputs
 from ..model import GlassLM
 from ..optim import AdamW, lr_schedule
-from .safety import SkipRateExceeded, SkipRateMonitor, StepCSVLog, StepRecord, TrainStep
+from .safety import (SkipRateExceeded, SkipRateMonitor, StepCSVLog, StepRecord, TrainStep,
+                     check_own_step_log)
 from .stopping import STOP_SIGNALS, DeferredStop
 from .settings import TrainSettings
 from ..tensor import no_grad
@@ -458,7 +459,7 @@ class Trainer:
             for entry in run.history:  # its window is a function of the skips so far
                 run.monitor.update(bool(entry.get("skipped")), entry["step"])
         run.skipped_in_a_row = _trailing_skips(run.history)
-        run.csv_log = self._open_csv(run.start, resumed=run.resumed)
+        run.csv_log = self._open_csv(run.history, resumed=run.resumed)
         # Rank 0 alone measures health and writes its rows; on resume the rows of updates
         # after the checkpoint are redone.
         if s.health_every is not None and self.comm.rank == 0:
@@ -564,12 +565,13 @@ class Trainer:
         from ..formats.files import save
         save(model, self.model_path, tokenizer=self.tokenizer)
 
-    def _open_csv(self, start: int, resumed: bool):
+    def _open_csv(self, history: list[dict], resumed: bool):
         path = self.settings.log_csv
         if path is None or self.comm.rank != 0:
             return None
         if resumed and os.path.exists(path):
-            _truncate_csv_rows(path, start)  # rows of updates after the checkpoint are redone
+            check_own_step_log(path, history)  # never rewrite another run's log
+            _truncate_csv_rows(path, len(history))  # updates after the checkpoint are redone
         return StepCSVLog(path, append=resumed)
 
     def _write_checkpoint(self, run: _Run) -> str | None:
