@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 from importlib import resources
-import re
 
 ESCAPED = "<>&\u2028\u2029"
 _SURROGATES = range(0xD800, 0xE000)
