@@ -105,6 +105,7 @@ def test_a_resume_keeps_the_thread_count_the_run_measured(tmp_path, monkeypatch,
     from glassllm.formats.checkpoint import load_checkpoint
     data = tmp_path / "a.txt"
     data.write_text("to be or not to be, that is the question. " * 40)
+    monkeypatch.delenv("GLASSLLM_THREADS", raising=False)  # (conftest pins it) measured here
     monkeypatch.setattr(cpu, "choose_threads", lambda requested=None, load=None:
                         (requested, "as requested") if requested else (2, "measured"))
     run = ["--seq-len", "16", "--batch-size", "2", "--eval-batches", "1", "--d-model", "16",
@@ -116,7 +117,10 @@ def test_a_resume_keeps_the_thread_count_the_run_measured(tmp_path, monkeypatch,
     capsys.readouterr()
     monkeypatch.setattr(cpu, "choose_threads", lambda requested=None, load=None:
                         (requested, "as requested") if requested else (1, "measured"))
-    assert main(["train", "--resume", str(ckpt)]) == 0
+    try:
+        assert main(["train", "--resume", str(ckpt)]) == 0
+    finally:  # the CLI's choice is process-wide: the next tests run on conftest's one thread
+        cpu.set_default_threads(1)
     assert re.search(r"^threads: 2 \(the resumed run's", capsys.readouterr().out, re.M)
 
 

@@ -768,6 +768,28 @@ def load_model_and_tokenizer(path):
     return lm.load_model_and_tokenizer(path)
 
 
+TOKENIZER_HELP = ("tokenizer instead of the model's (as generate: a tokenizer JSON, a GPT-2 "
+                  "vocab.json + merges.txt directory, llama2.c's tokenizer.bin, or `byte`)")
+
+
+def model_with_tokenizer(args):
+    """(model, tokenizer) of a command's --model and --tokenizer (generate, inspect, serve):
+    `load_model_and_tokenizer`, the tokenizer given replacing the model's.
+
+    Raises:
+        UsageError: a model left without a tokenizer (weights-only, a llama2.c checkpoint).
+    """
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    if args.tokenizer is not None:
+        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
+    elif tokenizer is None:
+        raise UsageError(f"{args.model} has no tokenizer (a weights-only model or a llama2.c "
+                         f"checkpoint); give one with --tokenizer PATH (a tokenizer JSON, a "
+                         f"directory with GPT-2's vocab.json + merges.txt, a llama2.c "
+                         f"tokenizer.bin, or `byte`)")
+    return model, tokenizer
+
+
 def add_generate(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate text from a saved model",
@@ -822,14 +844,7 @@ def run_generate(args) -> int:
         Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         raise UsageError(f"bad --temperature/--top-k/--top-p: {e}") from None
-    model, tokenizer = load_model_and_tokenizer(args.model)
-    if args.tokenizer is not None:
-        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
-    elif tokenizer is None:
-        raise UsageError(f"{args.model} has no tokenizer (a weights-only model or a llama2.c "
-                         f"checkpoint); give one with --tokenizer PATH (a tokenizer JSON, a "
-                         f"directory with GPT-2's vocab.json + merges.txt, a llama2.c "
-                         f"tokenizer.bin, or `byte`)")
+    model, tokenizer = model_with_tokenizer(args)
     # The prompt is encoded as `LM.encode` does: BOS first where the tokenizer has one
     # (SentencePiece/Llama, as llama2.c's run.c), an empty prompt is the start token alone (an
     # unconditional sample; GPT-2 and byte: end-of-text, as nanoGPT and transformers). The
@@ -1204,10 +1219,7 @@ def add_inspect(sub) -> None:
     p.add_argument("--model", required=True, metavar="PATH",
                    help="glassllm model file or Hugging Face directory (as generate)")
     p.add_argument("--prompt", required=True, metavar="TEXT", help="text to inspect")
-    p.add_argument("--tokenizer", metavar="PATH",
-                   help="tokenizer instead of the model's (as generate: a tokenizer JSON, a "
-                        "GPT-2 vocab.json + merges.txt directory, llama2.c's tokenizer.bin, or "
-                        "`byte`)")
+    p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
     p.add_argument("--out", default="report.html", metavar="FILE",
                    help="HTML report to write (default report.html)")
     p.add_argument("--run", default=None, metavar="DIR",
@@ -1232,12 +1244,7 @@ def run_inspect(args) -> int:
     if not args.out.lower().endswith((".html", ".htm")):
         raise UsageError(f"--out {args.out}: the report is HTML; give a .html path")
     check_report_path(args.out)  # before the model runs, not after
-    model, tokenizer = load_model_and_tokenizer(args.model)
-    if args.tokenizer is not None:
-        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
-    elif tokenizer is None:
-        raise UsageError(f"{args.model} has no tokenizer (a weights-only model); give one with "
-                         f"--tokenizer PATH")
+    model, tokenizer = model_with_tokenizer(args)
     ids = [int(i) for i in tokenizer.encode(args.prompt)]
     if getattr(tokenizer, "bos_id", None) is not None:  # as generate: BOS starts a context
         ids = [int(tokenizer.bos_id)] + ids
@@ -1277,10 +1284,7 @@ def add_serve(sub) -> None:
     p.add_argument("--model", metavar="PATH",
                    help="glassllm model file, Hugging Face directory, or llama2.c checkpoint "
                         "(.bin, with --tokenizer tokenizer.bin)")
-    p.add_argument("--tokenizer", metavar="PATH",
-                   help="tokenizer instead of the model's (as generate: a tokenizer JSON, a "
-                        "GPT-2 vocab.json + merges.txt directory, llama2.c's tokenizer.bin, or "
-                        "`byte`)")
+    p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
     p.add_argument("--run", metavar="DIR",
                    help="training run directory to watch (history.csv, per-step CSV, "
                         "health.jsonl, saved models); it may not exist yet")
@@ -1340,17 +1344,7 @@ def run_serve(args) -> int:
 def _serve_model(args):
     """(model, tokenizer) of serve's --model and --tokenizer: a glassllm file or Hugging Face
     directory (as generate), or a llama2.c checkpoint (.bin), whose tokenizer must be given."""
-    from .formats import llama2c
-    if args.model.endswith(".bin") and os.path.isfile(args.model):
-        model, tokenizer = llama2c.from_llama2c(args.model), None
-    else:
-        model, tokenizer = load_model_and_tokenizer(args.model)
-    if args.tokenizer is not None:
-        tokenizer = _tokenizer_option(args.tokenizer, model.cfg.vocab_size)
-    elif tokenizer is None:
-        raise UsageError(f"{args.model} has no tokenizer (a weights-only model); give one with "
-                         f"--tokenizer PATH")
-    return model, tokenizer
+    return model_with_tokenizer(args)
 
 
 def _add_train_serve(p) -> None:

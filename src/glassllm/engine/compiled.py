@@ -215,13 +215,8 @@ def softmax_backward_inplace(dp, p):
     return dp
 
 
-def softmax_forward(x):
-    p = softmax_rows_inplace(np.array(x, order="C"))
-    return p, p
-
-
-def softmax_backward(dp, p):
-    return (softmax_backward_inplace(np.array(dp, dtype=np.result_type(dp, p), order="C"), p),)
+softmax_forward, softmax_backward = ops.softmax_pair(softmax_rows_inplace,
+                                                    softmax_backward_inplace)
 
 
 # --------------------------------------------------------------------------- loss
@@ -278,13 +273,7 @@ def adamw_update(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step) -> No
 
 
 FAST_FORMS = [
-    ((F.rms_norm_forward, F.rms_norm_backward), (rms_norm_forward, rms_norm_backward)),
-    ((F.layer_norm_forward, F.layer_norm_backward), (layer_norm_forward, layer_norm_backward)),
-    ((F.swiglu_forward, F.swiglu_backward), (swiglu_forward, swiglu_backward)),
-    ((F.gelu_forward, F.gelu_backward), (gelu_forward, gelu_backward)),
-    ((F.rope_forward, F.rope_backward), (rope_forward, rope_backward)),
-    ((F.softmax_forward, F.softmax_backward), (softmax_forward, softmax_backward)),
-    ((F.cross_entropy_forward, F.cross_entropy_backward),
-     (cross_entropy_forward, cross_entropy_backward)),
+    *ops.op_pairs(globals(), ("rms_norm", "layer_norm", "swiglu", "gelu", "rope", "softmax",
+                              "cross_entropy")),
     (optim.adamw_update, adamw_update),
 ]

@@ -357,13 +357,20 @@ def softmax_backward_inplace(dp, p):
     return dp
 
 
-def softmax_forward(x):
-    p = softmax_rows_inplace(np.array(x, order="C"))
-    return p, p
+def softmax_pair(rows_inplace, backward_inplace):
+    """The (forward, backward) pair of `functional.softmax` on two in-place row passes (this
+    module's, or the compiled ones): forward x -> (p, saved p), on a copy; backward dp -> (dx,)."""
+    def softmax_forward(x):
+        p = rows_inplace(np.array(x, order="C"))
+        return p, p
+
+    def softmax_backward(dp, p):
+        return (backward_inplace(np.array(dp, dtype=np.result_type(dp, p), order="C"), p),)
+
+    return softmax_forward, softmax_backward
 
 
-def softmax_backward(dp, p):
-    return (softmax_backward_inplace(np.array(dp, dtype=np.result_type(dp, p), order="C"), p),)
+softmax_forward, softmax_backward = softmax_pair(softmax_rows_inplace, softmax_backward_inplace)
 
 
 # --------------------------------------------------------------------------- loss
@@ -404,18 +411,16 @@ def cross_entropy_backward(dloss, saved):
     return (dz,)
 
 
+def op_pairs(namespace: dict, ops: tuple[str, ...]) -> list:
+    """[((reference forward, backward), (fast forward, backward))] of each op: functional's
+    `<op>_forward`/`<op>_backward` and the same names in `namespace` (a module's globals)."""
+    return [((getattr(F, f"{op}_forward"), getattr(F, f"{op}_backward")),
+             (namespace[f"{op}_forward"], namespace[f"{op}_backward"])) for op in ops]
+
+
 # reference pair -> fast pair, registered by `glassllm.engine` (causal attention: engine.attention)
 FAST_FORMS = [
-    ((F.linear_forward, F.linear_backward), (linear_forward, linear_backward)),
-    ((F.unembed_forward, F.unembed_backward), (unembed_forward, unembed_backward)),
     ((F.embedding_forward, F.embedding_backward), (F.embedding_forward, embedding_backward)),
-    ((F.rms_norm_forward, F.rms_norm_backward), (rms_norm_forward, rms_norm_backward)),
-    ((F.layer_norm_forward, F.layer_norm_backward), (layer_norm_forward, layer_norm_backward)),
-    ((F.silu_forward, F.silu_backward), (silu_forward, silu_backward)),
-    ((F.swiglu_forward, F.swiglu_backward), (swiglu_forward, swiglu_backward)),
-    ((F.gelu_forward, F.gelu_backward), (gelu_forward, gelu_backward)),
-    ((F.rope_forward, F.rope_backward), (rope_forward, rope_backward)),
-    ((F.softmax_forward, F.softmax_backward), (softmax_forward, softmax_backward)),
-    ((F.cross_entropy_forward, F.cross_entropy_backward),
-     (cross_entropy_forward, cross_entropy_backward)),
+    *op_pairs(globals(), ("linear", "unembed", "rms_norm", "layer_norm", "silu", "swiglu",
+                          "gelu", "rope", "softmax", "cross_entropy")),
 ]
