@@ -45,7 +45,8 @@ def inline_json(value) -> str:
 
 def page_files(package: str, names: tuple[str, str, str], what: str) -> tuple[str, str, str]:
     """The (html, css, script) text of a page shipped as package data in `package`'s `page/`
-    folder, the CSS and script checked to be inlinable: neither may hold "</style" or
+    folder, the script after the pages' shared one (formats/page/common.js), the CSS and
+    script checked to be inlinable: neither may hold "</style" or
     "</script", which would end the element it is inlined in.
 
     Raises:
@@ -58,8 +59,16 @@ def page_files(package: str, names: tuple[str, str, str], what: str) -> tuple[st
     except OSError as e:
         raise RuntimeError(f"the {what}'s files are missing from the installed glassllm "
                            f"({folder}): {e}") from None
+    try:  # what both pages share, inlined before each page's own script
+        common = (resources.files("glassllm.formats") / "page" / "common.js").read_text(
+            encoding="utf-8")
+    except OSError as e:
+        raise RuntimeError(f"the pages' shared script is missing from the installed glassllm: "
+                           f"{e}") from None
+    script = common + "\n" + script
     if "</style" in css.lower() or "</script" in script.lower():
-        raise RuntimeError(f"{folder}: {names[1]} or {names[2]} closes its own element")
+        raise RuntimeError(f"{folder}: {names[1]}, {names[2]} or common.js closes its own "
+                           f"element")
     return page, css, script
 
 

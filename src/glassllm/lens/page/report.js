@@ -1,37 +1,14 @@
-// The page of `glassllm inspect` (glassllm/lens/report.py inlines this file into report.html).
+// The page of `glassllm inspect` (glassllm/lens/report.py inlines this file into report.html,
+// after glassllm/formats/page/common.js: $, tip, el, the colour scales, buildNav).
 // DATA: what glassllm.lens.report.page_data computed, from the page's JSON block.
 "use strict";
 const DATA = JSON.parse(document.getElementById("report-data").textContent);
-const $ = (id) => document.getElementById(id);
-const tip = $("tooltip");
-function showTip(ev, text) { tip.textContent = text; tip.style.display = "block";
-  tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 10) + "px"; }
-function hideTip() { tip.style.display = "none"; }
 function vis(t) { return t.replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5") || "\u2205"; }
-function el(tag, attrs, text) { const e = document.createElement(tag);
-  for (const k in (attrs || {})) e.setAttribute(k, attrs[k]);
-  if (text !== undefined) e.textContent = text; return e; }
-function fmt(x, d) { return (x === null || x === undefined) ? "-" : Number(x).toFixed(d === undefined ? 3 : d); }
-function blue(a) { return "rgba(29,111,184," + Math.max(0, Math.min(1, a)).toFixed(3) + ")"; }
-function heat(v) { const x = Math.max(0, Math.min(1, v)); // white -> orange -> red
-  return "rgb(255," + Math.round(255 - 180 * x) + "," + Math.round(255 - 235 * x) + ")"; }
-function diverging(v, scale) { const x = Math.max(-1, Math.min(1, v / (scale || 1)));
-  return x >= 0 ? "rgba(29,111,184," + x.toFixed(3) + ")" : "rgba(200,40,40," + (-x).toFixed(3) + ")"; }
 
 // ------------------------------------------------------------------ navigation
 function show(name) {
   for (const s of document.querySelectorAll("section.view")) s.classList.toggle("active", s.id === "view-" + name);
   for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === name);
-}
-function buildNav() {
-  for (const s of document.querySelectorAll("section.view")) {
-    const name = s.id.slice(5);
-    if (name === "training" && !DATA.run) { s.remove(); continue; }
-    const b = el("button", {"data-view": name, "id": "nav-" + name}, s.dataset.title);
-    b.addEventListener("click", () => show(name));
-    $("nav").appendChild(b);
-  }
-  show("attention");
 }
 
 // ------------------------------------------------------------------ attention
@@ -240,7 +217,7 @@ function main() {
   const m = DATA.model;
   $("meta").textContent = m.family + " model: d_model " + m.d_model + ", " + m.n_layers + " layers, " + m.n_heads +
     " heads (" + m.n_kv_heads + " kv), vocab " + m.vocab_size + "; " + DATA.tokens.length + " tokens";
-  buildNav(); buildAttention(); buildLens(); buildSurprise(); buildAttribution(); buildHeads(); buildTraining();
+  buildNav(DATA.run); show("attention"); buildAttention(); buildLens(); buildSurprise(); buildAttribution(); buildHeads(); buildTraining();
   document.body.dataset.ready = "1";
 }
 main();

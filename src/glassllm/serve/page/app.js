@@ -1,32 +1,19 @@
-// The page of `glassllm serve` (glassllm/serve/page.py inlines this file into index.html).
+// The page of `glassllm serve` (glassllm/serve/page.py inlines this file into index.html,
+// after glassllm/formats/page/common.js: $, tip, el, the colour scales, buildNav).
 // INFO: the server's description (its model, its run, its limits), from the page's JSON
 // block. Every number shown comes from the server's JSON API (docs/serve.md); the page only
 // draws. Text from the model or the run is only ever set as textContent, never as HTML.
 "use strict";
 const INFO = JSON.parse(document.getElementById("serve-data").textContent);
 const TOKEN = new URLSearchParams(location.search).get("token") || "";
-const $ = (id) => document.getElementById(id);
-const tip = $("tooltip");
 const state = {model: "", prompt: "", analysis: null, attention: {}, ablated: new Set(), runVersion: null,
                sampleOf: null, generating: null};
 
 // ------------------------------------------------------------------ small helpers
-function showTip(ev, text) { tip.textContent = text; tip.style.display = "block";
-  tip.style.left = (ev.clientX + 14) + "px"; tip.style.top = (ev.clientY + 10) + "px"; }
-function hideTip() { tip.style.display = "none"; }
 function hover(node, text) { node.addEventListener("mousemove", (ev) => showTip(ev, typeof text === "function" ? text() : text));
   node.addEventListener("mouseleave", hideTip); }
 function vis(t) { return String(t).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5") || "\u2205"; }
-function el(tag, attrs, text) { const e = document.createElement(tag);
-  for (const k in (attrs || {})) e.setAttribute(k, attrs[k]);
-  if (text !== undefined) e.textContent = text; return e; }
 function clear(node) { node.textContent = ""; return node; }
-function fmt(x, d) { return (x === null || x === undefined) ? "-" : Number(x).toFixed(d === undefined ? 3 : d); }
-function blue(a) { return "rgba(29,111,184," + Math.max(0, Math.min(1, a)).toFixed(3) + ")"; }
-function heat(v) { const x = Math.max(0, Math.min(1, v)); // white -> orange -> red
-  return "rgb(255," + Math.round(255 - 180 * x) + "," + Math.round(255 - 235 * x) + ")"; }
-function diverging(v, scale) { const x = Math.max(-1, Math.min(1, v / (scale || 1)));
-  return x >= 0 ? "rgba(29,111,184," + x.toFixed(3) + ")" : "rgba(200,40,40," + (-x).toFixed(3) + ")"; }
 function options(select, items) { clear(select); items.forEach(([value, text]) => select.appendChild(el("option", {value: value}, text))); }
 function status(text, isError) { $("status").textContent = text; $("status").classList.toggle("error", !!isError); }
 function tokenField(text) { const t = text.trim(); if (t === "") return null;  // "#12" is an id, anything else text
@@ -50,15 +37,6 @@ function show(name) {
   state.view = name;
   if (name === "attribution" && state.analysis) runAttribution();
   if (name === "ablate" && state.analysis) runAblation();
-}
-function buildNav() {
-  for (const s of document.querySelectorAll("section.view")) {
-    const name = s.id.slice(5);
-    if (name === "training" && !INFO.run) { s.remove(); continue; }
-    const b = el("button", {"data-view": name, "id": "nav-" + name}, s.dataset.title);
-    b.addEventListener("click", () => show(name));
-    $("nav").appendChild(b);
-  }
 }
 
 // ------------------------------------------------------------------ the model and the prompt
@@ -466,7 +444,7 @@ async function sampleRun() {
 
 // ------------------------------------------------------------------ start
 function main() {
-  buildNav(); describe(INFO.model); fillModels(INFO.run_models);
+  buildNav(INFO.run); describe(INFO.model); fillModels(INFO.run_models);
   options($("patch-target"), INFO.targets.map((t) => [t, t]));
   state.ablationAsked = 0;
   $("analyze").addEventListener("click", () => { state.ablated.clear(); analyze(); });
