@@ -342,19 +342,6 @@ function showStep(index) { const msg = state.genSteps[index];
   box.insertBefore(el("h3", {}, "step " + index + ": drew " + JSON.stringify(msg.piece) + " (p " + fmt(msg.prob, 4) + ") from"), box.firstChild); }
 
 // ------------------------------------------------------------------ training
-const NS = "http://www.w3.org/2000/svg";
-const COLORS = ["#1d6fb8", "#e07b00", "#2a9d4b", "#c82828", "#7b52ab", "#8c564b", "#d6619e", "#6b6b6b", "#b5b800", "#17becf"];
-function svg(tag, attrs) { const e = document.createElementNS(NS, tag); for (const k in attrs) e.setAttribute(k, attrs[k]); return e; }
-function axes(s, box, opts, x0, x1, y0, y1) {
-  const {W, Hh, m} = box, Yraw = (v) => Hh - m.b - (v - y0) / (y1 - y0) * (Hh - m.t - m.b), X = (x) => m.l + (x - x0) / (x1 - x0) * (W - m.l - m.r);
-  if (opts.band) s.appendChild(svg("rect", {x: m.l, width: W - m.l - m.r, y: Yraw(opts.band[1]), height: Math.max(0, Yraw(opts.band[0]) - Yraw(opts.band[1])), fill: "#e8f4e8"}));
-  s.appendChild(svg("line", {x1: m.l, x2: W - m.r, y1: Hh - m.b, y2: Hh - m.b, stroke: "#888"}));
-  s.appendChild(svg("line", {x1: m.l, x2: m.l, y1: m.t, y2: Hh - m.b, stroke: "#888"}));
-  for (let k = 0; k <= 4; k++) { const v = y0 + (y1 - y0) * k / 4, t = svg("text", {x: m.l - 4, y: Yraw(v) + 4, "text-anchor": "end", "font-size": 10});
-    t.textContent = opts.log ? "1e" + v.toFixed(1) : Number(v.toPrecision(3)); s.appendChild(t);
-    const u = x0 + (x1 - x0) * k / 4, tx = svg("text", {x: X(u), y: Hh - m.b + 14, "text-anchor": "middle", "font-size": 10});
-    tx.textContent = Math.round(u); s.appendChild(tx); }
-}
 function lineChart(parent, id, title, series, opts) {
   opts = opts || {}; const box = {W: 430, Hh: 230, m: {l: 52, r: 10, t: 8, b: 30}}, {W, Hh, m} = box;
   const ok = (y) => y !== null && y !== undefined && isFinite(y) && (!opts.log || y > 0);
