@@ -184,6 +184,29 @@ def test_a_sigterm_after_the_run_has_ended_or_stopped_changes_nothing(
     assert not list((tmp_path / "run").glob("*.lock"))
 
 
+def test_the_process_command_ignores_stop_signals_once_it_has_returned(tmp_path, text_file,
+                                                                      monkeypatch):
+    """`glassllm ...` as a process (argv from sys.argv): once its command has returned, the
+    process only exits, so a late SIGTERM/SIGHUP is ignored rather than ending it by the signal
+    (under mpiexec a rank stopped by the others' agreement got its own SIGTERM during its exit
+    and the job ended with status 15: tests/test_mpi.py's [ranks] case, seen in CI). Called with
+    an argv (a library caller, these tests), main leaves the handlers as they were."""
+    out = tmp_path / "run" / "model.safetensors"
+    monkeypatch.setattr(sys, "argv", ["glassllm", "train", "--data", str(text_file), "--steps",
+                                      "2", "--out", str(out), *TINY])
+    try:
+        assert main() == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    assert main(["train", "--data", str(text_file), "--steps", "2", "--out", str(out),
+                 *TINY]) == 0
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_signals_raise_ignores_stop_signals_once_a_stop_has_begun():
     with stopping.signals_raise():
         stopping.stop_begun()

@@ -1467,6 +1467,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, KeyboardInterrupt):  # e.g. before MPI_Init: see interrupted_exit
             return launch.interrupted_exit(code, getattr(e, "signum", None))
         return code
+    finally:
+        if argv is None:  # the process's own command: it exits now, a late stop changes nothing
+            stopping.ignore_further_stops()
 
 
 def _print_paths_as_given() -> None:

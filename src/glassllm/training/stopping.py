@@ -98,6 +98,17 @@ def stop_begun() -> None:
         once.raised = True
 
 
+def ignore_further_stops() -> None:
+    """For a process about to exit: SIGTERM and SIGHUP ignored from here on (SIGINT keeps its
+    action). A late one -- another rank's `scancel` SIGTERM reaching a rank that the others'
+    agreement already stopped, a supervisor passing one on -- would otherwise end the process
+    by the signal during its exit, and MPICH would end the job with that signal's status."""
+    if _in_main_thread():
+        for signum in STOP_SIGNALS:
+            if signum != signal.SIGINT:
+                signal.signal(signum, signal.SIG_IGN)
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
