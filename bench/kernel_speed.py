@@ -22,23 +22,18 @@ import common  # noqa: F401  (first: environment fix-up before numpy)
 
 import argparse
 import json
-import time
 
 import numpy as np
 
 from glassllm import functional as F
 from glassllm.engine import compiled, cpu, ops, parallel
 
+import peak  # noqa: E402  (bench/: the best-of-n timer)
+
 
 def best_seconds(fn, repeats: int) -> float:
-    fn()
-    fn()  # warm-up: compilation, page faults, the pool's threads
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    fn()  # a first call compiles the kernel; peak's own warm-up then takes the page faults
+    return peak.best_seconds(fn, repeats)
 
 
 def copy_bandwidth(repeats: int, mib: float = 256) -> float:
@@ -161,11 +156,10 @@ def main():
               f"{row['numpy_gbs']:10.1f} {t_fast * 1e3:9.2f} {t_numpy * 1e3:9.2f}")
     result = dict(bandwidth_gbs=bandwidth, threads=threads, kernels=rows)
     if not args.no_mfu:
-        from peak import measure_peak
-        peak = measure_peak((1024, 2048), repeats=5)
-        seconds, mfu = m_step_mfu(peak, max(3, args.repeats // 3))
-        result.update(gemm_peak_gflops=peak, m_step_s=seconds, m_mfu=mfu)
-        print(f"\nM training step {seconds:.3f} s; GEMM peak {peak:.1f} GFLOP/s; MFU {mfu:.1%}")
+        gflops = peak.measure_peak((1024, 2048), repeats=5)
+        seconds, mfu = m_step_mfu(gflops, max(3, args.repeats // 3))
+        result.update(gemm_peak_gflops=gflops, m_step_s=seconds, m_mfu=mfu)
+        print(f"\nM training step {seconds:.3f} s; GEMM peak {gflops:.1f} GFLOP/s; MFU {mfu:.1%}")
     load = meter.read()
     result["other_load_cores"] = load.other_cores
     print(f"\n{load}")
