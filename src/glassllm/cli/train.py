@@ -172,7 +172,8 @@ def run_train(args) -> int:
             printer.plan = _plan(args, comm, printer.show)
             around = training_server(args.serve_port) if args.serve else None
             result = training_run.execute(printer.plan, printer.show, around=around)
-            return printer.result(result)
+            # the other ranks train in silence: rank 0 says how the run ended
+            return printer.result(result) if comm.rank == 0 else result.exit_code
     finally:
         printer.close()  # any other error: main() prints it, on a line of its own
         comm.close()
