@@ -13,7 +13,7 @@ from glassllm.formats import hf
 from glassllm.tokenizers.hf import _scores_from_merges, from_hf_json
 from glassllm.formats.llama2c import tokenizer_from_llama2c
 from glassllm.tokenizers import (BPETokenizer, ByteTokenizer, SentencePieceTokenizer,
-                                        load_tokenizer)
+                                 load_tokenizer)
 
 from conftest import shared_data_path
 
