@@ -42,8 +42,9 @@ class HFTokenizer:
 
     Args:
         hf_tokenizer: the `tokenizers.Tokenizer`.
-        eot_id, bos_id: the end-of-text and begin-of-sequence ids (None: looked up by the
-            names EOS_NAMES / BOS_NAMES; bos may stay None).
+        eot_id: the end-of-text id (None: looked up by the names EOS_NAMES).
+        bos_id: the begin-of-sequence id (None: looked up by the names BOS_NAMES; it may
+            stay None).
 
     Raises:
         ValueError: no end-of-text token, or a vocabulary entry whose bytes cannot be known

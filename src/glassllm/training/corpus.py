@@ -173,25 +173,30 @@ def _read_text_files(sources) -> tuple[list[str], list[bytes], list[tuple[str, s
             data = _read_bytes(path)
             if named:
                 decode_utf8(path, data, 0)  # ValueError "PATH: not UTF-8 text (... offset N)"
-            else:
-                try:
-                    decode_utf8(path, data, 0)
-                    if b"\0" in data:
-                        raise ValueError("holds NUL bytes")
-                except ValueError:
-                    skipped.append(path)
-                    continue
+            elif not _is_text(path, data):
+                skipped.append(path)
+                continue
             files.append(path)
             chunks.append(data)
     notes = []
     if skipped:
         shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3
                                           else "")
-        notes.append((" ".join(map(str, sources)), f"skipped {len(skipped)} file(s) that are not UTF-8 text: "
-                                f"{shown}"))
+        notes.append((" ".join(map(str, sources)),
+                      f"skipped {len(skipped)} file(s) that are not UTF-8 text: {shown}"))
     if not files:
         raise ValueError(f"{' '.join(map(str, sources))}: no UTF-8 text files")
     return files, chunks, notes
+
+
+def _is_text(path: str, data: bytes) -> bool:
+    """A file of a directory counts as text when it is UTF-8 and holds no NUL byte (text never
+    does; token .bin files, safetensors, images do)."""
+    try:
+        decode_utf8(path, data, 0)
+    except ValueError:
+        return False
+    return b"\0" not in data
 
 
 def _read_bytes(path: str) -> bytes:

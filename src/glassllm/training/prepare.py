@@ -103,11 +103,12 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         ValueError: val_fraction outside [0, 1), chunk_bytes < 1, a file that is not UTF-8,
             a bad tokenizer spec, an output that is one of the inputs.
         OSError: an output cannot be written (a full disk), naming it.
-        On any failure (Ctrl-C included) nothing of this call is left: no temporary, no
-        output, and the files of an earlier `prepare` in out_dir as they were (restored
-        when the failure comes while publishing); directories this call created are
-        removed again. A signal that arrives while the outputs are renamed waits until all
-        are in place (a few renames), then interrupts as usual.
+
+    On any failure (Ctrl-C included) nothing of this call is left: no temporary, no output,
+    and the files of an earlier `prepare` in out_dir as they were (restored when the failure
+    comes while publishing); directories this call created are removed again. A signal that
+    arrives while the outputs are renamed waits until all are in place (a few renames), then
+    interrupts as usual.
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
