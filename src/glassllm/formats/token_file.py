@@ -240,6 +240,7 @@ class TokenWriter:
         self._out = AtomicFile(self.path, "wb")  # ids stream to its temporary file
         self._file = self._out.file
         self.published: list[str] = []  # final paths close() has written, in order
+        self._staged: list[AtomicFile] = []  # what stage() has written, unpublished
 
     def append(self, ids, text_bytes: int = 0) -> None:
         """Write ids (any integer dtype); text_bytes: the UTF-8 bytes of text they encode."""
@@ -278,9 +279,10 @@ class TokenWriter:
             OSError: naming the token file or its sidecar (a full disk); nothing is left.
         """
         meta = self._sidecar()
-        side = AtomicFile(sidecar_path(self.path), "w", doing="cannot write the sidecar")
-        self._staged = [self._out, side]
+        self._staged = [self._out]
         try:
+            side = AtomicFile(sidecar_path(self.path), "w", doing="cannot write the sidecar")
+            self._staged.append(side)
             side.file.write(json.dumps(meta, ensure_ascii=False))
             for staged in self._staged:
                 staged.file.flush()
@@ -302,7 +304,7 @@ class TokenWriter:
     def abort(self) -> None:
         """Discard the temporaries (and those `stage` wrote); the final paths are not
         touched."""
-        for staged in getattr(self, "_staged", None) or [self._out]:
+        for staged in self._staged or [self._out]:
             staged.discard()
 
     def __enter__(self) -> "TokenWriter":

@@ -127,6 +127,11 @@ def text_chunks(path: str, start: int, end: int,
 
 
 def decode_utf8(path: str, piece: bytes, offset: int) -> str:
+    """`piece` (bytes from `offset` of the file at `path`) as text.
+
+    Raises:
+        ValueError: "PATH: not UTF-8 text (invalid byte at offset N)", N in the file.
+    """
     try:
         return piece.decode("utf-8")
     except UnicodeDecodeError as e:
