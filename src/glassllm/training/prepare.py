@@ -52,6 +52,15 @@ def _missing_dirs(path) -> list[str]:
     return missing
 
 
+def _remove_dirs(created: list[str]) -> None:
+    """Remove the directories a failed prepare created, innermost first (`_missing_dirs`)."""
+    for directory in created:
+        try:
+            os.rmdir(directory)
+        except OSError:  # not empty (not ours alone) or gone: leave the rest
+            break
+
+
 BPE_MAX_VOCAB = 1 << 24  # ids fit uint32 token files many times over; far above any real BPE
 
 
@@ -123,11 +132,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         metas, staged = write_splits(sources, tokenizer, out_dir, chunk_bytes, report)
         publish_together(staged)
     except BaseException:  # Ctrl-C included: no directory of this call is left either
-        for directory in created:
-            try:
-                os.rmdir(directory)
-            except OSError:  # not empty (not ours alone) or gone: leave the rest
-                break
+        _remove_dirs(created)
         raise
     return {"train": metas["train"], "val": metas["val"], "tokenizer": tokenizer,
             "files": sources.files}
