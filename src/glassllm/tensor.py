@@ -437,11 +437,15 @@ def _consumed(_g):  # marker placed on nodes whose backward already ran
     raise RuntimeError("graph already consumed")
 
 
-
 def backward_pass(root: Tensor, grad: np.ndarray) -> None:
     """The backward pass, as micrograd's `Value.backward` (Karpathy, micrograd/engine.py): sort
     the graph topologically, then run each node's local backward from the root down, summing
-    the gradients that meet at a node (the chain rule's sum over paths).
+    the gradients that meet at a node (the chain rule's sum over paths). micrograd's
+
+        topo = build_topo(self); self.grad = 1
+        for v in reversed(topo): v._backward()     # each adds into its inputs' .grad
+
+    is the loop below, with each node's gradient held in `grads` until its turn.
 
     Only leaves keep `.grad` (as in PyTorch); the gradients of intermediate results live in a
     dictionary while the pass runs. Every sum is a new array (`+`, never `+=`): a gradient an
