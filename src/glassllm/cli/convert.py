@@ -98,7 +98,7 @@ def _check_out_file(out: str, source: str, what: str) -> None:
 
 def _convert_from_hf(args):
     from ..formats import hf
-    from ..formats.tokenizer import load_tokenizer
+    from ..tokenizers import load_tokenizer
 
     _check_out_file(args.out, args.from_hf, "--from-hf checkpoint")
     # Writing into the checkpoint's own directory could replace its model.safetensors

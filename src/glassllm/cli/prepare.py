@@ -1,4 +1,4 @@
-"""`glassllm prepare`: tokenize text files into train.bin / val.bin (`training.data.prepare`)."""
+"""`glassllm prepare`: tokenize text files into train.bin / val.bin (`training.prepare`)."""
 from __future__ import annotations
 
 import json
@@ -28,8 +28,8 @@ def run_prepare(args) -> int:
 
     from tqdm import tqdm
 
-    from ..training.data import bpe_vocab_size, prepare
-    from ..formats.tokenizer import load_tokenizer
+    from ..training.prepare import bpe_vocab_size, prepare
+    from ..tokenizers import load_tokenizer
 
     if not (math.isfinite(args.val_fraction) and 0.0 <= args.val_fraction < 1.0):
         raise UsageError(f"--val-fraction must be a number in [0, 1), got {args.val_fraction!r}")

@@ -16,7 +16,7 @@ TRAIN_MODEL_DEFAULTS = {"family": "llama", "d_model": 128, "n_layers": 4, "n_hea
 
 
 def add_train(sub) -> None:
-    from ..training.data import STDLIB_CORPUS_BYTES
+    from ..training.corpus import STDLIB_CORPUS_BYTES
     p = sub.add_parser(
         "train", help="train a model on text files",
         description="Train a GlassLM on text, evaluating on the last 10% of it, and save the "

@@ -74,7 +74,7 @@ class RunPlan:
     Attributes:
         config: the model's `Config` (the checkpoint's on a resume, the model's own with
             init_from). settings: `TrainSettings` (log_csv absolute, health_log set when
-            health_every is). corpus: `glassllm.training.data.Corpus`, train and val batches
+            health_every is). corpus: `glassllm.training.corpus.Corpus`, train and val batches
             of token ids and their tokenizer. paths: `runfiles.run_paths` ({"model",
             "checkpoint", "log_csv", "history_csv", "health_jsonl", "plot"}, str or None).
         threads: the thread count asked for (None: measured at the start); threads_kept: it is
@@ -205,7 +205,8 @@ def _load_data(plan: RunPlan, sources, opts: dict, tokenizer, on_event) -> None:
     """plan.corpus from the data sources (None: the default corpus), every output checked
     against the paths before and after reading (rank 0): a bad path fails before any data is
     read, an output that is a data file by another name (a link) once the files are known."""
-    from .data import check_same_data, load_corpus
+    from .batches import check_same_data
+    from .corpus import load_corpus
     writer = plan.comm.rank == 0  # the one rank that writes
     if writer:  # before reading any data: a bad path fails now
         runfiles.check_output_paths(plan.outputs, data_dirs=plan.data_dirs)
@@ -369,7 +370,7 @@ def _init_from(opts: dict, given: dict):
     if opts["init_from"] is None:
         return None, None
     from ..formats.lm import load_model_and_tokenizer
-    from ..formats.tokenizer import ByteTokenizer
+    from ..tokenizers import ByteTokenizer
     if opts["resume"] is not None:
         raise ValueError("--init-from starts a new run; --resume continues one: give one")
     flags = [f"--{k.replace('_', '-')}" for k in MODEL_OPTIONS if k in given]
@@ -390,7 +391,7 @@ def _init_from(opts: dict, given: dict):
 
 def _resumed_tokenizer(resume, path: str):
     """The tokenizer a --init-from run stored in its checkpoint (its data is encoded with it)."""
-    from ..formats.tokenizer import tokenizer_from_json
+    from ..tokenizers import tokenizer_from_json
     text = resume.extra.get("tokenizer")
     if not isinstance(text, str):
         raise ValueError(f"checkpoint {path!r}: a --init-from run without extra.tokenizer")
