@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -178,10 +179,23 @@ def test_a_lock_left_by_a_dead_run_is_an_event(tmp_path, text_file):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
     (out.parent / "model.safetensors.lock").write_text(json.dumps({"pid": int(dead)}))
+    left = out.parent / ".model.safetensors.0123456789ab.tmp"  # the dead run's, half written
+    left.write_bytes(b"x" * 100)
     seen = []
-    assert execute(plan_of(text_file, out, steps=2), seen.append).reason == COMPLETE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, as an event: the Trainer warns no more
+        assert execute(plan_of(text_file, out, steps=2), seen.append).reason == COMPLETE
     taken = [e for e in seen if isinstance(e, events.LockTakenOver)]
     assert [e.holder["pid"] for e in taken] == [int(dead)]
+    removed = [e.path for e in seen if isinstance(e, events.TemporaryRemoved)]
+    assert removed == [str(left)] and not left.exists()
+    assert kinds_before(seen, events.RunBegins) == ["LockTakenOver", "TemporaryRemoved"]
+
+
+def kinds_before(seen, kind) -> list[str]:
+    """The names of the event types sent before the first `kind`."""
+    first = next(i for i, e in enumerate(seen) if isinstance(e, kind))
+    return [type(e).__name__ for e in seen[:first]]
 
 
 def test_plan_errors_name_the_option(tmp_path, text_file):

@@ -19,8 +19,8 @@ import os
 import time
 
 from . import runfiles, stopping
-from .events import (Checkpointed, LockTakenOver, LoopBegins, LoopEnded, PlotFailed, RunBegins,
-                     TemporaryRemoved, WarmupOutlastsRun)
+from .events import (Checkpointed, LoopBegins, LoopEnded, PlotFailed, RunBegins,
+                     WarmupOutlastsRun)
 
 COMPLETE, INTERRUPTED, NON_FINITE = "complete", "interrupted", "non_finite"
 SKIP_RATE, RANKS_DISAGREE, WRITE_ERROR = "skip_rate", "ranks_disagree", "write_error"
@@ -97,17 +97,10 @@ def execute(plan, on_event=None, around=None) -> RunResult:
 
 def lock_outputs(plan, held: contextlib.ExitStack, emit) -> None:
     """Make the outputs' folders and lock them until `held` closes; a lock left by a dead run
-    is taken over (`LockTakenOver`) and its temporaries removed (`TemporaryRemoved`)."""
-    from ..formats.atomic import remove_leftover_temporaries
-    from .lock import lock_outputs as lock
-    outputs = plan.outputs.values()
-    runfiles.make_parent_dirs(outputs)
-    taken = held.enter_context(lock(outputs))
-    for holder in taken.stale:
-        emit(LockTakenOver(holder))
-    for path in taken.stale_paths:
-        for tmp in remove_leftover_temporaries(path):
-            emit(TemporaryRemoved(tmp))
+    is taken over (`LockTakenOver`) and its temporaries removed (`TemporaryRemoved`):
+    `runfiles.lock_run_outputs`."""
+    runfiles.make_parent_dirs(plan.outputs.values())
+    runfiles.lock_run_outputs(plan.outputs.values(), held, emit)
 
 
 def _execute_held(plan, emit, late) -> RunResult:
