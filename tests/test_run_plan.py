@@ -242,3 +242,20 @@ def test_the_plan_options_are_the_cli_flags():
             assert action.type is kind, name
     assert cli.TRAIN_MODEL_DEFAULTS == plan.TRAIN_MODEL_DEFAULTS
     assert common.SMALL_FILE_BYTES == plan.SMALL_FILE_BYTES
+
+
+def test_the_serve_training_view_reads_the_run_execute_writes(tmp_path, text_file):
+    """`glassllm serve --run` (and `glassllm train --serve`, which starts it on the plan's
+    run_dir) reads the files `execute` writes: history, the per-step log, health."""
+    from glassllm.serve.run import RunWatcher
+    out = tmp_path / "run" / "model.safetensors"
+    plan = plan_of(text_file, out, steps=4, eval_every=2, health_every=2,
+                   log_csv=str(tmp_path / "run" / "steps.csv"))
+    result = execute(plan)
+    assert result.reason == COMPLETE
+    seen = RunWatcher(plan.run_dir).snapshot()
+    assert seen["exists"] and seen["problems"] == []
+    assert seen["history"]["step"] == [0, 1, 2, 3]
+    assert seen["history"]["train_loss"] == [h["loss"] for h in result.summary.history]
+    assert seen["steps"]["step"] == [0, 1, 2, 3]
+    assert [row["step"] for row in seen["health"]] == [0, 2]
