@@ -240,7 +240,6 @@ def test_the_plan_options_are_the_cli_flags():
             assert kind is bool, name
         elif action.type in (int, float):
             assert action.type is kind, name
-    assert cli.TRAIN_MODEL_DEFAULTS == plan.TRAIN_MODEL_DEFAULTS
     assert common.SMALL_FILE_BYTES == plan.SMALL_FILE_BYTES
 
 

@@ -24,13 +24,13 @@ from .inspect import add_inspect, run_inspect
 from .plot import add_plot, run_plot
 from .prepare import add_prepare, run_prepare
 from .serve import SERVE_PORT, _serve_model, add_serve, run_serve
-from .train import TRAIN_MODEL_DEFAULTS, _choose_threads, add_train, run_train
+from .train import _choose_threads, add_train, run_train
 
 SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert, add_inspect,
                add_serve]
 
 __all__ = ["main", "build_parser", "version", "UsageError", "SUBCOMMANDS", "FAMILIES",
-           "TRAIN_MODEL_DEFAULTS", "SAMPLE_SEPARATOR", "SMALL_FILE_BYTES", "SERVE_PORT",
+           "SAMPLE_SEPARATOR", "SMALL_FILE_BYTES", "SERVE_PORT",
            "CONVERT_USAGE", "TOKENIZER_HELP", "load_model_and_tokenizer",
            "model_with_tokenizer", "add_train", "run_train", "add_generate", "run_generate",
            "add_prepare", "run_prepare", "add_plot", "run_plot", "add_convert", "run_convert",

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import FAMILIES  # noqa: F401 (the --family choices: the presets)
 
-# The package imports no NumPy or library module until a command runs (`glassllm --version`
-# stays quick, and a Ctrl-C while the parser is built is caught by `main`): the library is
-# imported inside the functions that use it.
+# The library beyond what `import glassllm` loads (the training package, the formats, tqdm) is
+# imported inside the functions that use it: `glassllm --version` stays quick, and a Ctrl-C
+# while the parser is built is caught by `main`.
 
-# the architecture presets (glassllm.config.PRESETS), for --family; the config module imports
-# NumPy, so the names are spelled here and tests/test_cli_train.py checks them against the
-# presets
-FAMILIES = ("llama", "gpt2", "neox", "gptneo", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
-            "gemma3", "phi", "olmo2")
-SMALL_FILE_BYTES = 16 << 20  # glassllm.training.plan's: a prompt or a --config file
+# glassllm.training.plan's limit (a prompt or a --config file), spelled here so that the
+# package imports no training module; tests/test_run_plan.py checks they are equal
+SMALL_FILE_BYTES = 16 << 20
 
 
 class UsageError(Exception):

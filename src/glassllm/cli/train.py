@@ -10,10 +10,6 @@ import os
 
 from .common import FAMILIES, UsageError, non_negative_int
 
-# The defaults shown in --help (glassllm.training.plan.TRAIN_MODEL_DEFAULTS, spelled here so
-# that building the parser imports no NumPy; tests/test_run_plan.py checks they are the same)
-TRAIN_MODEL_DEFAULTS = {"family": "llama", "d_model": 128, "n_layers": 4, "n_heads": 4}
-
 
 def add_train(sub) -> None:
     from ..training.corpus import STDLIB_CORPUS_BYTES
@@ -49,7 +45,7 @@ def add_train(sub) -> None:
 
 
 def _add_model_flags(p) -> None:
-    m = TRAIN_MODEL_DEFAULTS
+    from ..training.plan import TRAIN_MODEL_DEFAULTS as m
     g = p.add_argument_group("model (with --resume the checkpoint's; other values are refused)")
     g.add_argument("--family", choices=list(FAMILIES),
                    help=f"architecture preset (default {m['family']}; see "
