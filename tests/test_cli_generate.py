@@ -13,7 +13,7 @@ from glassllm import Config, GlassLM
 from glassllm.formats import files
 from glassllm.cli import load_model_and_tokenizer, main
 from glassllm.generate import Sampling, generate
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 
 CFG = Config(d_model=32, n_layers=2, n_heads=4, max_len=24)
 
@@ -250,7 +250,7 @@ def test_prompt_that_is_not_utf8_is_refused_before_loading(capsys, model_path):
 
 
 def test_prompt_that_is_not_utf8_bpe_model(capsys, tmp_path):
-    from glassllm.formats.tokenizer import BPETokenizer
+    from glassllm.tokenizers import BPETokenizer
     tok = BPETokenizer.train(["a cafe sells coffee and tea " * 40], 300)
     path = tmp_path / "bpe.safetensors"
     files.save(GlassLM(Config(vocab_size=300, d_model=16, n_layers=1, n_heads=2,
