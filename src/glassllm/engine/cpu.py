@@ -231,6 +231,8 @@ def use_threads(n: int):
         _set_threads(pinned or len(available_cpus()))
     before, split_before = parallel.get_num_threads(), parallel.split_matmuls()
     revisit = parallel.on_revisit(None)
+    parallel.set_num_threads(n)
+    parallel.set_split_matmuls(n > 1)
     # Held in locals, not looked up at exit: a block left open until the interpreter exits
     # (a generator, an ExitStack in a module global) is closed during shutdown, after
     # threadpoolctl's and this module's globals may have been cleared to None.
