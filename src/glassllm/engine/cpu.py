@@ -228,7 +228,7 @@ def use_threads(n: int):
         raise ValueError(f"use_threads: need n >= 1, got {n}")
     if parallel.first_use_pending():  # the process default, without the load measurement
         pinned, _ = default_threads_from_environment()  # (the caller pins its own count here)
-        _set_threads(pinned or len(available_cpus()))
+        _install_default(pinned or len(available_cpus()), pinned is not None)
     before, split_before = parallel.get_num_threads(), parallel.split_matmuls()
     revisit = parallel.on_revisit(None)
     parallel.set_num_threads(n)
@@ -394,13 +394,14 @@ def apply_default_threads() -> tuple[int, str]:
     with _default_lock:
         requested, _ = default_threads_from_environment()
         n, why = choose_threads(requested)
-        if requested is not None:
-            set_default_threads(n)
-            return n, why
-        _set_threads(n)
-        governor = ThreadGovernor(n)
-        parallel.on_revisit(governor.revisit, REVISIT_SECONDS)
-        return n, why + "; revisited as the load changes"
+        _install_default(n, pinned=requested is not None)
+        return n, why if requested is not None else why + "; revisited as the load changes"
+
+
+def _install_default(n: int, pinned: bool) -> None:
+    """The process default: n threads, pinned or followed by a ThreadGovernor."""
+    _set_threads(n)
+    parallel.on_revisit(None if pinned else ThreadGovernor(n).revisit, REVISIT_SECONDS)
 
 
 parallel.on_first_use(apply_default_threads)
