@@ -204,3 +204,22 @@ def test_a_use_threads_block_left_open_at_exit_says_nothing():
     """)
     assert result.returncode == 0
     assert result.stderr == ""
+
+
+def test_a_use_threads_block_at_the_first_op_leaves_a_revisited_default_behind():
+    result = run_python("""
+        from glassllm.engine import cpu, parallel
+        with cpu.use_threads(1):
+            inside = parallel._revisit is None
+        print(inside, parallel._revisit is not None)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True"]
+
+
+def test_the_pool_and_the_thread_choice_are_nested_at_most_five_blocks():
+    from test_layout import _trainer_functions
+    for module in ("engine/parallel.py", "engine/cpu.py"):
+        deep = [(name, d) for name, _, d in _trainer_functions(SRC / "glassllm" / module)
+                if d > 5]
+        assert deep == [], f"{module}: {deep}"
