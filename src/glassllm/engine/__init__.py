@@ -6,6 +6,8 @@
 - `ops`, `attention`, `optimizer`, `decode`: the fast forms of the ops (sliced over threads, in
   place, attention in query blocks, llama2.c-style decoding), each registered below against
   its reference form and tested equal to it (tests/test_kernels.py);
+- `backward`: the autograd's backward pass with gradient buffers reused (added into in place,
+  handed to leaves uncopied), the fast form of `tensor.backward_pass`;
 - `parallel`: the thread pool that runs the elementwise passes over slices of rows;
 - `blas`: the matrix-product backend (NumPy's BLAS, or Intel MKL's SGEMM where it is installed);
 - `cpu`: thread counts, load measurement, and the process's default (the CLI's choice,
@@ -16,10 +18,10 @@ the engine into the glass through `glassllm.kernels`. GLASSLLM_KERNELS=reference
 references all the same; the BLAS backend computes every matrix product in both modes.
 """
 from .. import kernels
-from . import attention, blas, compiled, cpu, decode, fast_decode, ops, optimizer
+from . import attention, backward, blas, compiled, cpu, decode, fast_decode, ops, optimizer
 
 kernels.register_gemm(blas.matmul)
-for _module in (ops, attention, optimizer, decode, compiled, fast_decode):  # later wins
+for _module in (backward, ops, attention, optimizer, decode, compiled, fast_decode):  # later wins
     for _reference, _fast in _module.FAST_FORMS:
         kernels.register(_reference, _fast)
 del _module, _reference, _fast
