@@ -19,9 +19,11 @@ The third run ("fixed") is the behaviour before the count was revisited: the sam
 then the count chosen at the first op pinned for the rest of the process
 (`cpu.set_default_threads`), which used to cost an M run 1.8x per step for its whole life.
 
-Every child reports the load of other processes (in cores: /proc/stat busy time of its CPUs
-minus its own CPU time) over the steps the figure is taken from; a figure with another
-program running meanwhile says so. Hog and trainee share this process's CPUs (affinity is
+Each side reports the load of other processes over its whole child (in cores: /proc/stat busy
+time of this process's CPUs minus the CPU time of this process and its waited-for children,
+the hog among them), and says so when the machine was not quiet; `--require-quiet` waits for
+a quiet machine before each side and repeats a disturbed one (bench/common.py).
+Hog and trainee share this process's CPUs (affinity is
 inherited), so `taskset -c 0,1 python bench/busy_start.py` gives the 2-core case on a bigger
 machine.
 """
@@ -43,8 +45,7 @@ HOG = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n   
 
 def child(name: str, steps: int, fix_after_first: bool) -> None:
     """Train `steps` steps of config `name` through the plain API; print one JSON line: each
-    step's wall-clock start (time.time()), seconds and the thread count after it, and the
-    load of other processes over each step."""
+    step's wall-clock start (time.time()), seconds and the thread count after it."""
     from glassllm.model import Config, GlassLM
     from train_speed import glassllm_stepper, make_batches
 
@@ -54,19 +55,17 @@ def child(name: str, steps: int, fix_after_first: bool) -> None:
     batches = make_batches(cfg, spec["batch"], spec["seq"], steps)
     rows = []
     for i, (x, y) in enumerate(batches):
-        meter = cpu.LoadMeter()
         start, t0 = time.time(), time.perf_counter()
         step(x, y)
         seconds = time.perf_counter() - t0
         if i == 0 and fix_after_first:  # the old default: kept for the life of the process
             cpu.set_default_threads(parallel.get_num_threads())
-        rows.append(dict(start=start, seconds=seconds, threads=parallel.get_num_threads(),
-                         other=meter.read().other_cores))
+        rows.append(dict(start=start, seconds=seconds, threads=parallel.get_num_threads()))
     print(json.dumps(rows))
 
 
 def run_side(name: str, steps: int, hog_s: float, fixed: bool = False) -> tuple[list, float]:
-    """(step rows, the wall-clock time the hog ended, or the child's start when no hog)."""
+    """(step rows, the wall-clock time the hog ended; with no hog, the child's start)."""
     command = [sys.executable, sys.argv[0], "--child", name, "--steps", str(steps)]
     if fixed:
         command.append("--fix-after-first")
@@ -99,19 +98,21 @@ def runs(values: list) -> str:
     return " ".join(f"{v}x{n}" for v, n in out)
 
 
-def describe(label: str, rows: list, since: float, reference: float | None) -> float:
-    """Print one side's line; return its median step seconds over the steps after `since`."""
+def describe(label: str, side: tuple, since: float, reference: float | None) -> float:
+    """Print one side's line; return its median step seconds over the steps after `since`.
+    side: ((rows, hog end), Load of other processes over the whole child, hog excluded)."""
+    (rows, _), load = side
     kept = after(rows, since)
     if not kept:
         raise SystemExit(f"{label}: no step started after the hog and the settle time; "
                          f"use more --steps")
     median = common.median([r["seconds"] for r in kept])
-    others = [r["other"] for r in kept if r["other"] is not None]
-    load = f"{max(others):.2f}" if others else "unknown"
     ratio = f" = {median / reference:.2f}x started idle" if reference else ""
     threads = runs([r["threads"] for r in rows])
-    print(f"  {label:34} {median:7.3f} s/step over {len(kept):2} steps{ratio}; "
-          f"others' load up to {load} cores; threads (count x steps) {threads}")
+    print(f"  {label:34} {median:7.3f} s/step over {len(kept):2} steps{ratio}; other "
+          f"processes {common.load_text(load)} cores; threads (count x steps) {threads}")
+    if load.other_cores is not None and load.other_cores >= cpu.BUSY_CORES:
+        print(f"  {'':34} (not a quiet machine: this figure does not measure the busy start)")
     return median
 
 
@@ -125,6 +126,7 @@ def main():
                         help="seconds after the hog before the steps that count")
     parser.add_argument("--no-fixed", action="store_true",
                         help="skip the run with the count fixed at the first op")
+    common.add_load_arguments(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--fix-after-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -132,23 +134,30 @@ def main():
         child(args.child, args.steps, args.fix_after_first)
         return
     print(f"at start: {cpu.measure_load(1.0)}")
+    print("each side's load: other processes over the whole child (the hog is this bench's "
+          "own); --require-quiet waits for a quiet machine and repeats a disturbed side")
     print(f"revisit every {cpu.REVISIT_SECONDS} s, up after {cpu.UP_READINGS} idle readings; "
           f"hog {args.hog} s on one core, steps counted from {args.settle} s after it\n")
     results = {}
     for name in args.config:
         steps = args.steps or DEFAULT_STEPS[name]
         print(f"[{name}]")
-        idle_rows, idle_start = run_side(name, steps, 0.0)
-        busy_rows, hog_end = run_side(name, steps, args.hog)
+
+        def side(hog_s, fixed=False, label=""):  # the hog is a waited-for child: not "other"
+            return common.measure_quietly(lambda: run_side(name, steps, hog_s, fixed), args,
+                                          f"{name} {label}")
+
+        idle = side(0.0, label="idle")
+        busy = side(args.hog, label="busy")
         # the idle side's steps from the same moment of its life as the busy side's
-        idle_s = describe("started idle", idle_rows, idle_start + args.hog + args.settle, None)
-        busy_s = describe(f"started during a {args.hog:g} s hog", busy_rows,
-                          hog_end + args.settle, idle_s)
+        idle_s = describe("started idle", idle, idle[0][1] + args.hog + args.settle, None)
+        busy_s = describe(f"started during a {args.hog:g} s hog", busy,
+                          busy[0][1] + args.settle, idle_s)
         results[name] = busy_s / idle_s
         if not args.no_fixed:
-            fixed_rows, fixed_end = run_side(name, steps, args.hog, fixed=True)
-            describe("same, count fixed at the first op", fixed_rows,
-                     fixed_end + args.settle, idle_s)
+            fixed = side(args.hog, fixed=True, label="fixed")
+            describe("same, count fixed at the first op", fixed, fixed[0][1] + args.settle,
+                     idle_s)
     verdict = ", ".join(f"{n} {r:.2f}x" for n, r in results.items())
     print(f"\nafter the hog vs started idle: {verdict} (target: within 1.10x)")
 
