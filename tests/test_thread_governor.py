@@ -223,3 +223,12 @@ def test_the_pool_and_the_thread_choice_are_nested_at_most_five_blocks():
         deep = [(name, d) for name, _, d in _trainer_functions(SRC / "glassllm" / module)
                 if d > 5]
         assert deep == [], f"{module}: {deep}"
+
+
+def test_the_busy_start_bench_counts_the_steps_after_the_hog(monkeypatch):
+    monkeypatch.syspath_prepend(str(SRC.parent / "bench"))
+    import busy_start
+    rows = [dict(start=t, seconds=s, threads=n)
+            for t, s, n in [(0.0, 2.0, 1), (2.1, 2.0, 1), (4.2, 1.2, 2), (5.4, 1.1, 2)]]
+    assert [r["start"] for r in busy_start.after(rows, 4.0)] == [4.2, 5.4]
+    assert busy_start.runs([r["threads"] for r in rows]) == "1x2 2x2"
