@@ -232,3 +232,40 @@ def test_the_busy_start_bench_counts_the_steps_after_the_hog(monkeypatch):
             for t, s, n in [(0.0, 2.0, 1), (2.1, 2.0, 1), (4.2, 1.2, 2), (5.4, 1.1, 2)]]
     assert [r["start"] for r in busy_start.after(rows, 4.0)] == [4.2, 5.4]
     assert busy_start.runs([r["threads"] for r in rows]) == "1x2 2x2"
+
+
+def test_a_process_started_busy_reaches_every_core_once_the_machine_is_idle():
+    """The whole path, in a fresh process with /proc/stat and the clocks simulated: the first
+    op's 0.25 s sample sees another program on one of two cores (1 thread); after the program
+    stops, the ops' revisits read an idle machine twice and move the pool to 2 threads; then
+    another program takes a core and the pool drops to 1 at the next reading."""
+    result = run_python("""
+        import time
+        import numpy as np
+        from glassllm.engine import cpu, parallel
+        now, other = [0.0], [1.0]   # fake seconds; cores other programs use
+        busy = [0.0]
+        def advance(seconds):
+            now[0] += seconds
+            busy[0] += other[0] * seconds
+        cpu.available_cpus = lambda: [0, 1]
+        cpu._clock = lambda: now[0]
+        cpu._own_seconds = lambda: 0.0
+        cpu._busy_seconds = lambda cpus: busy[0]
+        cpu.time.sleep = advance            # measure_load's 0.25 s sample
+        parallel._monotonic = lambda: now[0]
+        def op():
+            parallel.for_slices(lambda rows: None, 8, 1)
+            return parallel._num_threads
+        seen = [op()]                       # first op during the burst
+        other[0] = 0.0                      # the other program stops
+        for _ in range(3):
+            advance(1.0)
+            seen.append(op())
+        other[0] = 1.0                      # and another one takes a core
+        advance(1.0)
+        seen.append(op())
+        print(*seen)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "1", "2", "2", "1"]
