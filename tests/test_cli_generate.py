@@ -160,7 +160,7 @@ class BosByteTokenizer(ByteTokenizer):
 
 def test_empty_prompt_starts_from_bos_when_the_tokenizer_has_one(capsys, monkeypatch,
                                                                   model_path):
-    import glassllm.cli as cli
+    import glassllm.cli.common as cli  # where generate's model_with_tokenizer finds it
     model = files.load(model_path)
     monkeypatch.setattr(cli, "load_model_and_tokenizer",
                         lambda path: (model, BosByteTokenizer()))
@@ -260,7 +260,7 @@ def test_prompt_that_is_not_utf8_bpe_model(capsys, tmp_path):
 
 
 def test_sampling_error_comes_before_any_output(capsys, monkeypatch, model_path):
-    import glassllm.cli as cli
+    import glassllm.cli.common as cli  # where generate's model_with_tokenizer finds it
     model, tok = load_model_and_tokenizer(model_path)
     model.final_norm.weight.data[:] = np.nan  # a diverged model: logits all NaN
     monkeypatch.setattr(cli, "load_model_and_tokenizer", lambda path: (model, tok))
