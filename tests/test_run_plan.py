@@ -258,3 +258,35 @@ def test_the_serve_training_view_reads_the_run_execute_writes(tmp_path, text_fil
     assert seen["history"]["train_loss"] == [h["loss"] for h in result.summary.history]
     assert seen["steps"]["step"] == [0, 1, 2, 3]
     assert [row["step"] for row in seen["health"]] == [0, 2]
+
+
+@pytest.mark.parametrize("backend, follows", [("mkl", True), ("numpy", False)])
+def test_a_run_follows_the_load_only_where_the_count_leaves_the_bits_alone(
+        tmp_path, text_file, monkeypatch, backend, follows):
+    """No count asked for: on a BLAS whose bits do not depend on the thread count (MKL, strict
+    reproducible mode) the run computes on the process default, revisited as the load changes,
+    and its checkpoint records no count; on NumPy's BLAS the count measured at the start is
+    kept for the run and recorded, so a resume continues bit for bit."""
+    from glassllm.engine import blas, cpu, parallel
+    monkeypatch.delenv("GLASSLLM_THREADS", raising=False)  # (conftest pins it)
+    monkeypatch.setattr(blas, "backend", lambda: backend)
+    monkeypatch.setattr(cpu, "choose_threads", lambda requested=None, load=None:
+                        (requested, "as requested") if requested else (2, "measured"))
+    revisits = []
+
+    def during_the_loop(event):
+        if isinstance(event, events.Stepped):
+            revisits.append(parallel.on_revisit(None))  # (fn, every_s): fn None when pinned
+            parallel.on_revisit(*revisits[-1])
+    plan = plan_of(text_file, tmp_path / "r" / "m.safetensors", steps=2, threads=None,
+                   checkpoint_every=1)
+    try:
+        result = execute(plan, during_the_loop)
+    finally:
+        cpu.set_default_threads(1)  # the next tests run on conftest's one thread
+    assert result.reason == COMPLETE
+    extra = load_checkpoint(plan.paths["checkpoint"]).extra
+    assert ("threads" not in extra) == follows
+    assert all((fn is not None) == follows for fn, _ in revisits) and len(revisits) == 2
+    if not follows:
+        assert extra["threads"] == 2

@@ -123,8 +123,9 @@ def _execute_held(plan, emit, late) -> RunResult:
     try:
         # A diverging run overflows inside NumPy; the loop itself detects and reports
         # non-finite losses, so NumPy's RuntimeWarnings would only garble a progress bar.
-        with cpu.use_threads(threads), np.errstate(over="ignore", invalid="ignore",
-                                                 divide="ignore"):
+        # threads None: the process default, which follows the load (_follows_the_load)
+        pinned = cpu.use_threads(threads) if threads is not None else contextlib.nullcontext()
+        with pinned, np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             summary = trainer.run(model, resume=plan.resume, on_event=relay if writer else None)
     except BaseException as e:
         if _reason(e) is None:
@@ -141,7 +142,7 @@ def _execute_held(plan, emit, late) -> RunResult:
 def _trainer(plan, emit):
     """(Trainer, model, threads) of the plan; on the writing rank `RunBegins` and any
     `WarmupOutlastsRun` sent."""
-    from ..engine import blas
+    from ..engine import blas, cpu
     from ..model import GlassLM
     from .trainer import Trainer
     settings, corpus, paths = plan.settings, plan.corpus, plan.paths
@@ -154,13 +155,16 @@ def _trainer(plan, emit):
                                        paths["checkpoint"])}
     if plan.initial_model is not None:
         extra["init_from"] = os.path.abspath(plan.init_from)
-    threads, why = choose_threads(plan.comm, plan.threads)  # measures the load when not given
-    if plan.threads_kept:
-        why = "the resumed run's, for the same bits"
-    # The count in effect is kept for a resume, measured or given: on NumPy's BLAS the last
-    # bits of a product depend on where its rows are cut (docs/performance.md), so a resume
-    # on another count (the load measured anew) would not continue bit for bit.
-    extra["threads"] = threads
+    if _follows_the_load(plan):
+        threads, why = cpu.apply_default_threads()  # then revisited between ops
+    else:
+        threads, why = choose_threads(plan.comm, plan.threads)  # measured when not given
+        if plan.threads_kept:
+            why = "the resumed run's, for the same bits"
+        # The count in effect is kept for a resume, measured or given: on NumPy's BLAS the
+        # last bits of a product depend on where its rows are cut (docs/performance.md), so
+        # a resume on another count (the load measured anew) would not continue bit for bit.
+        extra["threads"] = threads
     trainer = Trainer(settings, corpus.train, corpus.val, model_path=paths["model"],
                       checkpoint_path=paths["checkpoint"], tokenizer=corpus.tokenizer,
                       extra=extra, comm=plan.comm)
@@ -171,7 +175,19 @@ def _trainer(plan, emit):
         if 0 < settings.steps < settings.warmup:
             emit(WarmupOutlastsRun(settings.steps, settings.warmup, settings.lr,
                                    settings.lr * settings.steps / settings.warmup))
-    return trainer, model, threads
+    return trainer, model, threads if "threads" in extra else None
+
+
+def _follows_the_load(plan) -> bool:
+    """Whether the run computes on the process default, revisited as the load changes
+    (`glassllm.engine.cpu.ThreadGovernor`), rather than a count fixed at its start: when no
+    count is asked for (--threads, GLASSLLM_THREADS, a resumed run's), one process, and a BLAS
+    whose bits do not depend on the count (MKL in its strict reproducible mode), so that a
+    resume still continues bit for bit. On NumPy's BLAS the count is measured once and kept."""
+    from ..engine import blas, cpu
+    return (plan.threads is None and plan.comm.size == 1
+            and cpu.default_threads_from_environment()[0] is None
+            and blas.backend() == "mkl")
 
 
 def _reason(e: BaseException) -> str | None:
