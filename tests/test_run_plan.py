@@ -290,3 +290,25 @@ def test_a_run_follows_the_load_only_where_the_count_leaves_the_bits_alone(
     assert all((fn is not None) == follows for fn, _ in revisits) and len(revisits) == 2
     if not follows:
         assert extra["threads"] == 2
+
+
+def test_executing_a_fine_tune_plan_twice_starts_from_the_same_weights(tmp_path, text_file):
+    """execute trains a copy of a --init-from plan's model: the plan keeps the weights it
+    starts from, so a second execute equals the first (it once went on from the first's end)."""
+    from glassllm.config import Config
+    from glassllm.model import GlassLM
+    from glassllm.tokenizers import ByteTokenizer
+    base = tmp_path / "base.safetensors"
+    files.save(GlassLM(Config(vocab_size=257, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                              max_len=16), seed=0), base, tokenizer=ByteTokenizer())
+    plan = RunPlan.from_options({"data": [str(text_file)], "init_from": str(base),
+                                 "out": str(tmp_path / "ft" / "model.safetensors"),
+                                 "steps": 3, "seq_len": 16, "batch_size": 4,
+                                 "eval_batches": 2, "threads": 1})
+    start = {n: p.data.copy() for n, p in plan.initial_model.named_parameters()}
+    first, second = execute(plan), execute(plan)
+    assert first.reason == second.reason == COMPLETE
+    assert [h["loss"] for h in first.summary.history] == \
+        [h["loss"] for h in second.summary.history]
+    assert all(np.array_equal(p.data, start[n])
+               for n, p in plan.initial_model.named_parameters())

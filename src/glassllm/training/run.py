@@ -14,6 +14,7 @@ sends events (the others train in silence), as nanoGPT's master_process does.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 import time
@@ -146,7 +147,9 @@ def _trainer(plan, emit):
     from ..model import GlassLM
     from .trainer import Trainer
     settings, corpus, paths = plan.settings, plan.corpus, plan.paths
-    model = plan.initial_model if plan.initial_model is not None else \
+    # A fine-tune trains a copy: the plan's model stays the weights it starts from, so a second
+    # execute of the same plan starts where the first did (as a new run starts from its seed).
+    model = copy.deepcopy(plan.initial_model) if plan.initial_model is not None else \
         GlassLM(plan.config, seed=settings.seed)
     # Output paths relative to the checkpoint's folder: a run moved as a whole (`mv runs
     # archive`) resumes where it now is, never into the folder it came from.
