@@ -6,6 +6,7 @@ and the plan's builders (options, TOML, checkpoint) against the CLI's parser.
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -312,3 +313,30 @@ def test_executing_a_fine_tune_plan_twice_starts_from_the_same_weights(tmp_path,
         [h["loss"] for h in second.summary.history]
     assert all(np.array_equal(p.data, start[n])
                for n, p in plan.initial_model.named_parameters())
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("steps", "10", "--steps must be an integer, got '10'"),
+    ("lr", "0.1", "--lr must be a number, got '0.1'"),
+    ("threads", 1.5, "--threads must be an integer, got 1.5"),
+    ("data", [], "--data must be a path or a non-empty list of paths, got []"),
+    ("data", [1], "--data must be a path or a non-empty list of paths, got [1]"),
+    ("family", "bert", "--family must be one of llama, gpt2, neox"),
+    ("init_from", {}, "--init-from must be a path, got {}"),
+    ("serve", "yes", "--serve must be true or false, got 'yes'"),
+])
+def test_plan_options_of_the_wrong_kind_are_one_error_naming_the_option(
+        tmp_path, text_file, option, value, message):
+    """A plan from a mapping checks each option's kind as the command line's parser does
+    (a string for --steps was a TypeError; --data [] trained on the default corpus)."""
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        plan_of(text_file, tmp_path / "m.safetensors", **{option: value})
+
+
+def test_plan_options_take_one_data_path_pathlib_paths_and_numpy_integers(tmp_path, text_file):
+    plan = RunPlan.from_options({**TINY, "data": text_file, "steps": np.int64(3),
+                                 "lr": 1, "out": tmp_path / "r" / "m.safetensors"})
+    assert plan.corpus.input_files() == [str(text_file)]
+    assert plan.paths["model"] == str(tmp_path / "r" / "m.safetensors")
+    assert type(plan.settings.steps) is int and plan.settings.steps == 3
+    assert type(plan.settings.lr) is float and plan.settings.lr == 1.0

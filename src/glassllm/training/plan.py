@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -151,7 +152,10 @@ def build_plan(options, comm=None, on_event=None) -> RunPlan:
     from .distributed import SerialCommunicator
     comm = SerialCommunicator() if comm is None else comm
     opts = _option_dict(options)
+    check_kinds(opts)
     check_bounds(opts)
+    if opts["mpi_timeout"] is not None:  # the watchdog reads it at each check
+        comm.timeout_s = opts["mpi_timeout"]
     if opts["resume"] == "" or any(not source for source in opts["data"] or ()):
         raise ValueError(f"{'--resume' if opts['resume'] == '' else '--data'} is an empty path")
     given = {k: opts[k] for k in MODEL_OPTIONS + SETTING_OPTIONS if opts[k] is not None}
@@ -260,6 +264,54 @@ def _option_dict(options) -> dict:
             raise ValueError(f"unknown option {unknown[0]!r}: not an option of glassllm train")
         return {name: options.get(name) for name in OPTIONS}
     return {name: getattr(options, name, None) for name in OPTIONS}
+
+
+def check_kinds(opts: dict) -> None:
+    """Every option given (not None) against its kind in OPTIONS, as the command line's parser
+    checks its flags, so that a plan built in Python from a mapping gets the same one-line
+    error naming the option ("--steps must be an integer, got '10'"), not a TypeError deep
+    inside. Integers may be NumPy's (numbers.Integral), numbers any real; a path a string or
+    an os.PathLike (made a string here), --data one path or a non-empty list of them (made a
+    list), integers and numbers Python's own.
+
+    Raises:
+        ValueError: the first option of the wrong kind, named as its flag."""
+    for name, value in opts.items():
+        if value is None:
+            continue
+        what = _wrong_kind(value, OPTIONS[name])
+        if what is not None:
+            raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
+        if OPTIONS[name] == "paths":
+            opts[name] = [os.fspath(v) for v in
+                          ([value] if isinstance(value, (str, os.PathLike)) else value)]
+        elif OPTIONS[name] is str:
+            opts[name] = os.fspath(value)
+        elif OPTIONS[name] in (int, float):  # NumPy's scalars would not go into JSON metadata
+            opts[name] = OPTIONS[name](value)
+
+
+def _wrong_kind(value, kind) -> str | None:
+    """What `value` should be for an option of `kind` (OPTIONS), or None when it is that.
+    Every str option names a file."""
+    def is_path(v) -> bool:
+        return isinstance(v, (str, os.PathLike))
+    if kind == "paths":
+        ok = is_path(value) or isinstance(value, (list, tuple)) and bool(value) and all(
+            map(is_path, value))
+        return None if ok else "a path or a non-empty list of paths"
+    if kind is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if kind is int:
+        return None if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+            else "an integer"
+    if kind is float:
+        return None if isinstance(value, numbers.Real) and not isinstance(value, bool) \
+            else "a number"
+    if isinstance(kind, tuple):
+        return None if isinstance(value, str) and value in kind else \
+            f"one of {', '.join(kind)}"
+    return None if is_path(value) else "a path"
 
 
 def train_command(ranks: int) -> str:
