@@ -536,6 +536,51 @@ except OSError as e:
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
 
 
+def test_two_prepares_into_one_folder_one_is_refused_and_the_other_kept(tmp_path):
+    """prepare locks its outputs as a training run does: a second prepare into a folder that
+    another is writing is refused at once (OutputLocked naming the file and its holder), and
+    the folder keeps the first's files; they once both succeeded, their renames free to
+    interleave into a mixed set. A lock left by a killed prepare is taken over and its
+    temporaries removed."""
+    import subprocess
+    import sys
+    import time
+
+    from glassllm.training.lock import OutputLocked
+    out = tmp_path / "out"
+    text = tmp_path / "a.txt"
+    text.write_text("the cat sat on the mat.\n" * 200)
+    prepare([str(text)], str(out), "byte")
+    before = {n: (out / n).read_bytes() for n in os.listdir(out)}
+    ready = tmp_path / "ready"
+    code = (f"import time\nfrom glassllm.training.lock import lock_outputs\n"
+            f"with lock_outputs([{str(out / 'val.bin')!r}]):\n"
+            f"    open({str(ready)!r}, 'w').close()\n    time.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code],
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        other = tmp_path / "b.txt"
+        other.write_text("another corpus entirely.\n" * 300)
+        with pytest.raises(OutputLocked, match=f"in use by another glassllm run "
+                                               f"\\(pid {holder.pid}"):
+            prepare([str(other)], str(out), "bpe:300")
+    finally:
+        holder.kill()
+        holder.wait()
+    kept = {n: (out / n).read_bytes() for n in os.listdir(out) if n != "val.bin.lock"}
+    assert kept == before  # the killed holder's lock file aside
+    left = out / ".train.bin.0123456789ab.tmp"  # as a prepare killed outright leaves it
+    left.write_bytes(b"x" * 10)
+    (out / "train.bin.lock").write_text(json.dumps({"pid": holder.pid}))
+    result = prepare([str(other)], str(out), "byte")
+    assert result["files"] == [str(other)] and not left.exists()
+    assert sorted(os.listdir(out)) == ["train.bin", "train.bin.json", "val.bin", "val.bin.json"]
+
+
 # ------------------------------------------------ only regular files are read, with a size check
 @pytest.mark.parametrize("kind", ["fifo", "urandom", "zero"])
 def test_a_fifo_or_device_in_a_data_directory_is_one_line_naming_it_not_a_hang(tmp_path,

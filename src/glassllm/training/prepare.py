@@ -21,10 +21,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..formats.atomic import AtomicFile
+from ..formats.atomic import AtomicFile, remove_leftover_temporaries
 from ..formats.paths import same_file
 from ..formats.token_file import TokenWriter
 from ..tokenizers import BPETokenizer, ByteTokenizer
+from .lock import OutputLock, lock_outputs
 from .text import list_text_files, split_offset, text_chunks
 
 CHUNK_BYTES = 1 << 20  # text read per step of `prepare`: the bound on its working memory
@@ -61,7 +62,29 @@ def _remove_dirs(created: list[str]) -> None:
             break
 
 
+# Every file a prepare may write in its folder. Each is locked while the call runs
+# (`glassllm.training.lock`, as `glassllm train` locks its outputs): two prepares into one
+# folder would otherwise interleave their renames and publish a mixed set (one's train.bin
+# with the other's val.bin), each reporting success.
+OUTPUT_NAMES = ("train.bin", "train.bin.json", "val.bin", "val.bin.json", "tokenizer.json")
 BPE_MAX_VOCAB = 1 << 24  # ids fit uint32 token files many times over; far above any real BPE
+
+
+def lock_folder(out_dir) -> OutputLock:
+    """Lock every file a prepare writes in `out_dir` (OUTPUT_NAMES) until the returned lock is
+    released; the temporaries of a prepare killed outright (SIGKILL), whose locks are taken
+    over, are removed.
+
+    Raises:
+        glassllm.training.lock.OutputLocked: another process is writing one of them."""
+    held = lock_outputs([os.path.join(out_dir, name) for name in OUTPUT_NAMES])
+    try:
+        for path in held.stale_paths:
+            remove_leftover_temporaries(path)
+    except BaseException:
+        held.release()
+        raise
+    return held
 
 
 def bpe_vocab_size(spec: str) -> int:
@@ -111,6 +134,8 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         FileNotFoundError: an input is missing.
         ValueError: val_fraction outside [0, 1), chunk_bytes < 1, a file that is not UTF-8,
             a bad tokenizer spec, an output that is one of the inputs.
+        glassllm.training.lock.OutputLocked: another prepare (or run) is writing out_dir's
+            files now (an OSError naming the file and its holder); nothing is written.
         OSError: an output cannot be written (a full disk), naming it.
 
     On any failure (Ctrl-C included) nothing of this call is left: no temporary, no output,
@@ -125,12 +150,13 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     report = on_progress or (lambda p: None)
     sources = read_sources(inputs, out_dir, val_fraction)
-    tokenizer = choose_tokenizer(tokenizer, sources, chunk_bytes, report)
     created = _missing_dirs(out_dir)  # removed again if this call fails
     os.makedirs(out_dir, exist_ok=True)
     try:
-        metas, staged = write_splits(sources, tokenizer, out_dir, chunk_bytes, report)
-        publish_together(staged)
+        with lock_folder(out_dir):
+            tokenizer = choose_tokenizer(tokenizer, sources, chunk_bytes, report)
+            metas, staged = write_splits(sources, tokenizer, out_dir, chunk_bytes, report)
+            publish_together(staged)
     except BaseException:  # Ctrl-C included: no directory of this call is left either
         _remove_dirs(created)
         raise
