@@ -108,6 +108,15 @@ def test_cli_plot_reads_run_dir_and_writes_loss_png(tmp_path, capsys):
     assert "run directory not found" in capsys.readouterr().err
 
 
+def test_cli_plot_of_a_history_file_names_the_directory_to_give(tmp_path, capsys):
+    """`glassllm plot run/history.csv` said "run directory not found" of a file that exists."""
+    (tmp_path / "history.csv").write_text(CSV)
+    assert main(["plot", str(tmp_path / "history.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"glassllm plot: error: RUN_DIR {tmp_path / 'history.csv'} is a file; give "
+                   f"the directory holding a run's history.csv: glassllm plot {tmp_path}")
+
+
 def write_csv(tmp_path):
     run = tmp_path / "run"
     run.mkdir(exist_ok=True)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import os
 
+from .common import UsageError
+
+
 def add_plot(sub) -> None:
     p = sub.add_parser("plot", help="draw a run's loss and learning-rate curves (and its "
                                     "health.jsonl panels, when present) to images")
@@ -17,6 +20,10 @@ def add_plot(sub) -> None:
 def run_plot(args) -> int:
     from ..lens.plots import find_history, plot_health, plot_history
 
+    if os.path.isfile(args.run_dir):  # `glassllm plot runs/history.csv`: say what to give
+        folder = os.path.dirname(args.run_dir) or "."
+        raise UsageError(f"RUN_DIR {args.run_dir} is a file; give the directory holding a "
+                         f"run's history.csv: glassllm plot {folder}")
     if not os.path.isdir(args.run_dir):
         raise FileNotFoundError(f"run directory not found: {args.run_dir}")
     out = os.path.join(args.run_dir, "loss.png") if args.out is None else args.out
