@@ -232,6 +232,19 @@ def test_backward_needs_grad_for_non_scalar_and_requires_grad():
     np.testing.assert_array_equal(x.grad, np.ones((2, 2)))
 
 
+def test_backward_with_a_grad_of_the_wrong_shape_names_both_and_keeps_the_graph():
+    """A grad that does not broadcast is one line naming both shapes (NumPy's said "remapped
+    shapes"), raised before the pass: the graph is not consumed, a right grad still works."""
+    x = Tensor(np.ones((2, 3)), requires_grad=True)
+    y = x * 2.0
+    with pytest.raises(ValueError, match=r"^backward\(\): grad of shape \(4, 4\) does not "
+                                         r"broadcast to the tensor's shape \(2, 3\)$"):
+        y.backward(np.ones((4, 4)))
+    assert x.grad is None
+    y.backward(np.ones(3))  # broadcast over the rows, as documented
+    np.testing.assert_array_equal(x.grad, np.full((2, 3), 2.0))
+
+
 # --------------------------------------------------------------------------- dtypes, accessors
 def test_dtype_rules():
     assert Tensor(1.5).dtype == np.float32

@@ -190,6 +190,7 @@ class Tensor:
         Raises:
             RuntimeError: if self does not require grad, if `grad` is omitted for a tensor with
                 more than one element, or if this graph was already consumed by a backward call.
+            ValueError: `grad` of a shape that does not broadcast to self's.
         """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad")
@@ -199,7 +200,11 @@ class Tensor:
             grad = np.ones_like(self.data)
         grad = np.asarray(grad, dtype=self.data.dtype)
         if grad.shape != self.shape:
-            grad = np.broadcast_to(grad, self.shape)
+            try:
+                grad = np.broadcast_to(grad, self.shape)
+            except ValueError:  # NumPy's message names "remapped shapes", not the tensor
+                raise ValueError(f"backward(): grad of shape {grad.shape} does not broadcast "
+                                 f"to the tensor's shape {self.shape}") from None
         kernels.pick(backward_pass)(self, grad)
 
     def _topological_order(self) -> list["Tensor"]:
