@@ -62,22 +62,19 @@ def _remove_dirs(created: list[str]) -> None:
             break
 
 
-# Every file a prepare may write in its folder. Each is locked while the call runs
-# (`glassllm.training.lock`, as `glassllm train` locks its outputs): two prepares into one
-# folder would otherwise interleave their renames and publish a mixed set (one's train.bin
-# with the other's val.bin), each reporting success.
-OUTPUT_NAMES = ("train.bin", "train.bin.json", "val.bin", "val.bin.json", "tokenizer.json")
 BPE_MAX_VOCAB = 1 << 24  # ids fit uint32 token files many times over; far above any real BPE
 
 
 def lock_folder(out_dir) -> OutputLock:
-    """Lock every file a prepare writes in `out_dir` (OUTPUT_NAMES) until the returned lock is
-    released; the temporaries of a prepare killed outright (SIGKILL), whose locks are taken
-    over, are removed.
+    """Lock every file a prepare writes in `out_dir` (PREPARE_OUTPUTS) until the returned lock
+    is released, as `glassllm train` locks its outputs (`glassllm.training.lock`): two
+    prepares into one folder would otherwise interleave their renames and publish a mixed set
+    (one's train.bin with the other's val.bin), each reporting success. The temporaries of a
+    prepare killed outright (SIGKILL), whose locks are taken over, are removed.
 
     Raises:
         glassllm.training.lock.OutputLocked: another process is writing one of them."""
-    held = lock_outputs([os.path.join(out_dir, name) for name in OUTPUT_NAMES])
+    held = lock_outputs([os.path.join(out_dir, name) for name in PREPARE_OUTPUTS])
     try:
         for path in held.stale_paths:
             remove_leftover_temporaries(path)
