@@ -354,6 +354,37 @@ def test_an_interrupted_publish_puts_the_earlier_prepare_back(tmp_path, monkeypa
     assert (out / "train.bin").read_bytes() != before["train.bin"]
 
 
+@pytest.mark.parametrize("fail", [False, True], ids=["published", "remove-fails"])
+def test_a_byte_prepare_over_a_bpe_one_retires_its_tokenizer_json(tmp_path, monkeypatch, fail):
+    """A byte-level prepare into the folder of a BPE one removes its tokenizer.json with the
+    same all-or-nothing publish (it stayed, describing tokens train.bin no longer held); when
+    the removal fails, the BPE prepare's files are all back, byte for byte."""
+    from glassllm.training import prepare as prepare_module
+    src = tmp_path / "a.txt"
+    src.write_text("".join(f"to be or not to be, line {i}\n" for i in range(300)))
+    out = tmp_path / "out"
+    prepare([src], out, "bpe:270", val_fraction=0.2)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "tokenizer.json" in before
+    if fail:
+        real_remove = os.remove
+
+        def remove(path):  # the retired file alone; temporaries are removed as usual
+            if os.path.basename(path) == "tokenizer.json":
+                raise OSError(13, "Permission denied", path)
+            real_remove(path)
+        monkeypatch.setattr(prepare_module.os, "remove", remove)
+        with pytest.raises(OSError, match="Permission denied"):
+            prepare([src], out, "byte", val_fraction=0.2)
+        monkeypatch.undo()
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        return
+    done = prepare([src], out, "byte", val_fraction=0.2)
+    assert sorted(os.listdir(out)) == ["train.bin", "train.bin.json", "val.bin", "val.bin.json"]
+    assert done["tokenizer"].vocab_size == 257
+    assert TokenFile(out / "train.bin").tokenizer().vocab_size == 257
+
+
 def test_a_failure_between_two_outputs_being_written_publishes_nothing(tmp_path,
                                                                        monkeypatch):
     """The validation file fails to be written after the training file was (a full disk

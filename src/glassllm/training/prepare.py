@@ -153,7 +153,7 @@ def prepare(inputs, out_dir, tokenizer="byte", val_fraction: float = 0.1,
         with lock_folder(out_dir):
             tokenizer = choose_tokenizer(tokenizer, sources, chunk_bytes, report)
             metas, staged = write_splits(sources, tokenizer, out_dir, chunk_bytes, report)
-            publish_together(staged)
+            publish_together(staged, retire=_retired(out_dir, staged))
     except BaseException:  # Ctrl-C included: no directory of this call is left either
         _remove_dirs(created)
         raise
@@ -272,15 +272,27 @@ def _staged_text(path: str, text: str) -> AtomicFile:
     return staged
 
 
-def publish_together(staged: list[AtomicFile]) -> list[str]:
-    """Step 5: rename every staged temporary over its path, all or none.
+def _retired(out_dir, staged: list[AtomicFile]) -> list[str]:
+    """The earlier prepare's files in out_dir that this one does not write: a BPE prepare's
+    tokenizer.json when this one is byte-level (or SentencePiece), which would describe
+    tokens train.bin no longer holds (a later `--tokenizer OUT/tokenizer.json` would read
+    the old one silently)."""
+    written = {os.path.abspath(file.path) for file in staged}
+    return [path for path in (os.path.join(out_dir, name) for name in PREPARE_OUTPUTS)
+            if os.path.abspath(path) not in written and os.path.lexists(path)]
+
+
+def publish_together(staged: list[AtomicFile], retire=()) -> list[str]:
+    """Step 5: rename every staged temporary over its path and remove the `retire` paths
+    (an earlier prepare's files this one does not replace), all or none.
 
     Each rename is atomic (os.replace) but a set of them is not, so an earlier file at each
     path is kept (a hard link beside it, under a temporary's name) until all are in place; on
     a failure or Ctrl-C between two renames the ones done are undone (the earlier file put
     back, or the new one removed) and every temporary is removed. SIGINT, SIGTERM and SIGHUP
     are held while the renames (or their undoing) run, when this is the main thread: a
-    second Ctrl-C cannot leave half of the set. Returns the published paths, in order.
+    second Ctrl-C cannot leave half of the set. Returns the published paths, in order (the
+    retired ones not among them).
 
     Raises:
         OSError: a rename failed (naming its file); nothing was published.
@@ -292,6 +304,10 @@ def publish_together(staged: list[AtomicFile]) -> list[str]:
                 backups.append(_keep_earlier(file.path))
                 os.replace(file.tmp, file.path)
                 done.append(file.path)
+            for path in retire:  # undone as a rename is: the backup put back
+                backups.append(_keep_earlier(path))
+                os.remove(path)
+                done.append(path)
         except BaseException:
             for path, backup in reversed(list(zip(done, backups))):
                 _put_back(path, backup)
@@ -302,7 +318,7 @@ def publish_together(staged: list[AtomicFile]) -> list[str]:
             raise
         for backup in backups:
             _remove_quietly(backup)
-    return done
+    return done[:len(staged)]
 
 
 def _keep_earlier(path: str) -> str | None:
