@@ -30,7 +30,7 @@ import pytest
 
 from glassllm import amp, generate, kernels, optim
 from glassllm import functional as F
-from glassllm.engine import attention, blas, cpu, decode, jit, ops, parallel
+from glassllm.engine import attention, blas, compiled, cpu, decode, jit, ops, parallel
 from glassllm.lens.trace import run_with_cache
 from glassllm.model import Config, GlassLM, KVCache
 from glassllm.tensor import Tensor, no_grad
@@ -214,7 +214,7 @@ def test_in_place_softmaxes_are_the_reference_softmax_bit_for_bit(shape):
     x = rand(np.random.default_rng(2), *shape, scale=4.0)
     want = F.softmax_rows(x)
     np.testing.assert_array_equal(ops.softmax_rows_inplace(x.copy()), want)
-    np.testing.assert_array_equal(decode._softmax_inplace(x.copy()), want)
+    np.testing.assert_array_equal(compiled.softmax_rows_inplace(x.copy()), want)
 
 
 def test_cross_entropy_overwrite_keeps_the_probabilities_in_the_logits():
@@ -319,7 +319,7 @@ def restore_registry():
     saved = kernels.registered()
     yield
     for reference, fast in saved.items():
-        kernels.register(reference, fast)
+        kernels.register(reference, fast, replaces=True)
 
 
 def test_engine_mode_runs_every_registered_fast_form(restore_registry):
@@ -332,7 +332,7 @@ def test_engine_mode_runs_every_registered_fast_form(restore_registry):
         return run
 
     for reference, fast in kernels.registered().items():
-        kernels.register(reference, counted(reference, fast))
+        kernels.register(reference, counted(reference, fast), replaces=True)
     with kernels.use("engine"):
         workload()
     never = sorted(r.__qualname__ for r in kernels.registered() if r.__qualname__ not in calls)
@@ -347,7 +347,7 @@ def test_reference_mode_runs_no_fast_form(restore_registry):
         return run
 
     for reference in kernels.registered():
-        kernels.register(reference, refuse(reference))
+        kernels.register(reference, refuse(reference), replaces=True)
     with kernels.use("reference"):
         workload()
         assert all(kernels.pick(r) is r for r in kernels.registered())
@@ -411,6 +411,31 @@ def test_pick_returns_the_reference_when_nothing_is_registered():
         assert kernels.pick(lonely) is lonely
     with pytest.raises(TypeError, match="2 reference form"):
         kernels.register((F.gelu_forward, F.gelu_backward), ops.gelu_forward)
+
+
+def test_a_second_fast_form_for_an_op_is_an_error_unless_it_says_it_replaces(restore_registry):
+    registered_gelu = kernels.registered()[F.gelu_forward]
+    with pytest.raises(ValueError) as error:
+        kernels.register((F.gelu_forward, F.gelu_backward), (ops.gelu_forward, ops.gelu_backward))
+    assert str(error.value) == (
+        "kernels.register: glassllm.functional.gelu_forward already has a fast form "
+        f"({registered_gelu.__module__}.{registered_gelu.__qualname__}); "
+        "pass replaces=True to replace it")
+    # nothing of the refused pair was registered: the backward still pairs with the forward
+    assert kernels.registered()[F.gelu_forward] is registered_gelu
+    assert kernels.registered()[F.gelu_backward] is not ops.gelu_backward
+    kernels.register((F.gelu_forward, F.gelu_backward), (ops.gelu_forward, ops.gelu_backward),
+                     replaces=True)
+    with kernels.use("engine"):
+        assert kernels.pick(F.gelu_forward) is ops.gelu_forward
+        assert kernels.pick(F.gelu_backward) is ops.gelu_backward
+
+    def lonely():
+        pass
+
+    kernels.register(lonely, ops.gelu_forward)  # a first fast form needs no word
+    assert kernels.registered()[lonely] is ops.gelu_forward
+    del kernels._fast[lonely]
 
 
 def test_the_engine_registers_blas_as_the_gemm_and_autocast_rounds_through_it():

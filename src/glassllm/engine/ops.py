@@ -418,9 +418,11 @@ def op_pairs(namespace: dict, ops: tuple[str, ...]) -> list:
              (namespace[f"{op}_forward"], namespace[f"{op}_backward"])) for op in ops]
 
 
-# reference pair -> fast pair, registered by `glassllm.engine` (causal attention: engine.attention)
+# reference pair -> fast pair, registered by `glassllm.engine`: the ops with no compiled form.
+# The other elementwise forms here are the NumPy halves of `engine.compiled`'s registered
+# forms (what they run where numba does not load), not registered themselves: one fast form
+# per op. Causal attention: engine.attention.
 FAST_FORMS = [
     ((F.embedding_forward, F.embedding_backward), (F.embedding_forward, embedding_backward)),
-    *op_pairs(globals(), ("linear", "unembed", "rms_norm", "layer_norm", "silu", "swiglu",
-                          "gelu", "rope", "softmax", "cross_entropy")),
+    *op_pairs(globals(), ("linear", "unembed", "silu")),
 ]
