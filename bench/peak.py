@@ -27,6 +27,36 @@ def best_seconds(fn, repeats: int) -> float:
     return best
 
 
+def interleaved_best(fns, repeats: int) -> list[float]:
+    """Best seconds of each of `fns` over `repeats` rounds, the functions run in turn within
+    each round: on a busy machine a load that comes and goes then slows every function alike,
+    so their ratio holds where separate best-of-n runs (minutes apart) would not."""
+    for fn in fns:
+        fn()  # warm-up: compilation, thread pools, page faults
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def copy_pass(mib: float = 256):
+    """(a function copying a `mib` MiB float32 array on the engine's pool, bytes it moves:
+    read + write). 256 MiB is far past every cache: the memory bandwidth an elementwise
+    kernel's bytes are compared with."""
+    from glassllm.engine import parallel
+    src = np.ones(max(1 << 16, int(mib * (1 << 20) // 4) >> 16 << 16), np.float32)
+    dst = np.empty_like(src)
+    rows, out = src.reshape(-1, 1 << 16), dst.reshape(-1, 1 << 16)
+
+    def copy():
+        parallel.for_slices(lambda r: np.copyto(out[r], rows[r]), *rows.shape)
+
+    return copy, 2 * src.nbytes
+
+
 def gemm_gflops(m: int, k: int, n: int, repeats: int = 5) -> dict:
     """GFLOP/s of float32 (m,k)@(k,n) for numpy and torch."""
     import torch

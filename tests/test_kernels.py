@@ -509,3 +509,79 @@ def test_the_glass_imports_neither_the_engine_nor_autocast_and_runs_without_them
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "3", "[]"]
+
+
+# --------------------------------------------------------------------------- reused buffers
+def test_a_pooled_buffer_is_handed_out_again_only_once_nothing_references_it(monkeypatch):
+    from glassllm.engine import buffers
+    monkeypatch.setattr(buffers, "MIN_BYTES", 64)
+    buffers.clear()
+    a = buffers.empty((4, 8), np.float32)
+    b = buffers.empty((4, 8), np.float32)
+    assert a is not b and a.shape == (4, 8) and a.dtype == np.float32 and a.flags.c_contiguous
+    view = a.reshape(-1)[2:]  # a view holds its base
+    del a
+    c = buffers.empty((4, 8), np.float32)
+    assert c is not view.base and c is not b  # both still referenced: a third buffer
+    del view
+    d = buffers.empty((4, 8), np.float32)
+    assert d is not b and d is not c  # the first one, now free, comes back
+    assert buffers.empty((4, 8), np.float64) is not d  # another dtype: its own buffers
+    assert buffers.empty((2, 2), np.float32).base is None  # under MIN_BYTES: plain np.empty
+    assert buffers.pooled_bytes() == 3 * 128 + 256
+    freed_id = id(d)
+    del d
+    assert id(buffers.empty((4, 8), np.float32)) == freed_id
+    buffers.clear()
+    assert buffers.pooled_bytes() == 0
+
+
+# --------------------------------------------------------------------------- the forms page
+KERNELS_PAGE = SRC.parent / "docs" / "kernels.md"
+FORMS_START = "<!-- forms table: generated from glassllm.kernels.registered() (tests/test_kernels.py) -->"
+FORMS_END = "<!-- end of the forms table -->"
+# where each engine module's forms come from, as the table states it
+FORM_KINDS = {
+    "compiled": "2: reference + compiled (numba), its NumPy form inside",
+    "fast_decode": "2: reference + compiled whole step (numba), `engine.decode`'s NumPy step "
+                   "inside",
+    "attention": "2: reference + NumPy (query blocks)",
+    "optimizer": "2: reference + NumPy (sliced)",
+    "ops": "2: reference + NumPy (sliced, in place)",
+}
+
+
+def _short(fn) -> str:
+    """`functional.rms_norm_forward`: the module path under glassllm, and the name."""
+    return f"{fn.__module__.removeprefix('glassllm.')}.{fn.__name__}"
+
+
+def _fast_name(fast) -> tuple[str, str]:
+    """(the engine module holding `fast` under a name, that name): searched by identity, as
+    forms built by a factory (the softmax pair) carry their factory's module; else the
+    form's own module and name."""
+    from glassllm import engine
+    for module in FORM_KINDS:
+        for name, value in vars(getattr(engine, module)).items():
+            if value is fast:
+                return module, name
+    return fast.__module__.removeprefix("glassllm.engine."), fast.__qualname__
+
+
+def forms_table() -> str:
+    """One row per reference the engine registered: its fast form and the count of forms."""
+    rows = ["| reference | engine form | forms |", "|---|---|---|"]
+    for reference, fast in kernels.registered().items():
+        if fast is reference:  # a pair whose forward stays the reference (the embedding's)
+            rows.append(f"| `{_short(reference)}` | (the reference) | 1: reference |")
+            continue
+        module, name = _fast_name(fast)
+        kind = FORM_KINDS.get(module, "2: reference + engine form")
+        rows.append(f"| `{_short(reference)}` | `engine.{module}.{name}` | {kind} |")
+    return "\n".join(rows)
+
+
+def test_the_kernels_page_lists_every_op_with_its_count_of_forms():
+    text = KERNELS_PAGE.read_text(encoding="utf-8")
+    shown = text[text.index(FORMS_START) + len(FORMS_START):text.index(FORMS_END)].strip()
+    assert shown == forms_table(), f"docs/kernels.md: replace the forms table with\n{forms_table()}"

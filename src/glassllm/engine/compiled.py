@@ -5,9 +5,11 @@ of rows on the pool's threads (`parallel.for_slices`).
 Each form here falls back to the engine's NumPy form (`glassllm.engine.ops`) where numba
 cannot load (`jit.kernels()` is None) or the arrays are not float32/float64 of one dtype; a
 forward and its backward share the `saved` format of the NumPy pair, so either backward
-reads either forward's values. Registered after `ops`, so these are the fast forms in engine
-mode; GLASSLLM_KERNELS=reference runs `glassllm.functional` as ever. Equal to the references
-to the bounds stated in tests/test_numba_kernels.py.
+reads either forward's values. These are the registered fast forms of their ops (the NumPy
+forms are not registered apart: one fast form per op); GLASSLLM_KERNELS=reference runs
+`glassllm.functional` as ever. Equal to the references to the bounds stated in
+tests/test_numba_kernels.py. The forwards' outputs come from `buffers` (the arrays of the
+step before, once the autograd has let them go) rather than fresh memory.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import optim
-from . import jit, ops, optimizer, parallel
+from . import buffers, jit, ops, optimizer, parallel
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -73,7 +75,7 @@ def rms_norm_forward(x, weight, eps):
     if k is None or not _fits((weight, x.shape[-1:])):
         return ops.rms_norm_forward(x, weight, eps)
     x2 = _rows(x)
-    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    y, xhat = buffers.empty_like(x2), buffers.empty_like(x2)
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     n, c = x2.shape
     eps = float(eps)
@@ -102,7 +104,7 @@ def layer_norm_forward(x, weight, bias, eps):
     if k is None or not _fits((weight, x.shape[-1:]), (bias, x.shape[-1:])):
         return ops.layer_norm_forward(x, weight, bias, eps)
     x2 = _rows(x)
-    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    y, xhat = buffers.empty_like(x2), buffers.empty_like(x2)
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     eps = float(eps)
     _for_rows(k.layer_norm_forward,
@@ -123,7 +125,7 @@ def swiglu_forward(gate, up):
     if k is None or not _fits((up, gate.shape)):
         return ops.swiglu_forward(gate, up)
     g, u = _rows(gate), _rows(up)
-    s, y = np.empty_like(g), np.empty_like(g)
+    s, y = buffers.empty_like(g), buffers.empty_like(g)
     _each_slice(k.swiglu_forward, (g, u, s, y))
     return y.reshape(gate.shape), (g, u, s)
 
@@ -144,7 +146,7 @@ def gelu_forward(x):
     if k is None:
         return ops.gelu_forward(x)
     x2 = _rows(x)
-    s, y = np.empty_like(x2), np.empty_like(x2)
+    s, y = buffers.empty_like(x2), buffers.empty_like(x2)
     n, c = x2.shape
     _for_rows(k.gelu_forward, lambda r: (x2[r], F.GELU_C, s[r], y[r]), n, c)
     return y.reshape(x.shape), (x2, s)
@@ -216,7 +218,7 @@ def softmax_backward_inplace(dp, p):
 
 
 softmax_forward, softmax_backward = ops.softmax_pair(softmax_rows_inplace,
-                                                    softmax_backward_inplace)
+                                                    softmax_backward_inplace, buffers.empty)
 
 
 # --------------------------------------------------------------------------- loss
@@ -225,7 +227,7 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     if k is None or not logits.flags.c_contiguous:
         return ops.cross_entropy_forward(logits, targets, overwrite_logits)
     t = _checked_targets(targets, *logits.shape)
-    probs = logits if overwrite_logits else np.empty_like(logits)
+    probs = logits if overwrite_logits else buffers.empty_like(logits)
     logprob = np.empty(logits.shape[0], dtype=logits.dtype)
     _for_rows(k.cross_entropy_forward, lambda r: (logits[r], t[r], probs[r], logprob[r]),
               *logits.shape)

@@ -357,11 +357,15 @@ def softmax_backward_inplace(dp, p):
     return dp
 
 
-def softmax_pair(rows_inplace, backward_inplace):
+def softmax_pair(rows_inplace, backward_inplace, empty=np.empty):
     """The (forward, backward) pair of `functional.softmax` on two in-place row passes (this
-    module's, or the compiled ones): forward x -> (p, saved p), on a copy; backward dp -> (dx,)."""
+    module's, or the compiled ones): forward x -> (p, saved p), on a copy of x in
+    empty(shape, dtype) (np.empty's contract); backward dp -> (dx,)."""
     def softmax_forward(x):
-        p = rows_inplace(np.array(x, order="C"))
+        x = np.asarray(x)
+        p = empty(x.shape, x.dtype)
+        np.copyto(p, x)
+        p = rows_inplace(p)
         return p, p
 
     def softmax_backward(dp, p):
