@@ -37,7 +37,7 @@ import urllib.request
 import numpy as np
 
 from glassllm.engine import cpu
-from glassllm.formats.tokenizer import ByteTokenizer, StreamDecoder
+from glassllm.tokenizers import ByteTokenizer, StreamDecoder
 from glassllm.generate import Generator, Sampling
 from glassllm.model import Config, GlassLM
 from glassllm.serve.app import Server, run

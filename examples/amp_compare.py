@@ -28,7 +28,7 @@ from threadpoolctl import threadpool_limits
 from glassllm import Config, GlassLM, amp
 from glassllm.optim import AdamW, lr_schedule
 from glassllm.training.safety import PRECISIONS, StepCSVLog, TrainStep
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 from glassllm.train import evaluate, get_batch
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"

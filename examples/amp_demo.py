@@ -25,7 +25,7 @@ import numpy as np
 from glassllm import Config, GlassLM, Tensor
 from glassllm.optim import AdamW, lr_schedule
 from glassllm.training.safety import StepCSVLog, TrainStep
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 from glassllm.train import get_batch
 
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import shared_data_path
-from glassllm.formats.tokenizer import (BPETokenizer, ByteTokenizer, StreamDecoder, _bytes_to_unicode,
-                                load_tokenizer, tokenizer_from_json)
+from glassllm.tokenizers import (BPETokenizer, ByteTokenizer, StreamDecoder, load_tokenizer,
+                                 tokenizer_from_json)
+from glassllm.tokenizers.bpe import bytes_to_unicode as _bytes_to_unicode
 
 SAMPLE = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
           "All:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than "

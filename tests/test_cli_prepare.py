@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from glassllm.cli import main
-from glassllm.training.data import TokenFile
-from glassllm.formats.tokenizer import BPETokenizer, ByteTokenizer
+from glassllm.formats.token_file import TokenFile
+from glassllm.tokenizers import BPETokenizer, ByteTokenizer
 from conftest import shared_data_path
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300))

@@ -10,7 +10,7 @@ from glassllm.formats import checkpoint
 from glassllm.training import data
 from glassllm.training.data import (ArrayBatches, Batches, TokenFile, TokenWriter, get_batch, prepare,
                            token_dtype)
-from glassllm.formats.tokenizer import BPETokenizer, ByteTokenizer
+from glassllm.tokenizers import BPETokenizer, ByteTokenizer
 from conftest import shared_data_path
 
 
@@ -189,15 +189,16 @@ def test_batches_from_a_5gb_sparse_file_do_not_read_it(tmp_path):
 # --- prepare ---------------------------------------------------------------------------------
 
 def test_cut_only_where_tokens_cannot_change():
-    cut = data._cut
+    from glassllm.training import text
+    cut = text._cut
     assert cut(b"ab\ncd\n\n  ef") == 3  # after the lone newline of "ab\ncd"
     assert cut(b"ab\n\ncd") == 0  # a newline run, no space: nothing safe
     assert cut(b"ab cd  ef\n") == 2  # before the lone space of "ab cd"
     assert cut("x\u00a0\ny z".encode()) == 5  # U+00A0 is whitespace: not that newline
     assert cut("é\né".encode()) == 3  # neighbours may be multi-byte characters
     assert cut("é\né".encode()[:-1]) == 0  # the character after is cut off: unsafe
-    assert data._char_boundary("xé".encode()) == 1  # last resort: before the lead byte
-    assert data._char_boundary(b"abcd") == 4
+    assert text._char_boundary("xé".encode()) == 1  # last resort: before the lead byte
+    assert text._char_boundary(b"abcd") == 4
 
 
 def test_prepare_byte_split_is_deterministic_and_line_aligned(tmp_path):
@@ -282,6 +283,7 @@ def test_prepare_bpe_trains_saves_and_encodes(tmp_path):
 
 PUBLISH_FAILURES = ["train.bin", "train.bin.json", "val.bin", "val.bin.json",
                     "tokenizer.json"]
+PUBLISH_ORDER = PUBLISH_FAILURES  # the order prepare renames its outputs in
 
 
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()],
@@ -315,6 +317,67 @@ def test_a_failure_while_publishing_leaves_no_output(tmp_path, monkeypatch, fail
     monkeypatch.setattr(glassllm.formats.atomic.os, "replace", real_replace)
     prepare([src], tmp_path / "ok", "bpe:270", val_fraction=0.2, chunk_bytes=256)
     assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == sorted(PUBLISH_FAILURES)
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()],
+                         ids=["disk-full", "ctrl-c"])
+@pytest.mark.parametrize("after", [1, 2, 4])
+def test_an_interrupted_publish_puts_the_earlier_prepare_back(tmp_path, monkeypatch, error,
+                                                              after):
+    """prepare publishes all its outputs or none: a failure (or Ctrl-C) between the renames
+    of two outputs, after `after` of them are in place, undoes those: the directory holds
+    exactly the earlier prepare's files, byte for byte, and no temporary (not even the
+    second names that kept the earlier files)."""
+    from glassllm.training import prepare as prepare_module
+    src = tmp_path / "a.txt"
+    src.write_text("".join(f"to be or not to be, line {i}\n" for i in range(300)))
+    out = tmp_path / "out"
+    prepare([src], out, "bpe:270", val_fraction=0.2, chunk_bytes=256)
+    src.write_text("".join(f"all the world's a stage, {i}\n" for i in range(200)))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_replace, renames = os.replace, []
+
+    def replace(a, b):  # fails once, on the rename after `after` outputs are in place
+        renames.append(os.path.basename(b))
+        if len(renames) == after + 1:
+            raise error
+        real_replace(a, b)
+    monkeypatch.setattr(prepare_module.os, "replace", replace)
+    with pytest.raises(type(error)):
+        prepare([src], out, "bpe:280", val_fraction=0.2, chunk_bytes=256)
+    monkeypatch.setattr(prepare_module.os, "replace", real_replace)
+    assert renames[:after] == PUBLISH_ORDER[:after]  # those were published, then undone
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    done = prepare([src], out, "bpe:280", val_fraction=0.2, chunk_bytes=256)
+    assert sorted(os.listdir(out)) == sorted(PUBLISH_FAILURES)  # no second name left
+    assert TokenFile(out / "val.bin").token_count() == done["val"]["token_count"]
+    assert (out / "train.bin").read_bytes() != before["train.bin"]
+
+
+def test_a_failure_between_two_outputs_being_written_publishes_nothing(tmp_path,
+                                                                       monkeypatch):
+    """The validation file fails to be written after the training file was (a full disk
+    while staging it): neither is published, no temporary is left, a directory of an earlier
+    prepare is as it was."""
+    src = tmp_path / "a.txt"
+    src.write_text("".join(f"to be or not to be, line {i}\n" for i in range(300)))
+    out = tmp_path / "out"
+    prepare([src], out, "byte", val_fraction=0.2)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    stage = TokenWriter.stage
+
+    def stage_then_full(self):
+        if self.path.endswith("val.bin"):
+            raise OSError(28, "No space left on device", self.path)
+        return stage(self)
+    monkeypatch.setattr(TokenWriter, "stage", stage_then_full)
+    src.write_text("other text\n" * 500)
+    with pytest.raises(OSError, match="No space left"):
+        prepare([src], out, "byte", val_fraction=0.2)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    with pytest.raises(OSError):
+        prepare([src], tmp_path / "new" / "out", "byte", val_fraction=0.2)
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "out"]
 
 
 def test_prepare_memory_is_bounded_by_the_chunk_not_the_corpus(tmp_path):
@@ -393,12 +456,13 @@ def test_the_fingerprint_is_the_sha256_of_the_ids_whatever_their_dtype(tmp_path)
     neg = np.array([-1, 2, 3])
     assert data.token_fingerprint(neg) == hashlib.sha256(
         b"glassllm-tokens|<i8|3|" + neg.astype("<i8").tobytes()).hexdigest()
-    small = data.FINGERPRINT_CHUNK
-    data.FINGERPRINT_CHUNK = 7  # chunked hashing equals one pass
+    from glassllm.formats import token_file
+    small = token_file.FINGERPRINT_CHUNK
+    token_file.FINGERPRINT_CHUNK = 7  # chunked hashing equals one pass
     try:
         assert data.token_fingerprint(ids) == expected
     finally:
-        data.FINGERPRINT_CHUNK = small
+        token_file.FINGERPRINT_CHUNK = small
 
 
 def test_data_identity_and_the_resume_check():

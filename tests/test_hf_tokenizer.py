@@ -10,10 +10,10 @@ import pytest
 
 from glassllm import Config, GlassLM
 from glassllm.formats import hf
-from glassllm.formats.hf_tokenizer import _scores_from_merges, from_hf_json
+from glassllm.tokenizers.hf import _scores_from_merges, from_hf_json
 from glassllm.formats.llama2c import tokenizer_from_llama2c
-from glassllm.formats.tokenizer import (BPETokenizer, ByteTokenizer, SentencePieceTokenizer,
-                                        load_tokenizer)
+from glassllm.tokenizers import (BPETokenizer, ByteTokenizer, SentencePieceTokenizer,
+                                 load_tokenizer)
 
 from conftest import shared_data_path
 

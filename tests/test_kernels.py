@@ -542,6 +542,7 @@ FORMS_START = "<!-- forms table: generated from glassllm.kernels.registered() (t
 FORMS_END = "<!-- end of the forms table -->"
 # where each engine module's forms come from, as the table states it
 FORM_KINDS = {
+    "backward": "2: reference + NumPy (gradient buffers reused)",
     "compiled": "2: reference + compiled (numba), its NumPy form inside",
     "fast_decode": "2: reference + compiled whole step (numba), `engine.decode`'s NumPy step "
                    "inside",

@@ -134,3 +134,34 @@ def test_model_layout_rule_sees_the_old_faults():
     problems = _model_layout_problems(bad)
     assert problems == ["first layer class at line 82, not within 80 lines of the top",
                         "line 98: an `if _trace` block", "MLP.__call__: 14 lines (> 12)"]
+
+
+# ============================================================ the rooms of the data pipeline
+# The modules training/data.py became, the tokenizers and the token file format: each function
+# on a screen (80 lines, docstring aside) and no deeper than the Trainer's rule.
+ROOM_MODULES = ["training/batches.py", "training/corpus.py", "training/prepare.py",
+                "training/text.py", "training/data.py", "formats/token_file.py", "config.py",
+                "lens/plots.py", "serve/app.py"] + sorted(
+    f"tokenizers/{p.name}" for p in (SRC / "tokenizers").glob("*.py"))
+
+
+@pytest.mark.parametrize("module", ROOM_MODULES)
+def test_the_data_and_tokenizer_modules_are_short_and_shallow(module):
+    measured = list(_trainer_functions(SRC / module))
+    long = [(name, n) for name, n, _ in measured if n > 80]
+    deep = [(name, d) for name, _, d in measured if d > TRAINER_MAX_DEPTH]
+    assert long == [] and deep == [], f"{module}: over 80 lines {long}; too deep {deep}"
+    assert len((SRC / module).read_text(encoding="utf-8").splitlines()) <= 600, module
+
+
+def test_prepare_reads_as_its_named_steps():
+    """prepare() calls its steps by name, in order, and nests no loop of its own."""
+    from glassllm.training import prepare
+    tree = ast.parse((SRC / "training/prepare.py").read_text(encoding="utf-8"))
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "prepare")
+    called = [n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Name)]
+    steps = ["read_sources", "choose_tokenizer", "write_splits", "publish_together"]
+    assert [c for c in called if c in steps] == steps
+    assert all(callable(getattr(prepare, s)) for s in steps)
+    assert not [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.While))]

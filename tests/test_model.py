@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from glassllm import Config, GlassLM
+from glassllm.config import PRESETS
 from glassllm import functional as F
 from glassllm.model import KVCache
 
@@ -424,6 +425,30 @@ def test_parameter_shapes_lists_named_parameters_without_building(overrides):
     assert parameter_shape(huge, f"blocks.{10 ** 12 - 1}.mlp.up.weight") == (cfg.d_model,
                                                                              cfg.d_ff)
     assert parameter_shape(cfg, "blocks.\u0663.mlp.up.weight") is None  # a non-ASCII digit
+
+
+@pytest.mark.parametrize("family", list(PRESETS))
+@pytest.mark.parametrize("tied", [True, False])
+def test_config_counts_the_parameters_of_every_family_without_the_model(family, tied,
+                                                                       monkeypatch):
+    """Config.n_params is a function of the config alone (no model registered into config):
+    for every family preset, tied and untied, it equals the sizes of a built GlassLM's
+    parameters, with grouped-query heads, biases and learned positions where the family has
+    them. The model's own count (read off the layers) is switched off: nothing of the model
+    helps the config."""
+    from glassllm import config, model
+    if family == "gpt2" and not tied:
+        pytest.skip("the gpt2 family always ties its embeddings")
+    overrides = dict(tie_embeddings=tied, lm_head_bias=PRESETS[family]["lm_head_bias"] and
+                     not tied, n_kv_heads=1 if family != "gpt2" else None)
+    cfg = Config.preset(family, vocab_size=37, d_model=32, n_layers=2, n_heads=2,
+                        max_len=16, **overrides)
+    built = sum(p.size for p in GlassLM(cfg).parameters())
+    assert built == model.n_params(cfg)
+    monkeypatch.setattr(model, "n_params", None)
+    monkeypatch.setattr(model, "_layout", None)
+    assert cfg.n_params() == config.parameter_count(cfg) == built
+    assert not hasattr(config, "register_parameter_count")
 
 
 def test_parameter_shapes_cost_nothing_whatever_the_sizes():

@@ -1,5 +1,6 @@
-"""glassllm.formats.tokenizer: ByteTokenizer round trips, decode never raising, and StreamDecoder
-releasing only complete characters whose concatenation equals the one-shot decode."""
+"""glassllm.tokenizers: ByteTokenizer round trips, decode never raising, and StreamDecoder
+releasing only complete characters whose concatenation equals the one-shot decode; the
+package's name leaves `import tokenizers` to Hugging Face's library."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import shared_data_path
-from glassllm.formats.tokenizer import ByteTokenizer, StreamDecoder, tokenizer_from_json
+from glassllm.tokenizers import ByteTokenizer, StreamDecoder, tokenizer_from_json
 
 TOK = ByteTokenizer()
 
@@ -140,3 +141,29 @@ def test_stream_eot_in_the_middle_of_a_character_is_ignored_like_decode():
     ids = [0xC3, TOK.eot_id, 0xA9]
     assert stream(ids) == ["", "", "é", ""]
     assert TOK.decode(ids) == "é"
+
+
+def test_import_tokenizers_is_still_hugging_faces_library():
+    """glassllm.tokenizers shares its last name with the PyPI `tokenizers` the BPE and
+    tokenizer.json readers use: in a fresh interpreter, after glassllm is imported, and from
+    inside the package's modules, `tokenizers` is the library (absolute imports, PEP 328)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[1] / "src"
+    code = """
+import glassllm, glassllm.tokenizers, glassllm.tokenizers.bpe as bpe, tokenizers
+import glassllm.tokenizers.tokenizer_json as tj
+assert tokenizers is not glassllm.tokenizers and hasattr(tokenizers, "Tokenizer"), tokenizers
+assert "site-packages" in tokenizers.__file__ or "dist-packages" in tokenizers.__file__
+tok = bpe.BPETokenizer.train(["to be or not to be"] * 20, 270)  # imports `tokenizers` inside
+assert type(tok._tok).__module__.startswith("tokenizers"), type(tok._tok)
+print(tokenizers.__name__, glassllm.tokenizers.__name__)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(src)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["tokenizers", "glassllm.tokenizers"]

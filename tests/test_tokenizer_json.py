@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from glassllm.formats import hf  # noqa: E402
-from glassllm.formats.tokenizer import tokenizer_from_json  # noqa: E402
-from glassllm.formats.tokenizer_json import HFTokenizer  # noqa: E402
+from glassllm.tokenizers import tokenizer_from_json  # noqa: E402
+from glassllm.tokenizers.tokenizer_json import HFTokenizer  # noqa: E402
 
 CORPUS = ("Once upon a time there was a little girl named Lily. She liked to play outside in "
           "the park with her friends. One day, Lily's mom said they'd go to the sea! 123 4567."

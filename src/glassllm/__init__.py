@@ -10,7 +10,8 @@ is built:
   switch between references and the engine);
 - `glassllm.engine`: the fast forms of the ops, the thread pool, BLAS, CPU;
 - `glassllm.lens`: trace, interpret, graph, health, report;
-- `glassllm.formats`: model files, checkpoints, tokenizers, Hugging Face, llama2.c;
+- `glassllm.tokenizers`: byte, BPE, SentencePiece and tokenizer.json tokenizers;
+- `glassllm.formats`: model files, checkpoints, token files, Hugging Face, llama2.c;
 - `glassllm.training`: the Trainer, its safety belts, data, MPI, locks;
 - `glassllm.cli`: the `glassllm` command.
 """

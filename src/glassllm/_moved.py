@@ -1,4 +1,5 @@
-"""Import paths of glassllm 0.1 that moved in 0.2, kept working with a DeprecationWarning.
+"""Import paths that moved (0.1's in 0.2; the tokenizers' since), kept working with a
+DeprecationWarning.
 
 `import glassllm.files` (or `from glassllm import files`) gives the module now at
 `glassllm.formats.files`: the same module object, so a monkeypatch or an isinstance check
@@ -20,7 +21,12 @@ MOVED = {
     **{f"glassllm.{m}": f"glassllm.lens.{m}"
        for m in ("trace", "interpret", "graph", "health", "report", "plots")},
     **{f"glassllm.{m}": f"glassllm.formats.{m}"
-       for m in ("files", "checkpoint", "tokenizer", "hf", "llama2c", "integrity", "atomic")},
+       for m in ("files", "checkpoint", "hf", "llama2c", "integrity", "atomic")},
+    # the tokenizers left formats for their own package (glassllm.tokenizers)
+    "glassllm.tokenizer": "glassllm.tokenizers",
+    "glassllm.formats.tokenizer": "glassllm.tokenizers",
+    "glassllm.formats.tokenizer_json": "glassllm.tokenizers.tokenizer_json",
+    "glassllm.formats.hf_tokenizer": "glassllm.tokenizers.hf",
     **{f"glassllm.{m}": f"glassllm.training.{m}"
        for m in ("safety", "data", "distributed", "launch", "lock", "runfiles")},
 }

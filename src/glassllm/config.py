@@ -330,10 +330,9 @@ class Config:
         return dataclass_from_dict(cls, d)
 
     def n_params(self) -> int:
-        """Parameter count of `GlassLM(self)`, in O(1), nothing allocated: what
-        `glassllm.model.n_params` reads off the layers (registered below, as this module sits
-        under the model and does not import it)."""
-        return _count_parameters(self)
+        """Parameter count of `GlassLM(self)` (a tied head counted once), in O(1), nothing
+        allocated: `parameter_count(self)`."""
+        return parameter_count(self)
 
 
 def _check_bool(value, name: str) -> bool:
@@ -344,16 +343,33 @@ def _check_bool(value, name: str) -> bool:
     return value
 
 
-def _count_parameters(cfg: Config) -> int:
-    raise RuntimeError("Config.n_params needs glassllm.model (import glassllm first)")
+def parameter_count(cfg: Config) -> int:
+    """Number of parameters of `GlassLM(cfg)`, from the shapes the config implies (the table
+    of shapes in `glassllm.model`'s docstring; tests/test_model.py checks it against the built
+    model of every family preset, tied and untied). C d_model, H/K query/key-value heads of D
+    channels, F d_ff, V vocab_size; Linear weights C x out plus a bias of out.
 
-
-def register_parameter_count(count) -> None:
-    """`glassllm.model` hands its `n_params(cfg)` over when it is imported: the layers are the
-    one description of the parameters' shapes, and the model imports this module, not the
-    other way round."""
-    global _count_parameters
-    _count_parameters = count
+        head:  token embedding V*C, + learned positions max_len*C
+        block: attention q C*HD, k and v C*KD each, output HD*C (biases by attn_bias),
+               q/k norms (D each per head, HD and KD per projection), MLP gate (gated
+               kinds) and up C*F, down F*C (biases by mlp_bias), norms by norm_position
+        tail:  final norm, + untied head C*V (+ V with lm_head_bias)
+    A norm is C weights, 2C for a LayerNorm with a bias (RMSNorm has none).
+    """
+    c, hd, kd, f = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, \
+        cfg.d_ff
+    norm = c * (2 if cfg.norm == "layer" and cfg.norm_bias else 1)
+    qkv_bias, out_bias = cfg.attn_bias in ("qkv", "all"), cfg.attn_bias in ("out", "all")
+    attention = c * hd + 2 * c * kd + hd * c + qkv_bias * (hd + 2 * kd) + out_bias * c
+    attention += {None: 0, "head": 2 * cfg.head_dim, "proj": hd + kd}[cfg.qk_norm]
+    gated = cfg.mlp in GATED_MLPS
+    mlp = (1 + gated) * c * f + f * c + cfg.mlp_bias * ((1 + gated) * f + c)
+    pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+    norms = norm * (pre + (pre and not cfg.shared_norm) + 2 * post)
+    head = cfg.vocab_size * c + (cfg.max_len * c if cfg.positions == "learned" else 0)
+    tail = norm + (0 if cfg.tie_embeddings else c * cfg.vocab_size + cfg.lm_head_bias
+                   * cfg.vocab_size)
+    return int(head + cfg.n_layers * (attention + mlp + norms) + tail)
 
 
 def dataclass_from_dict(cls, d: dict):

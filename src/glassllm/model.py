@@ -409,9 +409,6 @@ def n_params(cfg: Config) -> int:
     return size(head) + cfg.n_layers * size(block) + size(tail)
 
 
-config.register_parameter_count(n_params)  # Config.n_params() counts through the layers
-
-
 def _layout(cfg: Config):
     """(head, block, tail) of (name, shape): the parameters before the blocks, those of one
     block (names without "blocks.0."), those after."""

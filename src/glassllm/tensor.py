@@ -2,7 +2,8 @@
 
 The shape of this file follows micrograd (Karpathy, `micrograd/engine.py`): every op computes
 its result and records a closure that maps the gradient of the result to the gradients of its
-inputs; `backward()` sorts the graph topologically and runs those closures in reverse.
+inputs; `backward()` sorts the graph topologically and runs those closures in reverse
+(`backward_pass`, micrograd's loop as it reads).
 
 Differences from micrograd, all for speed or memory:
 - values are whole NumPy arrays, not scalars; broadcasting is undone in the backward pass
@@ -11,7 +12,10 @@ Differences from micrograd, all for speed or memory:
   gradients of intermediate results live in a dictionary during `backward()` and are dropped;
 - the graph is freed while `backward()` walks it, so saved activations are released as early as
   possible (PyTorch's default `retain_graph=False`);
-- the sort is iterative, so a graph of any depth works without hitting Python's recursion limit.
+- the sort is iterative, so a graph of any depth works without hitting Python's recursion limit;
+- the engine registers a second form of the pass (`glassllm.engine.backward`) that adds into
+  gradient buffers in place where it may, picked through `glassllm.kernels` as every op's
+  fast form is (GLASSLLM_KERNELS=reference runs `backward_pass`).
 
 The heavy lifting in a transformer is not done here but in the fused ops of
 `glassllm.functional`, which build one graph node per op with a hand-written backward.
@@ -155,8 +159,10 @@ class Tensor:
         parent's shape. Ops in `glassllm.functional` use this to add fused nodes.
         fresh_grads=True promises that backward returns newly allocated arrays, distinct from
         each other, that nothing else refers to (not grad_out, not a saved array that lives
-        on); `backward()` may then add into them in place and hand them to leaves as `.grad`
-        without a copy.
+        on). The reference pass (`backward_pass`) ignores it; the engine's pass
+        (`glassllm.engine.backward`) then adds into those arrays in place and hands them to
+        leaves as `.grad` without a copy. The fused ops of `glassllm.functional` promise it;
+        the small ops here (views, broadcasts, `-g`) do not.
         """
         out = Tensor(data)
         if _grad_mode.enabled and any(p.requires_grad for p in parents):
@@ -173,8 +179,13 @@ class Tensor:
     def backward(self, grad=None) -> None:
         """Accumulate d(self)/d(leaf) into `.grad` of every leaf that requires grad.
 
+        Runs `backward_pass` (micrograd's loop), or the engine's form of it that reuses
+        gradient buffers, as `glassllm.kernels` picks; both give the same gradients, bit for
+        bit. The graph is freed as the pass walks it.
+
         Args:
-            grad: d(loss)/d(self); defaults to 1 for a single-element tensor.
+            grad: d(loss)/d(self); defaults to 1 for a single-element tensor, broadcast to
+                self's shape otherwise.
 
         Raises:
             RuntimeError: if self does not require grad, if `grad` is omitted for a tensor with
@@ -189,41 +200,7 @@ class Tensor:
         grad = np.asarray(grad, dtype=self.data.dtype)
         if grad.shape != self.shape:
             grad = np.broadcast_to(grad, self.shape)
-        if self.is_leaf:
-            self._accumulate(grad)
-            return
-        order = self._topological_order()
-        grads: dict[int, np.ndarray] = {id(self): grad}
-        # owned[key]: grads[key] is an array only this loop refers to (a fresh op gradient or a
-        # sum made here), so it may be added into in place and given to a leaf uncopied.
-        owned: dict[int, bool] = {}
-        while order:
-            # pop, not iterate: once processed, a node (and its output array) is freed unless
-            # the caller holds it, so activations are released as the backward pass proceeds.
-            node = order.pop()
-            g, g_owned = grads.pop(id(node), None), owned.pop(id(node), False)
-            if node._backward is None:  # a leaf reached through the graph
-                if g is not None:
-                    node._accumulate(g, g_owned)
-                continue
-            parent_grads = node._backward(g) if g is not None else ()
-            for parent, pg in zip(node._parents, parent_grads):
-                if pg is None or not parent.requires_grad:
-                    continue
-                key = id(parent)
-                if key not in grads:
-                    grads[key], owned[key] = pg, node._fresh_grads
-                elif owned[key] and _can_add_into(grads[key], pg):
-                    grads[key] += pg
-                elif node._fresh_grads and _can_add_into(pg, grads[key]):
-                    pg += grads[key]  # the new one is ours: add the other into it
-                    grads[key], owned[key] = pg, True
-                else:  # never `+=` into an array that may be a view of another buffer
-                    grads[key], owned[key] = grads[key] + pg, True
-            # Free the graph as we go: saved activations are released right away.
-            node._parents = ()
-            node._backward = _consumed
-            del node
+        kernels.pick(backward_pass)(self, grad)
 
     def _topological_order(self) -> list["Tensor"]:
         order = topological_order(self, follow=lambda parent: parent.requires_grad)
@@ -232,14 +209,20 @@ class Tensor:
                                "recompute the forward pass")
         return order
 
-    def _accumulate(self, g: np.ndarray, owned: bool = False) -> None:
+    def _accumulate(self, g: np.ndarray) -> None:
+        """A leaf's `.grad += g`; the first gradient is copied, since g may be an array the
+        graph (or the caller) still refers to."""
         if self.grad is None:
-            if owned and g.dtype == self.data.dtype and g.shape == self.shape:
-                self.grad = g  # nothing else refers to g: adopt it, no copy
-            else:
-                self.grad = np.array(g, dtype=self.data.dtype)  # own copy: g may alias
+            self.grad = np.array(g, dtype=self.data.dtype)
         else:
             self.grad += g
+
+    def _release(self) -> None:
+        """Drop this node's link to its inputs once its backward has run: the activations its
+        backward closure saved are freed (unless the caller holds them), and a second backward
+        through it raises instead of silently reusing a half-walked graph."""
+        self._parents = ()
+        self._backward = _consumed
 
     # ----------------------------------------------------------------- conveniences
     @property
@@ -450,12 +433,49 @@ def _sum_to(grad: np.ndarray, shape: tuple, mm) -> np.ndarray:
     return summed
 
 
-def _can_add_into(total: np.ndarray, g: np.ndarray) -> bool:
-    """Whether `total += g` gives the same array `total + g` would (dtype and shape)."""
-    return (total.flags.writeable and total.shape == g.shape
-            and np.result_type(total, g) == total.dtype)
-
-
 def _consumed(_g):  # marker placed on nodes whose backward already ran
     raise RuntimeError("graph already consumed")
 
+
+def backward_pass(root: Tensor, grad: np.ndarray) -> None:
+    """The backward pass, as micrograd's `Value.backward` (Karpathy, micrograd/engine.py): sort
+    the graph topologically, then run each node's local backward from the root down, summing
+    the gradients that meet at a node (the chain rule's sum over paths). micrograd's
+
+        topo = build_topo(self); self.grad = 1
+        for v in reversed(topo): v._backward()     # each adds into its inputs' .grad
+
+    is the loop below, with each node's gradient held in `grads` until its turn.
+
+    Only leaves keep `.grad` (as in PyTorch); the gradients of intermediate results live in a
+    dictionary while the pass runs. Every sum is a new array (`+`, never `+=`): a gradient an
+    op returns may be a view of its input gradient or of a saved array. The reference form of
+    the pass; `glassllm.engine.backward` registers a form that reuses gradient buffers, picked
+    by `Tensor.backward` through `glassllm.kernels` and tested equal bit for bit
+    (tests/test_backward.py).
+
+    Args:
+        root: the tensor `backward()` was called on (requires grad).
+        grad: d(loss)/d(root), root's shape and dtype; only read (a broadcast view is fine).
+
+    Raises:
+        RuntimeError: a node of the graph was already consumed by an earlier backward pass
+            (checked before any gradient is added).
+    """
+    order = root._topological_order()  # parents before children, root last
+    grads: dict[int, np.ndarray] = {id(root): grad}  # id(node) -> d(root)/d(node) so far
+    while order:
+        # pop, not iterate: once processed a node is dropped (unless the caller holds it), and
+        # with it the activations its backward saved (PyTorch's default, retain_graph=False)
+        node = order.pop()
+        g = grads.pop(id(node), None)  # None: no path from root reached it with a gradient
+        if node.is_leaf:
+            if g is not None:
+                node._accumulate(g)
+            continue
+        for parent, pg in zip(node._parents, node._backward(g) if g is not None else ()):
+            if pg is not None and parent.requires_grad:
+                key = id(parent)
+                grads[key] = grads[key] + pg if key in grads else pg
+        node._release()
+        del node

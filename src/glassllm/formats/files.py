@@ -44,7 +44,7 @@ from . import safetensors_io
 from .safetensors_io import check_finite
 from ..model import Config, GlassLM, n_parameter_tensors, parameter_shape, parameter_shapes
 from ..tensor import no_grad
-from .tokenizer import tokenizer_from_json
+from ..tokenizers import tokenizer_from_json
 
 
 def _model_directory_hint(path: str) -> str:
@@ -227,7 +227,7 @@ def load_tokenizer(path):
     existed always carry a tokenizer, and load as they did.
 
     Returns:
-        a ByteTokenizer or BPETokenizer (see `glassllm.formats.tokenizer.tokenizer_from_json`),
+        a ByteTokenizer or BPETokenizer (see `glassllm.tokenizers.tokenizer_from_json`),
         or None.
 
     Raises:

@@ -122,7 +122,7 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
             `tokenizer.json` (the `tokenizers` library's format) + `tokenizer_config.json`,
             which `transformers.AutoTokenizer` loads with the same ids (`write_tokenizer`).
             Its `eot_id` becomes the config's eos_token_id and its start id
-            (`glassllm.formats.tokenizer.start_id`: `bos_id`, or `eot_id` when it has none, as
+            (`glassllm.tokenizers.start_id`: `bos_id`, or `eot_id` when it has none, as
             GPT-2's config has bos = eos = 50256) the bos_token_id, from which
             transformers' `generate()` starts an unconditional sample.
         overwrite: allow replacing an existing checkpoint in out_dir.
@@ -184,7 +184,7 @@ def to_hf(model: GlassLM, out_dir, tokenizer=None, *, overwrite: bool = False,
         raise FileExistsError(f"{out} already holds {' and '.join(existing)}; choose a new "
                               f"directory or allow overwriting (overwrite=True, --force)")
     if tokenizer is not None:
-        from .tokenizer import start_id
+        from ..tokenizers import start_id
         hf_config["bos_token_id"] = start_id(tokenizer)
         hf_config["eos_token_id"] = int(tokenizer.eot_id)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,7 +253,7 @@ def stores_tokenizer(tokenizer, vocab_size: int) -> bool:
     """Whether `to_hf` writes `tokenizer` (as tokenizer.json, which `tokenizer_from_hf` and
     transformers' AutoTokenizer read): glassllm's byte, BPE and SentencePiece tokenizers, when
     they fit the model's vocab_size."""
-    from .hf_tokenizer import writable
+    from ..tokenizers.hf import writable
     return writable(tokenizer) and tokenizer.vocab_size <= vocab_size
 
 
@@ -261,8 +261,8 @@ def write_tokenizer(out_dir, tokenizer, max_len: int) -> None:
     """Write `tokenizer.json` (built with the `tokenizers` library) and
     `tokenizer_config.json` into `out_dir`, atomically, so that
     `transformers.AutoTokenizer.from_pretrained(out_dir)` encodes as `tokenizer` does
-    (`glassllm.formats.hf_tokenizer`)."""
-    from .hf_tokenizer import to_hf_tokenizer, tokenizer_config
+    (`glassllm.tokenizers.hf`)."""
+    from ..tokenizers.hf import to_hf_tokenizer, tokenizer_config
     text = to_hf_tokenizer(tokenizer).to_str()
     with atomic_write(Path(out_dir) / TOKENIZER_FILE, "w") as f:
         f.write(text)
@@ -275,7 +275,7 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
     """The tokenizer that goes with a checkpoint directory.
 
     Looked for, in order: GPT-2's `vocab.json` + `merges.txt`, then `tokenizer.json`: the
-    layouts `glassllm.formats.tokenizer.load_tokenizer` knows (a byte-level BPE with an
+    layouts `glassllm.tokenizers.load_tokenizer` knows (a byte-level BPE with an
     "<|endoftext|>" token, the byte or SentencePiece layout `to_hf` writes), else any
     tokenizer.json the `tokenizers` library loads (`tokenizer_json.HFTokenizer`: Gemma's
     SentencePiece-style BPE, a byte-level BPE with other special tokens; end-of-text and BOS ids
@@ -296,7 +296,7 @@ def tokenizer_from_hf(path, vocab_size: int | None = None):
     Raises:
         ValueError: unreadable tokenizer files, or a tokenizer with more ids than vocab_size.
     """
-    from .tokenizer import ByteTokenizer, load_tokenizer
+    from ..tokenizers import ByteTokenizer, load_tokenizer
 
     directory = _checkpoint_dir(path)
     gpt2_files = (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file()
@@ -319,8 +319,8 @@ def _tokenizer_json(directory: Path):
     byte-level BPE with <|endoftext|>, those `to_hf` writes), else any tokenizer.json through
     `tokenizer_json.HFTokenizer` (Gemma's SentencePiece-style BPE, a byte-level BPE with other
     special tokens), its end-of-text and BOS ids from config.json."""
-    from .tokenizer import load_tokenizer
-    from .tokenizer_json import HFTokenizer
+    from ..tokenizers import load_tokenizer
+    from ..tokenizers.tokenizer_json import HFTokenizer
     try:
         return load_tokenizer(directory / TOKENIZER_FILE)
     except ValueError:

@@ -39,7 +39,7 @@ never allocates.
 tokenizer.bin (export of llama2.c's tokenizer.py, run.c `build_tokenizer`): a uint32
 max_token_length, then for each id a float32 score, an int32 byte length and that many bytes
 of the piece (UTF-8; " " stands for SentencePiece's "▁"). The file has no count: the pieces
-run to its end. `tokenizer_from_llama2c` returns a `glassllm.formats.tokenizer.SentencePieceTokenizer`.
+run to its end. `tokenizer_from_llama2c` returns a `glassllm.tokenizers.SentencePieceTokenizer`.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ from .atomic import atomic_write
 from ..checks import check_int
 from ..config import PRESETS
 from ..model import Config, GlassLM
-from .tokenizer import SentencePieceTokenizer
+from ..tokenizers import SentencePieceTokenizer
 
 HEADER_FIELDS = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
                  "seq_len")

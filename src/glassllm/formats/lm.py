@@ -27,7 +27,7 @@ from ..checks import check_int
 from ..generate import Generator, Sampling
 from ..model import GlassLM
 from . import files, hf, llama2c
-from .tokenizer import ByteTokenizer, StreamDecoder, load_tokenizer, start_id
+from ..tokenizers import ByteTokenizer, StreamDecoder, load_tokenizer, start_id
 
 # `glassllm generate`'s defaults, so that the call and the command give the same text
 MAX_NEW_TOKENS = 200
@@ -100,7 +100,7 @@ def load_model_and_tokenizer(path) -> tuple[GlassLM, object]:
 
 def read_tokenizer(path):
     """A tokenizer from a path as `glassllm generate --tokenizer` takes it: "byte", a llama2.c
-    `tokenizer.bin` (a `.bin` file), else `glassllm.formats.tokenizer.load_tokenizer`.
+    `tokenizer.bin` (a `.bin` file), else `glassllm.tokenizers.load_tokenizer`.
 
     Raises:
         FileNotFoundError / ValueError: as `load_tokenizer` and `tokenizer_from_llama2c`.

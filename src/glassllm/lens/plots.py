@@ -72,17 +72,8 @@ def read_history(path) -> dict[str, list[float]]:
     path = os.fspath(path)
     with open(path, newline="", encoding="utf-8") as f:
         try:
-            if path.endswith((".jsonl", ".json")):
-                rows = []
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}:{n}: not a JSON line: {e}") from None
-            else:
-                rows = list(csv.DictReader(f))
+            rows = _json_rows(path, f) if path.endswith((".jsonl", ".json")) \
+                else list(csv.DictReader(f))
         except UnicodeDecodeError as e:  # a binary file: say which one
             raise ValueError(f"{path}: not a UTF-8 text history file (byte {e.start} of a "
                              f"read block cannot be decoded)") from None
@@ -92,6 +83,20 @@ def read_history(path) -> dict[str, list[float]]:
         return _normalize(rows)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+def _json_rows(path: str, lines) -> list[dict]:
+    """The objects of a JSON-lines history, blank lines skipped; ValueError "path:N: not a
+    JSON line" for a bad one."""
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not a JSON line: {e}") from None
+    return rows
 
 
 def find_history(run_dir) -> str:

@@ -219,17 +219,24 @@ def _model_call(fields: tuple[str, ...], run_default: bool = False):
             name = get_str(body, "model", 1024, default="")
 
             def work():
-                if run_default and not name:
-                    newest = server.store.newest_model()
-                    if newest is None:
-                        raise RequestError("the run has no model file yet (one is written at "
-                                           "the first evaluation)", status=404)
-                    return job(server, server.store.get(newest), body)
-                return job(server, server.store.get(name), body)
+                return job(server, server.store.get(_model_name(server, name, run_default)),
+                           body)
             return _json(await server.call(work))
         handler.__doc__ = job.__doc__
         return handler
     return wrap
+
+
+def _model_name(server, name: str, run_default: bool) -> str:
+    """The model a request names, or with `run_default` and no name the run's newest model
+    file. Raises RequestError (404) when the run has none yet."""
+    if not run_default or name:
+        return name
+    newest = server.store.newest_model()
+    if newest is None:
+        raise RequestError("the run has no model file yet (one is written at the first "
+                           "evaluation)", status=404)
+    return newest
 
 
 @_model_call(("prompt",))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.tokenizer import StreamDecoder, start_id
+from ..tokenizers import StreamDecoder, start_id
 from ..generate import Generator, Sampling, sampling_distribution
 from .analyses import one
 from .models import encode_prompt

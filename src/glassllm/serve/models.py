@@ -92,7 +92,7 @@ def load_run_file(path: str, name: str) -> Loaded:
         RequestError: the file cannot be read as either, or holds no tokenizer.
     """
     from ..formats import checkpoint, files
-    from ..formats.tokenizer import tokenizer_from_json
+    from ..tokenizers import tokenizer_from_json
     try:
         try:
             model, tokenizer = files.load(path), files.load_tokenizer(path)

@@ -1,5 +1,5 @@
-"""Regressions found by trying every Hugging Face class with unusual but valid (and damaged)
-checkpoints: each test pins one input that once loaded wrongly or failed with a traceback."""
+"""Hugging Face checkpoints that are unusual but valid (and damaged ones), for every class:
+each test pins one input that once loaded wrongly or failed with a traceback."""
 from __future__ import annotations
 
 import json

@@ -23,8 +23,8 @@ import re
 
 import numpy as np
 
-from .atomic import atomic_write
-from .tokenizer import _UNICODE_TO_BYTE
+from ..formats.atomic import atomic_write
+from .bpe import UNICODE_TO_BYTE
 
 EOS_NAMES = ("<|endoftext|>", "<eos>", "</s>", "<|end_of_text|>", "<|im_end|>")
 BOS_NAMES = ("<bos>", "<s>", "<|begin_of_text|>")
@@ -32,18 +32,19 @@ _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 # GPT-2's printable stand-in of each byte, reversed: how a byte-level vocabulary spells bytes
-_CHAR_TO_BYTE = _UNICODE_TO_BYTE
+_CHAR_TO_BYTE = UNICODE_TO_BYTE
 
 
 class HFTokenizer:
     """A `tokenizers.Tokenizer` read from a tokenizer.json, with glassllm's tokenizer surface
-    (`glassllm.formats.tokenizer`): vocab_size, eot_id, bos_id, encode, decode, decode_bytes,
+    (`glassllm.tokenizers`): vocab_size, eot_id, bos_id, encode, decode, decode_bytes,
     to_json.
 
     Args:
         hf_tokenizer: the `tokenizers.Tokenizer`.
-        eot_id, bos_id: the end-of-text and begin-of-sequence ids (None: looked up by the
-            names EOS_NAMES / BOS_NAMES; bos may stay None).
+        eot_id: the end-of-text id (None: looked up by the names EOS_NAMES).
+        bos_id: the begin-of-sequence id (None: looked up by the names BOS_NAMES; it may
+            stay None).
 
     Raises:
         ValueError: no end-of-text token, or a vocabulary entry whose bytes cannot be known

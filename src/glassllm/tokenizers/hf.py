@@ -32,16 +32,17 @@ from __future__ import annotations
 
 import json
 
-from .tokenizer import (EOT_TOKEN, SP_BOS_ID, SP_BYTE_OFFSET, SP_EOS_ID, SP_NO_MERGE_SCORE,
-                        SP_UNK_ID, BPETokenizer, ByteTokenizer, SentencePieceTokenizer,
-                        _bytes_to_unicode)
+from .bpe import EOT_TOKEN, BPETokenizer, bytes_to_unicode
+from .byte import ByteTokenizer
+from .sentencepiece import (SP_BOS_ID, SP_BYTE_OFFSET, SP_EOS_ID, SP_NO_MERGE_SCORE, SP_UNK_ID,
+                            SentencePieceTokenizer)
+from .tokenizer_json import HFTokenizer
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # transformers' generic tokenizers-backed class
 
 
 def writable(tokenizer) -> bool:
     """Whether `to_hf_tokenizer` knows this tokenizer's kind."""
-    from .tokenizer_json import HFTokenizer
     return isinstance(tokenizer, (ByteTokenizer, BPETokenizer, SentencePieceTokenizer,
                                   HFTokenizer))
 
@@ -55,7 +56,6 @@ def to_hf_tokenizer(tokenizer):
     """
     from tokenizers import Tokenizer
 
-    from .tokenizer_json import HFTokenizer
     if isinstance(tokenizer, HFTokenizer):  # read from a tokenizer.json: written back as it was
         return Tokenizer.from_str(tokenizer._tok.to_str())
     if isinstance(tokenizer, ByteTokenizer):
@@ -73,7 +73,6 @@ def tokenizer_config(tokenizer, max_len: int) -> dict:
     # glassllm encodes them, not the special id (transformers' default matches them in text)
     config = {"tokenizer_class": TOKENIZER_CLASS, "model_max_length": int(max_len),
               "clean_up_tokenization_spaces": False, "split_special_tokens": True}
-    from .tokenizer_json import HFTokenizer
     if isinstance(tokenizer, HFTokenizer):
         named = {"eos_token": tokenizer.eot_id, "bos_token": tokenizer.bos_id}
         return {**config, **{k: tokenizer.id_to_token(i) for k, i in named.items()
@@ -88,7 +87,7 @@ def tokenizer_config(tokenizer, max_len: int) -> dict:
 
 def _byte_tokenizer():
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
     # no regex split: the words do not matter when nothing merges
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -137,7 +136,7 @@ def from_hf_json(text: str):
 
 
 def _is_byte_layout(spec: dict, by_id: list[str]) -> bool:
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     added = [(t.get("id"), t.get("content")) for t in spec.get("added_tokens") or []]
     return by_id == [table[b] for b in range(256)] and added == [(256, EOT_TOKEN)]
 
