@@ -8,8 +8,9 @@ forward and its backward share the `saved` format of the NumPy pair, so either b
 reads either forward's values. These are the registered fast forms of their ops (the NumPy
 forms are not registered apart: one fast form per op); GLASSLLM_KERNELS=reference runs
 `glassllm.functional` as ever. Equal to the references to the bounds stated in
-tests/test_numba_kernels.py. The forwards' outputs come from `buffers` (the arrays of the
-step before, once the autograd has let them go) rather than fresh memory.
+tests/test_numba_kernels.py. Their large outputs (activations, gradients) come from `buffers`
+(the arrays of an earlier call, once the autograd and every caller have let them go) rather
+than fresh memory.
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def _norm_dx(dy, xhat, rstd, weight, centred):
     if k is None or dy.size != xhat.size or not _fits((weight, xhat.shape[-1:])):
         return ops._norm_backward(dy, xhat, rstd, weight, centred)
     dy2 = _rows(dy)
-    dx = np.empty_like(dy2)
+    dx = buffers.empty_like(dy2)
     _for_rows(k.norm_backward, lambda r: (dy2[r], xhat[r], rstd[r], weight, centred, dx[r]),
               *dy2.shape)
     return dx.reshape(dy.shape)
@@ -136,7 +137,7 @@ def swiglu_backward(dy, saved):
     if k is None or dy.size != g.size:
         return ops.swiglu_backward(dy, saved)
     dy2 = _rows(dy)
-    dgate, dup = np.empty_like(g), np.empty_like(g)
+    dgate, dup = buffers.empty_like(g), buffers.empty_like(g)
     _each_slice(k.swiglu_backward, (dy2, g, u, s, dgate, dup))
     return dgate.reshape(dy.shape), dup.reshape(dy.shape)
 
@@ -158,7 +159,7 @@ def gelu_backward(dy, saved):
     if k is None or dy.size != x2.size:
         return ops.gelu_backward(dy, saved)
     dy2 = _rows(dy)
-    dx = np.empty_like(x2)
+    dx = buffers.empty_like(x2)
     _for_rows(k.gelu_backward, lambda r: (dy2[r], x2[r], s[r], F.GELU_C, dx[r]), *x2.shape)
     return (dx.reshape(dy.shape),)
 
@@ -170,7 +171,7 @@ def _rope(x, cos, sin, sign):
     B, T, H, D = x.shape
     k = _kernels(x, cos, sin)
     x3 = np.ascontiguousarray(x).reshape(B * T, H, D)
-    y3 = np.empty_like(x3)
+    y3 = buffers.empty_like(x3)
     cos, sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
     _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D)
     return y3.reshape(B, T, H, D)
@@ -228,9 +229,11 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
         return ops.cross_entropy_forward(logits, targets, overwrite_logits)
     t = _checked_targets(targets, *logits.shape)
     probs = logits if overwrite_logits else buffers.empty_like(logits)
-    logprob = np.empty(logits.shape[0], dtype=logits.dtype)
-    _for_rows(k.cross_entropy_forward, lambda r: (logits[r], t[r], probs[r], logprob[r]),
-              *logits.shape)
+    shifted = np.empty(logits.shape[0], dtype=logits.dtype)
+    row_sum = np.ones(logits.shape[0])  # (rows of V = 0 are skipped by the kernel)
+    _for_rows(k.cross_entropy_forward,
+              lambda r: (logits[r], t[r], probs[r], shifted[r], row_sum[r]), *logits.shape)
+    logprob = (shifted - np.log(row_sum)).astype(logits.dtype)  # as the kernel stored it once
     return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, t)
 
 
