@@ -3,6 +3,9 @@
     python bench/peak.py                 # square sizes 512..4096 plus the M config's shapes
     python bench/peak.py --sizes 2048    # one size
 
+It also prints the machine's copy bandwidth (`copy_pass`), the ceiling of the elementwise
+kernels that bench/kernel_speed.py times against it (`interleaved_best`).
+
 A GEMM of (m, k) @ (k, n) is 2 m k n FLOPs. Each timing is the best of `--repeats` calls
 (the best, not the median: this is the ceiling the training benches are compared with).
 The peak used for MFU is the best number either side reaches.
@@ -93,6 +96,10 @@ def main():
         best = max(best, r["numpy"], r["torch"])
         print(f"{f'{m}x{k}x{n}':>20} {r['numpy']:14.1f} {r['torch']:14.1f}")
     print(f"\npeak float32 matmul: {best:.1f} GFLOP/s (best of both sides)")
+    copy, nbytes = copy_pass()
+    print(f"copy bandwidth (256 MiB float32, read + write, the engine's threads): "
+          f"{nbytes / best_seconds(copy, args.repeats) / 1e9:.1f} GB/s "
+          f"(each kernel against it: bench/kernel_speed.py)")
 
 
 if __name__ == "__main__":
