@@ -51,6 +51,7 @@ def cases(rng):
     scores = rng.standard_normal((8, 2, 3 * 64, 256)).astype(f32)  # one query block's rows
     logits, targets = rng.standard_normal((N, V)).astype(f32), rng.integers(0, V, N)
     probs = ops.cross_entropy_forward(logits, targets)[1][0]  # the backward's buffer
+    scratch = logits.copy()
     n_params = 10_000_000
     p, grad = rng.standard_normal((2, n_params)).astype(f32)
     m, v = np.zeros(n_params, f32), np.zeros(n_params, f32)
@@ -83,6 +84,11 @@ def cases(rng):
          lambda: ops.softmax_rows_inplace(scores), 2 * scores.nbytes),
         ("cross_entropy fwd", lambda: compiled.cross_entropy_forward(logits, targets),
          lambda: ops.cross_entropy_forward(logits, targets), 2 * logits.nbytes),  # z in, p out
+        # as GlassLM.loss runs it: the probabilities in the logits' own buffer (repeated calls
+        # take softmaxes of softmaxes: values in [0, 1], the same work)
+        ("cross_entropy fwd in place",
+         lambda: compiled.cross_entropy_forward(scratch, targets, True),
+         lambda: ops.cross_entropy_forward(scratch, targets, True), 2 * logits.nbytes),
         # in place on the probabilities (dloss = N: scale 1, so the buffer stays as it is)
         ("cross_entropy bwd", lambda: compiled.cross_entropy_backward(float(N), (probs, targets)),
          lambda: ops.cross_entropy_backward(float(N), (probs, targets)), 2 * probs.nbytes),
