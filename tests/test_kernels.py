@@ -538,7 +538,8 @@ def test_a_pooled_buffer_is_handed_out_again_only_once_nothing_references_it(mon
 
 # --------------------------------------------------------------------------- the forms page
 KERNELS_PAGE = SRC.parent / "docs" / "kernels.md"
-FORMS_START = "<!-- forms table: generated from glassllm.kernels.registered() (tests/test_kernels.py) -->"
+FORMS_START = ("<!-- forms table: generated from glassllm.kernels.registered() "
+               "(tests/test_kernels.py) -->")
 FORMS_END = "<!-- end of the forms table -->"
 # where each engine module's forms come from, as the table states it
 FORM_KINDS = {

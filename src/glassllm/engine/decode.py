@@ -58,7 +58,10 @@ def _cache_fits(cfg, cache: KVCache) -> bool:
     return all(a.shape == shape and a.dtype == np.float32 for a in (cache.k, cache.v))
 
 
+# The engine forward's own registered forms (numba's row kernels, or their NumPy forms): the
+# same bits as GlassLM.forward's, with nothing of their saved values kept
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x (1, C) normalised and scaled by weight (C,)."""
     return compiled.rms_norm_forward(x, weight, eps)[0]
 
 
@@ -68,6 +71,7 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def _swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up, both (1, d_ff)."""
     return compiled.swiglu_forward(gate, up)[0]
 
 
@@ -98,8 +102,8 @@ def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
         cache.v[layer, 0, pos] = _mm(h, attention.value.weight.data).reshape(Hkv, D)
         keys = cache.k[layer, 0, :pos + 1].transpose(1, 2, 0)   # (Hkv, D, T)
         values = cache.v[layer, 0, :pos + 1].transpose(1, 0, 2)  # (Hkv, T, D)
-        # the G query heads of a KV head as G rows (engine.attention's layout)
-        scores = compiled.softmax_rows_inplace(_mm(q.reshape(Hkv, G, D) * scale, keys))  # (Hkv, G, T)
+        # the G query heads of a KV head as G rows (engine.attention's layout): (Hkv, G, T)
+        scores = compiled.softmax_rows_inplace(_mm(q.reshape(Hkv, G, D) * scale, keys))
         y = _mm(scores, values).reshape(1, H * D)
         x = x + _mm(y, attention.output.weight.data)
         # SwiGLU MLP: down(silu(gate) * up)
