@@ -20,8 +20,11 @@ Conventions shared by every kernel here:
   loop); float64 uses libm's exp.
 - sums: `fastmath={"reassoc"}` only, on the kernels that sum a row, lets LLVM add the row in
   vector lanes (8 float32 partial sums on AVX2, 16 on AVX-512) combined at the end: that is
-  the documented order, deterministic on one machine; nothing else of fastmath (no FMA
-  contraction, inf and NaN kept).
+  the documented order, deterministic on one machine; inf and NaN kept. The softmax's and
+  cross-entropy's exp passes (`_jit_exp`) also allow FMA contraction and sum in the row's
+  dtype per SUM_BLOCK elements (then float64): they are bound by exp's arithmetic;
+- one row kernel per formula (`_rms_norm_row`, `_swiglu_row`, `_rope_row`, `_softmax_row`),
+  called by the (N, C) kernels of the training forms and by the decoding step alike.
 """
 from __future__ import annotations
 
