@@ -84,20 +84,37 @@ def rms_norm_forward(x, weight, eps):
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
-def _norm_dx(dy, xhat, rstd, weight, centred):
+def _norm_backward(dy, xhat, rstd, weight, centred):
+    """(dx, dw, db) of RMSNorm (db None) or LayerNorm (centred) in one pass over dy and xhat:
+    each block of rows adds its column sums into float64 partials, added in block order. The
+    blocks are cut by size alone (`for_slices(balanced=False)`), so dw and db are the same
+    bits on any thread count."""
     k = _kernels(dy, xhat, weight)
     if k is None or dy.size != xhat.size or not _fits((weight, xhat.shape[-1:])):
-        return ops._norm_backward(dy, xhat, rstd, weight, centred)
+        dy2 = ops._rows(dy)
+        return (ops._norm_backward(dy, xhat, rstd, weight, centred),
+                ops._column_dot(dy2, xhat), dy2.sum(axis=0) if centred else None)
     dy2 = _rows(dy)
     dx = buffers.empty_like(dy2)
-    _for_rows(k.norm_backward, lambda r: (dy2[r], xhat[r], rstd[r], weight, centred, dx[r]),
-              *dy2.shape)
-    return dx.reshape(dy.shape)
+    n, c = dy2.shape
+    partial = {}
+
+    def rows(r):
+        dw, db = np.zeros(c), np.zeros(c if centred else 0)
+        k.norm_backward(dy2[r], xhat[r], rstd[r], weight, centred, dx[r], dw, db)
+        partial[r.start] = dw, db
+
+    rows.__qualname__ = "norm_backward.rows"
+    parallel.for_slices(rows, n, c, balanced=False)
+    blocks = [partial[start] for start in sorted(partial)]
+    dw = sum((w for w, _ in blocks), np.zeros(c)).astype(dy2.dtype)
+    db = sum((b for _, b in blocks), np.zeros(c)).astype(dy2.dtype) if centred else None
+    return dx.reshape(dy.shape), dw, db
 
 
 def rms_norm_backward(dy, saved):
     xhat, rstd, weight = saved
-    return _norm_dx(dy, xhat, rstd, weight, False), ops._column_dot(ops._rows(dy), xhat)
+    return _norm_backward(dy, xhat, rstd, weight, False)[:2]
 
 
 def layer_norm_forward(x, weight, bias, eps):
@@ -115,9 +132,7 @@ def layer_norm_forward(x, weight, bias, eps):
 
 def layer_norm_backward(dy, saved):
     xhat, rstd, weight = saved
-    dy2 = ops._rows(dy)
-    return (_norm_dx(dy, xhat, rstd, weight, True), ops._column_dot(dy2, xhat),
-            dy2.sum(axis=0))
+    return _norm_backward(dy, xhat, rstd, weight, True)
 
 
 # --------------------------------------------------------------------------- activations

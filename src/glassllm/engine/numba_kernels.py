@@ -253,9 +253,11 @@ def layer_norm_forward(x, weight, bias, eps, y, xhat, rstd):
 
 
 @_jit_sum
-def norm_backward(dy, xhat, rstd, weight, centred, dx):
+def norm_backward(dy, xhat, rstd, weight, centred, dx, dw, db):
     """g = dy * w; dx = rstd * (g [- mean(g)] - xhat * mean(g * xhat)); the bracket for
-    LayerNorm (centred) only. dw and db (column sums) are the caller's."""
+    LayerNorm (centred) only. Also adds this block's column sums into dw += sum(dy * xhat) and,
+    centred, db += sum(dy) (float64, (C,)): in the pass that writes dx, so dy and xhat are read
+    once for the three (the caller adds the blocks' sums in a fixed order)."""
     N, C = dy.shape
     for i in range(N):
         sg = 0.0
@@ -268,8 +270,12 @@ def norm_backward(dy, xhat, rstd, weight, centred, dx):
         mean_gx = dx.dtype.type(sgx / C)
         r = rstd[i, 0]
         for j in range(C):
-            g = dy[i, j] * weight[j]
-            dx[i, j] = r * (g - mean_g - xhat[i, j] * mean_gx)
+            d, xh = dy[i, j], xhat[i, j]
+            dx[i, j] = r * (d * weight[j] - mean_g - xh * mean_gx)
+            dw[j] += np.float64(d) * xh
+        if centred:
+            for j in range(C):
+                db[j] += dy[i, j]
 
 
 # --------------------------------------------------------------------------- activations
