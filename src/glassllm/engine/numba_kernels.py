@@ -155,7 +155,9 @@ def _exp_block(x, m, y):
     return total
 
 
-@_jit
+# inlined into its callers by numba (not left to LLVM, which kept it a call: its long-row
+# path makes it big): 20% of the cross-entropy forward's time at rows of 256 was that call
+@njit(cache=disk_cache(), nogil=True, error_model="numpy", inline="always")
 def _softmax_row(x, y, block_max):
     """y = softmax(x) of a non-empty row (y may be x); returns (max, sum of exp(x - max)).
 
