@@ -2,7 +2,7 @@
 
     python examples/bpe_vs_byte.py [--minutes 4] [--vocab 4096] [--corpus PATH] [--work DIR]
 
-1. `glassllm.training.data.prepare` (what `glassllm prepare` runs) writes the corpus twice: with the
+1. `glassllm.training.prepare.prepare` (what `glassllm prepare` runs) writes the corpus twice: with the
    byte tokenizer and with a byte-level BPE of `--vocab` ids learned on the train split.
    The split is by bytes (each file's last 10%, from a line start), so both validation
    splits hold exactly the same text.
@@ -51,7 +51,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from glassllm import Config, GlassLM, no_grad# noqa: E402
-from glassllm.training.data import TokenFile, prepare  # noqa: E402
+from glassllm.formats.token_file import TokenFile  # noqa: E402
+from glassllm.training.prepare import prepare  # noqa: E402
 from glassllm.optim import AdamW, clip_grad_norm  # noqa: E402
 from glassllm.lens.plots import plot_history  # noqa: E402
 

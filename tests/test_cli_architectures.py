@@ -8,7 +8,7 @@ import pytest
 from glassllm import GlassLM, cli, config
 from glassllm.cli import main
 from glassllm.formats import files
-from glassllm.formats.tokenizer import BPETokenizer, ByteTokenizer
+from glassllm.tokenizers import BPETokenizer, ByteTokenizer
 from glassllm.training.data import load_corpus
 
 TINY = ["--d-model", "16", "--n-layers", "2", "--n-heads", "2", "--seq-len", "16",

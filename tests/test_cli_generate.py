@@ -13,7 +13,7 @@ from glassllm import Config, GlassLM
 from glassllm.formats import files
 from glassllm.cli import load_model_and_tokenizer, main
 from glassllm.generate import Sampling, generate
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 
 CFG = Config(d_model=32, n_layers=2, n_heads=4, max_len=24)
 
@@ -160,7 +160,7 @@ class BosByteTokenizer(ByteTokenizer):
 
 def test_empty_prompt_starts_from_bos_when_the_tokenizer_has_one(capsys, monkeypatch,
                                                                   model_path):
-    import glassllm.cli as cli
+    import glassllm.cli.common as cli  # where generate's model_with_tokenizer finds it
     model = files.load(model_path)
     monkeypatch.setattr(cli, "load_model_and_tokenizer",
                         lambda path: (model, BosByteTokenizer()))
@@ -250,7 +250,7 @@ def test_prompt_that_is_not_utf8_is_refused_before_loading(capsys, model_path):
 
 
 def test_prompt_that_is_not_utf8_bpe_model(capsys, tmp_path):
-    from glassllm.formats.tokenizer import BPETokenizer
+    from glassllm.tokenizers import BPETokenizer
     tok = BPETokenizer.train(["a cafe sells coffee and tea " * 40], 300)
     path = tmp_path / "bpe.safetensors"
     files.save(GlassLM(Config(vocab_size=300, d_model=16, n_layers=1, n_heads=2,
@@ -260,7 +260,7 @@ def test_prompt_that_is_not_utf8_bpe_model(capsys, tmp_path):
 
 
 def test_sampling_error_comes_before_any_output(capsys, monkeypatch, model_path):
-    import glassllm.cli as cli
+    import glassllm.cli.common as cli  # where generate's model_with_tokenizer finds it
     model, tok = load_model_and_tokenizer(model_path)
     model.final_norm.weight.data[:] = np.nan  # a diverged model: logits all NaN
     monkeypatch.setattr(cli, "load_model_and_tokenizer", lambda path: (model, tok))

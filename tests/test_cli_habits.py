@@ -13,7 +13,7 @@ import pytest
 from glassllm import Config, GlassLM
 from glassllm.cli import main
 from glassllm.formats import files
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 
 from conftest import REPO
 

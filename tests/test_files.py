@@ -12,7 +12,7 @@ from safetensors.numpy import save_file
 
 from glassllm import Config, GlassLM, no_grad
 from glassllm.formats import files, safetensors_io
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 
 CONFIGS = {
     "llama": Config(d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, max_len=12),

@@ -43,7 +43,7 @@ def byte_lm(tmp_path_factory):
     import glassllm
     from glassllm import Config, GlassLM
     from glassllm.formats import files
-    from glassllm.formats.tokenizer import ByteTokenizer
+    from glassllm.tokenizers import ByteTokenizer
     path = tmp_path_factory.mktemp("lm") / "byte.safetensors"
     files.save(GlassLM(Config(d_model=8, n_layers=1, n_heads=2, max_len=16)), path,
                tokenizer=ByteTokenizer())
@@ -79,7 +79,7 @@ def test_a_broken_link_is_named_as_one_not_answered_as_a_hub_name(tmp_path, monk
 def hf_dir(tmp_path):
     from glassllm import Config, GlassLM
     from glassllm.formats import hf
-    from glassllm.formats.tokenizer import ByteTokenizer
+    from glassllm.tokenizers import ByteTokenizer
     directory = tmp_path / "tiny"
     hf.to_hf(GlassLM(Config(d_model=8, n_layers=1, n_heads=2, max_len=16)), directory,
              ByteTokenizer())

@@ -25,7 +25,7 @@ from glassllm import Config, GlassLM
 from glassllm.formats import files, integrity
 from glassllm.formats.checkpoint import load_checkpoint
 from glassllm.training.data import ArrayBatches
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 from glassllm.training import Trainer, TrainSettings
 
 MIN_VARIANTS = 200

@@ -361,7 +361,7 @@ def test_empty_prompt_starts_from_start_id():
 
 
 def test_start_id_is_bos_or_else_eot():
-    from glassllm.formats.tokenizer import ByteTokenizer, start_id
+    from glassllm.tokenizers import ByteTokenizer, start_id
 
     class SentencePieceLike:  # llama2.c's tokenizer: bos 1, eot (eos) 2
         vocab_size, bos_id, eot_id = 512, 1, 2

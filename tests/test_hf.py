@@ -338,7 +338,7 @@ def test_float64_gpt2_logits_agree_with_transformers_to_1e_12(tmp_path, gpt2_che
 def test_to_hf_bos_token_id_is_the_tokenizers_start_id(tmp_path):
     """A tokenizer with a BOS (SentencePiece/Llama: bos 1, eos 2) exports bos_token_id 1, so
     transformers' generate() starts where glassllm's unconditional sample does."""
-    from glassllm.formats.tokenizer import ByteTokenizer
+    from glassllm.tokenizers import ByteTokenizer
 
     class WithBos(ByteTokenizer):
         bos_id = 1
@@ -579,7 +579,7 @@ PROMPT = "the model reads"
 
 @pytest.fixture(scope="module")
 def bpe():
-    from glassllm.formats.tokenizer import BPETokenizer
+    from glassllm.tokenizers import BPETokenizer
     tok = BPETokenizer.train([TEXT], V)
     assert tok.vocab_size == V
     return tok
@@ -663,7 +663,7 @@ def test_cli_byte_model_round_trip(tmp_path, capsys):
     directory without one still gets the byte tokenizer from vocab_size 257."""
     from glassllm.formats import files
     model = GlassLM(Config(vocab_size=257, d_model=32, n_layers=1, n_heads=2, max_len=32), 3)
-    from glassllm.formats.tokenizer import ByteTokenizer
+    from glassllm.tokenizers import ByteTokenizer
     files.save(model, tmp_path / "m.safetensors", tokenizer=ByteTokenizer())
     code, _, _ = run_cli(capsys, "convert", "--model", tmp_path / "m.safetensors",
                          "--to-hf", tmp_path / "hf")
@@ -746,7 +746,7 @@ def test_to_hf_refuses_an_existing_checkpoint_unless_overwrite(tmp_path):
 def test_to_hf_refuses_to_replace_a_tokenizer_of_ones_own(tmp_path):
     """tokenizer.json alone (a tokenizer kept beside, no checkpoint yet) is not replaced
     without overwrite; with no tokenizer to write, it is left as it is."""
-    from glassllm.formats.tokenizer import ByteTokenizer
+    from glassllm.tokenizers import ByteTokenizer
     mine = '{"mine": true}\n'
     (tmp_path / "tokenizer.json").write_text(mine)
     with pytest.raises(FileExistsError, match=f"{tmp_path} already holds tokenizer.json;"):
@@ -849,7 +849,7 @@ def test_every_glassllm_tokenizer_is_stored_by_to_hf(tmp_path, capsys, bpe):
     llama2.c import) once wrote none; now every kind is written (tokenizer.json, which
     AutoTokenizer reads: tests/test_hf_tokenizer.py) unless it does not fit the model."""
     from glassllm.formats import files
-    from glassllm.formats.tokenizer import ByteTokenizer, SentencePieceTokenizer
+    from glassllm.tokenizers import ByteTokenizer, SentencePieceTokenizer
     pieces = ["<unk>", "\n<s>\n", "\n</s>\n"] + [f"<0x{b:02X}>" for b in range(256)] + \
         [" ", "a", "b", "ab"]
     sp = SentencePieceTokenizer(pieces, [0.0] * 259 + [-1.0, -2.0, -3.0, -4.0])

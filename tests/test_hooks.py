@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from glassllm import Tensor
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 from glassllm.generate import Sampling, generate
 from glassllm.lens.trace import (NAMES, TRANSFORMER_LENS_NAMES, Edit, Trace, run_with_cache,
                                  run_with_hooks, to_str_tokens)

@@ -294,7 +294,7 @@ def test_stories260k_attribution_of_every_byte_piece_against_unk(stories260k):
     piece and `<unk>` (never seen in training) have nearly equal logits, and a fixed 1e-4
     relative tolerance raised AttributionError for 95 of the 256 pieces (the float64 sum of
     the parts agreed with the logits to their float32 rounding)."""
-    from glassllm.formats.tokenizer import SP_BYTE_OFFSET
+    from glassllm.tokenizers import SP_BYTE_OFFSET
     model, tok = stories260k
     ids = [tok.bos_id] + list(tok.encode(STORY))
     _, cache = run_with_cache(model, ids, names=_attribution_names(model.cfg))

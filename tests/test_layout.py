@@ -165,3 +165,37 @@ def test_prepare_reads_as_its_named_steps():
     assert [c for c in called if c in steps] == steps
     assert all(callable(getattr(prepare, s)) for s in steps)
     assert not [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.While))]
+
+
+# ============================================================ the command line and the run
+# The CLI parses, calls the library and prints: no function of cli/ over 60 lines; the library
+# that runs a training (training/) none over 80; neither nested deeper than the Trainer's rule.
+CLI_MAX_LINES = 60
+LIBRARY_MAX_LINES = 80
+CLI_MODULES = sorted(f"cli/{p.name}" for p in (SRC / "cli").glob("*.py"))
+TRAINING_MODULES = sorted(f"training/{p.name}" for p in (SRC / "training").glob("*.py"))
+
+
+@pytest.mark.parametrize("module", CLI_MODULES + TRAINING_MODULES)
+def test_the_cli_and_training_functions_are_short_and_shallow(module):
+    limit = CLI_MAX_LINES if module.startswith("cli/") else LIBRARY_MAX_LINES
+    measured = list(_trainer_functions(SRC / module))
+    if module == "cli/train.py":  # the measure finds the command's functions
+        assert {"add_train", "run_train"} <= {m[0] for m in measured}
+    if module == "training/run.py":
+        assert {"execute", "RunResult"} & {m[0] for m in measured} == {"execute"}
+    long = [(name, n) for name, n, _ in measured if n > limit]
+    deep = [(name, d) for name, _, d in measured if d > TRAINER_MAX_DEPTH]
+    assert long == [], f"{module}: functions over {limit} lines: {long}"
+    assert deep == [], f"{module}: functions nested deeper than {TRAINER_MAX_DEPTH}: {deep}"
+
+
+def test_the_cli_is_a_package_of_one_module_per_command():
+    """The seven commands each in a module of their own, the package's main the entry point."""
+    from glassllm import cli
+    commands = {"train", "generate", "prepare", "plot", "convert", "inspect", "serve"}
+    assert commands <= {p.stem for p in (SRC / "cli").glob("*.py")}
+    assert [add.__module__ for add in cli.SUBCOMMANDS] == [
+        f"glassllm.cli.{name}" for name in ("train", "generate", "prepare", "plot", "convert",
+                                            "inspect", "serve")]
+    assert not (SRC / "cli.py").exists() and cli.main.__module__ == "glassllm.cli.entry"

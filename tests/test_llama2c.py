@@ -27,7 +27,7 @@ from glassllm.cli import main
 from glassllm.generate import Sampling, generate
 from glassllm.formats.llama2c import (HEADER_BYTES, from_llama2c, read_header, to_llama2c,
                               tokenizer_from_llama2c)
-from glassllm.formats.tokenizer import SentencePieceTokenizer, StreamDecoder, tokenizer_from_json
+from glassllm.tokenizers import SentencePieceTokenizer, StreamDecoder, tokenizer_from_json
 
 
 # karpathy/llama2.c test_all.py, `expected_stdout` of test_runc: what

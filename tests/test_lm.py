@@ -14,7 +14,7 @@ from glassllm import Config, GlassLM
 from glassllm.cli import SAMPLE_SEPARATOR, main
 from glassllm.formats import files, hf
 from glassllm.formats.lm import LM, hub_name_error, looks_like_hub_name
-from glassllm.formats.tokenizer import BPETokenizer, ByteTokenizer
+from glassllm.tokenizers import BPETokenizer, ByteTokenizer
 
 from conftest import REPO, shared_data_path
 

@@ -36,7 +36,7 @@ from glassllm.config import PRESETS
 from glassllm.formats import files, hf
 from glassllm.training.data import ArrayBatches
 from glassllm.generate import Generator, Sampling, generate, sample_next
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 from glassllm.train import train
 from glassllm.training import Checkpointed, Trainer, TrainingInterrupted, TrainSettings
 

@@ -14,7 +14,7 @@ from glassllm.formats import files
 from glassllm.cli import main
 from glassllm.lens.interpret import AttributionError, logit_attribution, token_surprise
 from glassllm.lens.report import inspect_model, page_data, render_html, summary
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 
 PROMPT = "abcabcab"
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 from glassllm.lens.report import inspect_model, write_html
 from glassllm.model import Config, GlassLM
 

@@ -16,7 +16,7 @@ import pytest
 
 from glassllm.model import Config, GlassLM
 from glassllm.lens.report import inspect_model, write_html
-from glassllm.formats.tokenizer import ByteTokenizer
+from glassllm.tokenizers import ByteTokenizer
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 VIEWS = ["attention", "lens", "surprise", "attribution", "heads", "training"]
@@ -167,7 +167,7 @@ HOSTILE_FILE = "<!--<script>&lt;\u2028&amp;>.safetensors"  # no "/": a file name
 def _hostile_tokenizer():
     """A SentencePiece vocabulary whose pieces are the hostile strings, reached by merging
     their prefixes left to right (each longer prefix scores higher)."""
-    from glassllm.formats.tokenizer import SentencePieceTokenizer
+    from glassllm.tokenizers import SentencePieceTokenizer
     pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [" "]
     scores = [0.0] * len(pieces)
     for char in sorted(set("".join(HOSTILE))):

@@ -24,7 +24,7 @@ pytest.importorskip("aiohttp")
 
 from glassllm import cli  # noqa: E402
 from glassllm.formats import files  # noqa: E402
-from glassllm.formats.tokenizer import ByteTokenizer  # noqa: E402
+from glassllm.tokenizers import ByteTokenizer  # noqa: E402
 from glassllm.lens import interpret  # noqa: E402
 from glassllm.model import Config, GlassLM  # noqa: E402
 from glassllm.serve.limits import Limits  # noqa: E402

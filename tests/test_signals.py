@@ -155,9 +155,9 @@ def test_a_sigterm_after_the_run_has_ended_or_stopped_changes_nothing(
     the others' agreement gets its own `scancel` SIGTERM late; seen in CI as a rank "killed
     outside the training loop", the job's exit 15) is a repeat: a complete run exits 0, a
     stopped one 143, with its checkpoint."""
-    from glassllm import cli
+    from glassllm.training import run as training_run
     from glassllm.training import trainer as trainer_module
-    real = cli._train
+    real = training_run.execute
 
     def train_then_signal(*args, **kwargs):
         rc = real(*args, **kwargs)
@@ -170,7 +170,7 @@ def test_a_sigterm_after_the_run_has_ended_or_stopped_changes_nothing(
             self.pending = int(signal.SIGTERM)  # a SIGTERM before the first step
             return self
 
-    monkeypatch.setattr(cli, "_train", train_then_signal)
+    monkeypatch.setattr(training_run, "execute", train_then_signal)
     if code:
         monkeypatch.setattr(trainer_module, "DeferredStop", StoppedAtOnce)
     out = tmp_path / "run" / "model.safetensors"

@@ -184,7 +184,7 @@ class Generator:
     Unconditional generation: an empty prompt starts from `start_id`, the sequence then being
     [start_id] (as transformers' `generate()` without input_ids starts from bos_token_id, and
     llama2.c from BOS). The model has no tokenizer, so there is no default: pass
-    `glassllm.formats.tokenizer.start_id(tokenizer)` -- the tokenizer's `bos_id`, or its `eot_id` when
+    `glassllm.tokenizers.start_id(tokenizer)` -- the tokenizer's `bos_id`, or its `eot_id` when
     it has none (GPT-2, the byte tokenizer: nanoGPT and transformers start GPT-2 from
     <|endoftext|>). `start_id` is only used for an empty prompt; a tokenizer that wants BOS
     before every prompt (Llama) puts it in the prompt ids itself.
@@ -287,7 +287,7 @@ def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling
     """Extend `prompt_ids` by up to `max_new_tokens` tokens; return the new tokens only.
 
     Unconditional sampling: `generate(model, [], n, start_id=start_id(tokenizer))` (from
-    `glassllm.formats.tokenizer`) starts from the tokenizer's BOS, or end-of-text if it has none;
+    `glassllm.tokenizers`) starts from the tokenizer's BOS, or end-of-text if it has none;
     the start id is not part of the result. See `Generator`.
 
     Args:
@@ -339,7 +339,7 @@ def _check_prompt(model: GlassLM, prompt_ids, start_id: int | None = None) -> np
     if ids.size == 0:
         if start_id is None:
             raise ValueError("prompt_ids is empty: an unconditional sample needs start_id, "
-                             "the id to start from (glassllm.formats.tokenizer.start_id(tokenizer): "
+                             "the id to start from (glassllm.tokenizers.start_id(tokenizer): "
                              "its bos_id, or eot_id when it has none)")
         ids = np.array([check_int(start_id, "start_id (a token id)")], dtype=np.int64)
     if not np.issubdtype(ids.dtype, np.integer):

@@ -15,6 +15,7 @@ blocks of queries, with the query heads of a group stacked, never holding the T 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -27,11 +28,16 @@ from .compiled import softmax_backward_inplace, softmax_rows_inplace  # numba, e
 ATTENTION_BLOCK = 64
 
 
+@functools.lru_cache(maxsize=64)
 def _causal_bias(n: int, G: int, dtype) -> np.ndarray:
     """Additive mask of a diagonal block: (n*G, n), row t*G+g (time t, group head g) has
-    -inf on the keys after t, 0 elsewhere."""
+    -inf on the keys after t, 0 elsewhere. Made once per shape and kept (read-only): every
+    layer, block and batch slice of a step adds the same one, and building it (a full, a
+    triu, a repeat) cost a few percent of a small attention's forward."""
     upper = np.triu(np.full((n, n), -np.inf, dtype=dtype), 1)
-    return np.repeat(upper, G, axis=0)
+    bias = np.repeat(upper, G, axis=0)
+    bias.flags.writeable = False
+    return bias
 
 
 def _query_blocks(Tq: int, q_start: int):
@@ -79,7 +85,7 @@ def causal_attention_forward(q, k, v, q_start: int = 0):
             kernels.matmul(qg[b, :, rows], kh[b, :, :keys].swapaxes(-1, -2), out=p[b])
             diagonal = q_start + first  # keys from here on are in the future for some rows
             if diagonal + 1 < keys:
-                p[b, ..., diagonal:] += _causal_bias(end - first, G, dtype)
+                p[b, ..., diagonal:] += _causal_bias(end - first, G, np.dtype(dtype))
             softmax_rows_inplace(p[b])
             kernels.matmul(p[b], vh[b, :, :keys], out=out[b, :, rows])
         y[b] = out[b].reshape(-1, Hkv, Tq, G, D).transpose(0, 2, 1, 3, 4)

@@ -22,11 +22,18 @@ Fast by default: every caller of the library gets the CLI's configuration withou
 At the engine's first op (`parallel.on_first_use`), `apply_default_threads` measures the load
 as the CLI does, sets the pool to `choose_threads()`'s count in split mode and NumPy's BLAS
 to one thread for the rest of the process -- what `use_threads(choose_threads()[0])` does for
-a block. `use_threads` still pins a count for its block; `set_default_threads(n)` (or
-GLASSLLM_THREADS=n) pins it for the process.
+a block. That count is not kept forever: a 0.25 s sample taken while another program briefly
+used a core once made a whole M-sized training run 1.8x slower. Between ops, at most every
+REVISIT_SECONDS, a `ThreadGovernor` reads the load again (/proc/stat deltas, as above) and
+moves the count: down as soon as another program takes a core, up after UP_READINGS idle
+readings in a row. `use_threads` still pins a count for its block; `set_default_threads(n)`
+(or GLASSLLM_THREADS=n) pins it for the process. Pinned counts are never revisited: on
+OpenBLAS the thread count can change a product's rounding (docs/performance.md), so a run
+that must be bit-identical on resume (`glassllm train` records its count) pins it.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import math
@@ -204,7 +211,9 @@ def use_threads(n: int):
     """Context: glassllm computes on n threads, all of them its own pool's
     (`glassllm.engine.parallel`): the elementwise passes and, in split mode, the matrix products,
     cut into row slices while NumPy's BLAS runs on one thread (threadpoolctl). With n = 1
-    everything runs on the calling thread. Both pools and the mode are restored on exit.
+    everything runs on the calling thread. The count is pinned for the block: the process
+    default's revisiting (`ThreadGovernor`) pauses inside it. Both pools, the mode and the
+    revisiting are restored on exit.
 
     Why not BLAS's threads for the products: OpenBLAS's workers spin after each product, so
     they and the pool's threads take turns on the same cores and every op waits for the
@@ -219,16 +228,38 @@ def use_threads(n: int):
         raise ValueError(f"use_threads: need n >= 1, got {n}")
     if parallel.first_use_pending():  # the process default, without the load measurement
         pinned, _ = default_threads_from_environment()  # (the caller pins its own count here)
-        set_default_threads(pinned or len(available_cpus()))
+        _install_default(pinned or len(available_cpus()), pinned is not None)
     before, split_before = parallel.get_num_threads(), parallel.split_matmuls()
+    revisit = parallel.on_revisit(None)
     parallel.set_num_threads(n)
     parallel.set_split_matmuls(n > 1)
+    # Held in locals, not looked up at exit: a block left open until the interpreter exits
+    # (a generator, an ExitStack in a module global) is closed during shutdown, after
+    # threadpoolctl's and this module's globals may have been cleared to None.
+    exiting, put_back = _EXITING, (parallel.set_num_threads, parallel.set_split_matmuls,
+                                   parallel.on_revisit)
+    limits = threadpool_limits(limits=1, user_api="blas")
     try:
-        with threadpool_limits(limits=1, user_api="blas"):
-            yield
+        yield
     finally:
-        parallel.set_num_threads(before)
-        parallel.set_split_matmuls(split_before)
+        if not exiting:  # at exit there is nothing left to restore (see _mark_exiting)
+            limits.restore_original_limits()
+            put_back[0](before)
+            put_back[1](split_before)
+            put_back[2](*revisit)
+
+
+# Non-empty once the interpreter has begun to exit (atexit runs before module teardown): a
+# use_threads block still open then is closed without restoring anything, since threadpoolctl
+# can no longer be called ("TypeError: 'NoneType' object is not callable" from its globals).
+_EXITING: list = []
+
+
+def _mark_exiting() -> None:
+    _EXITING.append(True)
+
+
+atexit.register(_mark_exiting)
 
 
 THREADS_ENV = "GLASSLLM_THREADS"
@@ -239,20 +270,30 @@ _blas_limit = None  # the process-wide threadpoolctl limit (kept alive: it is th
 
 def set_default_threads(n: int) -> None:
     """Compute on n threads from now on, in the whole process: the pool's n threads, split
-    mode for n > 1, NumPy's BLAS on one thread (see `use_threads`).
+    mode for n > 1, NumPy's BLAS on one thread (see `use_threads`). The count is pinned: the
+    load is not revisited.
 
     Raises:
         ValueError: n < 1.
     """
+    if n < 1:
+        raise ValueError(f"set_default_threads: need n >= 1, got {n}")
+    _set_threads(n)
+    parallel.on_revisit(None)
+
+
+def _set_threads(n: int, blas: bool = True) -> None:
+    """The process-wide setting for n threads (nothing about revisiting); blas=False leaves
+    NumPy's BLAS limit as it is (a revisit: BLAS is on one thread already, and threadpoolctl
+    takes milliseconds to find the libraries)."""
     from threadpoolctl import threadpool_limits
 
     global _blas_limit
-    if n < 1:
-        raise ValueError(f"set_default_threads: need n >= 1, got {n}")
     parallel.on_first_use(None)  # chosen now: no measurement at the first op
     parallel.set_num_threads(n)
     parallel.set_split_matmuls(n > 1)
-    _blas_limit = threadpool_limits(limits=1, user_api="blas")
+    if blas:
+        _blas_limit = threadpool_limits(limits=1, user_api="blas")
 
 
 def default_threads_from_environment() -> tuple[int | None, str]:
@@ -275,15 +316,92 @@ def default_threads_from_environment() -> tuple[int | None, str]:
     return n, THREADS_ENV
 
 
+# How the process default follows the load (see ThreadGovernor): a reading at most every
+# REVISIT_SECONDS, taken between ops; more threads only after UP_READINGS readings in a row
+# allowed them. /proc/stat counts 10 ms ticks, so a 1 s reading is within about 0.02 cores.
+REVISIT_SECONDS = 1.0
+UP_READINGS = 2
+
+
+class ThreadGovernor:
+    """Revisits the process default thread count while the process runs.
+
+    Each `revisit()` takes one load reading (by default a `LoadMeter` over the time since the
+    previous reading) and turns it into a count with `choose_threads`. Fewer threads at once,
+    when another program has taken a core (every op would wait for the thread it parks);
+    more only when the last `up_after` readings all allowed more (the smallest of them), so
+    that a burst between two busy moments does not make the count flap. A change is applied
+    with `apply(n)` (default: the pool's count and split mode).
+
+    `parallel.on_revisit` calls it between ops; a pinned count (GLASSLLM_THREADS,
+    `set_default_threads`, `use_threads`, the CLI's --threads) is never revisited.
+    """
+
+    def __init__(self, threads: int, read=None, apply=None, up_after: int = UP_READINGS):
+        self.threads = threads
+        self.up_after = up_after
+        self._read = read if read is not None else _LoadSource()
+        self._apply = apply if apply is not None else \
+            (lambda n: _set_threads(n, blas=False))
+        self._ups: list[int] = []
+
+    def revisit(self) -> int:
+        """Take one reading; returns the thread count now in force."""
+        load = self._read()
+        if load is None:  # no reading this time (the first after a fork)
+            return self.threads
+        target, _ = choose_threads(load=load)
+        if target > self.threads:
+            self._ups = (self._ups + [target])[-self.up_after:]
+            if len(self._ups) < self.up_after:
+                return self.threads
+            target = min(self._ups)
+        self._ups = []  # a move, or a reading that allows no more: the run starts again
+        if target != self.threads:
+            self.threads = target
+            self._apply(target)
+        return self.threads
+
+
+class _LoadSource:
+    """The load of other processes since the previous call (a `LoadMeter` restarted at each
+    reading); None for the first call in a forked child, whose own CPU time starts at 0 while
+    the meter's start was the parent's."""
+
+    def __init__(self):
+        self._meter, self._pid = LoadMeter(), os.getpid()
+
+    def __call__(self) -> Load | None:
+        if os.getpid() != self._pid:
+            self._meter, self._pid = LoadMeter(), os.getpid()
+            return None
+        load = self._meter.read()
+        self._meter.start()
+        return load
+
+
 def apply_default_threads() -> tuple[int, str]:
     """The CLI's thread choice for this process (`choose_threads`, with a 0.25 s load
-    measurement; GLASSLLM_THREADS=n skips it), applied with `set_default_threads`. The engine
-    calls it at its first op; calling it again changes nothing. Returns (threads, reason)."""
+    measurement; GLASSLLM_THREADS=n skips it and pins the count), applied process-wide. The
+    engine calls it at its first op; calling it again changes nothing. Returns (threads,
+    reason).
+
+    A count chosen from the load is not kept for the life of the process: a `ThreadGovernor`
+    reads the load again between ops, at most every REVISIT_SECONDS, so a process started
+    during a busy moment reaches full speed once the machine is idle, and one started idle
+    backs off when another program takes a core.
+    """
     with _default_lock:
         requested, _ = default_threads_from_environment()
         n, why = choose_threads(requested)
-        set_default_threads(n)
-        return n, why
+        _install_default(n, pinned=requested is not None)
+        return n, why if requested is not None else why + "; revisited as the load changes"
+
+
+def _install_default(n: int, pinned: bool) -> None:
+    """The process default: n threads, pinned or followed by a ThreadGovernor."""
+    _set_threads(n)
+    parallel.on_revisit(None if pinned else ThreadGovernor(n).revisit, REVISIT_SECONDS)
 
 
 parallel.on_first_use(apply_default_threads)

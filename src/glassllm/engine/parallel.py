@@ -19,6 +19,10 @@ mode (`glassllm.engine.blas`) it comes out the same bits whichever slice it is i
 the same bits on any thread count. NumPy's OpenBLAS does not promise that: on some shapes it
 rounds a row 1 ulp differently when the product is cut elsewhere.
 
+The thread count may change between any two ops (`set_num_threads` is safe at any time; the
+process default follows the load through `on_revisit`, see `glassllm.engine.cpu`); an op reads
+the count once, when it cuts its work.
+
 The work function must only write to its own slice of preallocated outputs. Calls from
 inside a worker run serially (no nested pools, no deadlock). The caller's autocast state
 (per thread, `glassllm.amp`) is carried into the workers, so a matrix product in a work
@@ -69,6 +73,43 @@ def on_first_use(fn: Callable[[], None] | None) -> None:
 def first_use_pending() -> bool:
     """True until the first-use function has run (or was cleared)."""
     return _first_use is not None
+
+
+# Called between ops, at most every `_revisit_every` seconds (`glassllm.engine.cpu` sets it when
+# the process default was chosen from the load, so it follows the load; None while a count is
+# pinned). The hot path pays one monotonic-clock read and a comparison.
+_revisit: Callable[[], None] | None = None
+_revisit_every = 1.0
+_revisit_at = 0.0
+_revisiting = threading.Lock()
+_monotonic = time.monotonic
+
+
+def on_revisit(fn: Callable[[], None] | None, every_s: float = 1.0):
+    """Call fn() from an op at most every `every_s` seconds from now on (None: never).
+    Returns the previous (fn, every_s), for a caller that pins a count for a block and puts
+    the revisiting back after it."""
+    global _revisit, _revisit_every, _revisit_at
+    previous = (_revisit, _revisit_every)
+    _revisit, _revisit_every = fn, float(every_s)
+    _revisit_at = _monotonic() + _revisit_every
+    return previous
+
+
+def _maybe_revisit() -> None:
+    """Run the revisit function if its time has come; one thread at a time, never waiting:
+    a second thread arriving meanwhile goes on with the count as it stands."""
+    global _revisit_at
+    if not _revisiting.acquire(blocking=False):
+        return
+    try:
+        fn, now = _revisit, _monotonic()
+        if fn is None or now < _revisit_at:
+            return
+        _revisit_at = now + _revisit_every
+        fn()
+    finally:
+        _revisiting.release()
 
 
 def _check_first_use() -> None:
@@ -246,21 +287,27 @@ def _run_in_pool(fn, shares: list) -> None:
             _run_as_worker(fn, shares[0], low)
         except BaseException as own:
             error = own
-        # Wait for every worker even if Ctrl-C lands meanwhile: a worker still writing into
-        # the outputs would corrupt whatever runs next (the checkpoint written on Ctrl-C).
-        for worker, task in handed:
-            while True:
-                try:
-                    if task.done or worker.will_run(task):
-                        worker.wait(task)
-                    break
-                except KeyboardInterrupt as interrupt:
-                    error = error or interrupt
-            error = error or task.error
+        error = _wait_for_workers(handed, error)
     finally:
         _dispatch.release()
     if error is not None:
         raise error
+
+
+def _wait_for_workers(handed: list, error: BaseException | None) -> BaseException | None:
+    """Wait until every handed task has run, even if Ctrl-C lands meanwhile: a worker still
+    writing into the outputs would corrupt whatever runs next (the checkpoint written on
+    Ctrl-C). Returns `error`, else the first interrupt or worker error met on the way."""
+    for worker, task in handed:
+        while True:
+            try:
+                if task.done or worker.will_run(task):
+                    worker.wait(task)
+                break
+            except KeyboardInterrupt as interrupt:
+                error = error or interrupt
+        error = error or task.error
+    return error
 
 
 def _run_as_worker(fn, parts, low):
@@ -307,6 +354,8 @@ def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
     """
     if _first_use is not None:
         _check_first_use()
+    if _revisit is not None and _monotonic() >= _revisit_at:
+        _maybe_revisit()
     total = n_rows * row_size
     parallel = (_num_threads > 1 and total >= MIN_PARALLEL_ELEMENTS
                 and not getattr(_in_worker, "active", False))
@@ -341,6 +390,8 @@ def for_thread_slices(fn: Callable[[slice], None], n_rows: int) -> None:
     """
     if _first_use is not None:
         _check_first_use()
+    if _revisit is not None and _monotonic() >= _revisit_at:
+        _maybe_revisit()
     n = _num_threads
     if n == 1 or n_rows < 2 or getattr(_in_worker, "active", False):
         if n_rows:

@@ -94,3 +94,76 @@ class Finished:
     """The run completed all its steps."""
     summary: TrainSummary
 
+
+
+# ------------------------------------------------------------------ the run around the loop
+# What `glassllm.training.run.execute` (and `RunPlan`'s building) reports besides the loop's
+# events: the notes and warnings the library never prints. In order: `CorpusNote`s while the
+# data is read; `LockTakenOver` and `TemporaryRemoved` when the outputs are locked; on the
+# writing rank `RunBegins`, any `WarmupOutlastsRun` and `LoopBegins`; the loop's events;
+# `LoopEnded` once the loop has returned or raised, before the run's files are written;
+# `PlotFailed` if loss.png could not be drawn.
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusNote:
+    """A remark on the data read (`Corpus.notes`), e.g. a file of a data folder skipped."""
+    name: str
+    note: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LockTakenOver:
+    """An output's lock was left by a process no longer running (`holder`: its lock file's
+    JSON, pid, host, started, argv) and is now this run's."""
+    holder: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class TemporaryRemoved:
+    """`path`, a temporary file left beside an output by the run whose lock was taken over
+    (killed outright, it never cleaned up), was removed."""
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunBegins:
+    """The run is about to train (the writing rank): the model's config and parameter count,
+    the corpus (`Corpus`), the settings, the number of ranks, the best model's path, the thread
+    count and why it was chosen (in words), and which BLAS computes the products (in words)."""
+    config: object
+    parameters: int
+    corpus: object
+    settings: object
+    ranks: int
+    model_path: str
+    threads: int
+    threads_why: str
+    blas: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupOutlastsRun:
+    """steps < warmup: the learning rate climbs to `peak` (lr * steps / warmup,
+    `optim.lr_schedule`) and never decays."""
+    steps: int
+    warmup: int
+    lr: float
+    peak: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopBegins:
+    """The training loop starts (the writing rank), for `steps` updates in all."""
+    steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopEnded:
+    """The training loop returned or raised; the run's files are written next."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotFailed:
+    """loss.png was not drawn (the run's results are saved): "<png> not written: <error>"."""
+    message: str

@@ -113,6 +113,28 @@ def check_init_from_kept(outputs: dict, init_from) -> None:
                              f"model this run starts from; write the run's files elsewhere")
 
 
+def lock_run_outputs(paths, held, on_event) -> None:
+    """Lock a run's output paths (None entries skipped) until the `contextlib.ExitStack`
+    `held` closes (`glassllm.training.lock.lock_outputs`). A lock left by a process that had
+    ended is taken over, `on_event(LockTakenOver(holder))`, and the temporaries that run left
+    beside its paths are removed, `on_event(TemporaryRemoved(path))` each: a run killed outright
+    (SIGKILL, MPI's force abort) never cleaned up. The one place a run takes its locks, for
+    `glassllm.training.run.execute` and the Trainer alike.
+
+    Raises:
+        OutputLocked, OSError, ValueError: as `lock_outputs` (nothing stays locked).
+    """
+    from ..formats.atomic import remove_leftover_temporaries
+    from .events import LockTakenOver, TemporaryRemoved
+    from .lock import lock_outputs
+    taken = held.enter_context(lock_outputs(paths))
+    for holder in taken.stale:
+        on_event(LockTakenOver(holder))
+    for path in taken.stale_paths:
+        for tmp in remove_leftover_temporaries(path):
+            on_event(TemporaryRemoved(tmp))
+
+
 def make_parent_dirs(paths) -> None:
     """Create the missing parent directories of each path (None entries skipped).
 

@@ -32,14 +32,14 @@ import numpy as np
 
 from ..formats import checkpoint as ckpt_io
 from . import distributed
-from ..formats.atomic import atomic_write, remove_leftover_temporaries
+from ..formats.atomic import atomic_write
 from ..formats.paths import same_file
 from .data import check_same_data, data_identity
 from .errors import NoProgressError, NonFiniteLossError, RunWriteError, TrainingInterrupted
 from .events import (Checkpointed, Evaluated, Finished, Resumed, Saved, Started, Stepped,
                      TrainSummary)
 from ..lens.health import HealthMonitor
-from .lock import lock_outputs
+from . import runfiles
 from ..model import GlassLM
 from ..optim import AdamW, lr_schedule
 from .safety import (SkipRateExceeded, SkipRateMonitor, StepCSVLog, StepRecord, TrainStep,
@@ -226,11 +226,8 @@ class Trainer:
         with contextlib.ExitStack() as held:
             with distributed.agreement(comm):  # a no-op on one process
                 self._check_data(model)
-                lock = held.enter_context(lock_outputs(outputs))
-            for path in lock.stale_paths:  # a run killed outright may have left temporaries
-                for tmp in remove_leftover_temporaries(path):
-                    warnings.warn(f"removed {tmp}, a temporary file left by a run that had "
-                                  f"ended without releasing its lock", stacklevel=2)
+                # the locks `execute` already holds are re-entrant: nothing is taken over twice
+                runfiles.lock_run_outputs(outputs, held, _warn_removed)
             if comm.size == 1:
                 return self._run(model, resume, emit)
             try:
@@ -712,3 +709,12 @@ def _truncate_csv_rows(path: str, start: int) -> None:
         return
     with atomic_write(path, "w", newline="") as f:
         csv.writer(f).writerows(kept)
+
+
+def _warn_removed(event) -> None:
+    """The Trainer's word on a temporary file it removed (`runfiles.lock_run_outputs`): a
+    warning, as a library caller without an event handler for it sees one."""
+    from .events import TemporaryRemoved
+    if isinstance(event, TemporaryRemoved):
+        warnings.warn(f"removed {event.path}, a temporary file left by a run that had ended "
+                      f"without releasing its lock", stacklevel=3)

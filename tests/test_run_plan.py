@@ -1,0 +1,292 @@
+"""A training run as a library object, without the CLI: `RunPlan` and `execute`.
+
+A run, a resume that continues bit for bit, a SIGTERM at a step boundary, a locked output;
+and the plan's builders (options, TOML, checkpoint) against the CLI's parser.
+"""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from glassllm.formats.checkpoint import load_checkpoint
+from glassllm.formats import files
+from glassllm.training import events, stopping
+from glassllm.training.lock import OutputLocked
+from glassllm.training.plan import OPTIONS, RunPlan, read_options_file
+from glassllm.training.run import COMPLETE, INTERRUPTED, RunResult, execute
+
+TINY = dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, seq_len=16, batch_size=4,
+            eval_batches=2, threads=1)
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text("The quick brown fox jumps over the lazy dog.\n" * 60, encoding="utf-8")
+    return path
+
+
+def plan_of(text_file, out, **options) -> RunPlan:
+    return RunPlan.from_options({"data": [str(text_file)], "out": str(out), **TINY, **options})
+
+
+def history(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def weights(path) -> dict:
+    return {n: p.data for n, p in files.load(path).named_parameters()}
+
+
+def test_a_short_run_writes_its_files_and_returns_a_complete_result(tmp_path, text_file):
+    out = tmp_path / "run" / "model.safetensors"
+    plan = plan_of(text_file, out, steps=6, eval_every=3, warmup=2)
+    assert plan.run_dir == str(tmp_path / "run") and plan.config.d_model == 16
+    assert plan.config.vocab_size == 257 and plan.settings.steps == 6
+    seen = []
+    result = execute(plan, seen.append)
+    assert isinstance(result, RunResult)
+    assert (result.reason, result.exit_code, result.error) == (COMPLETE, 0, None)
+    kinds = [type(e).__name__ for e in seen]
+    assert kinds[:3] == ["RunBegins", "LoopBegins", "Started"]
+    assert kinds.count("Stepped") == 6 and kinds[-1] == "LoopEnded"
+    assert kinds.index("Finished") < kinds.index("LoopEnded")
+    begins = seen[0]
+    assert begins.parameters == sum(p.size for p in files.load(out).parameters())
+    assert begins.threads == 1 and begins.threads_why == "as requested"
+    summary = result.summary
+    assert summary.steps == 6 and summary.best_step == 5
+    losses = [e.loss for e in seen if isinstance(e, events.Stepped)]
+    # a byte model starts near ln(257) = 5.549 nats and learns a repeated sentence
+    assert 5.3 < losses[0] < 5.8 and all(np.isfinite(losses))
+    assert summary.final_val_loss < seen[2].val_loss  # evaluated below its initial loss
+    rows = history(result.history_csv)
+    assert result.history_csv == plan.paths["history_csv"]
+    assert [int(r["step"]) for r in rows] == list(range(6))
+    assert [float(r["train_loss"]) for r in rows] == losses  # repr: read back exactly
+    assert out.exists() and (result.plot is None or os.path.exists(result.plot))
+    assert not list((tmp_path / "run").glob("*.lock"))  # released
+
+
+def test_a_resume_continues_bit_for_bit(tmp_path, text_file):
+    """Four steps, then a resume from the checkpoint of step 4 to 8, equal an uninterrupted
+    run of 8: weights, history.csv and every step's loss."""
+    whole = tmp_path / "whole" / "model.safetensors"
+    assert execute(plan_of(text_file, whole, steps=8, eval_every=4)).reason == COMPLETE
+
+    part = tmp_path / "part" / "model.safetensors"
+
+    def stop_after_four(event):
+        if isinstance(event, events.Stepped) and event.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # held to the step boundary
+    with stopping.signals_raise():
+        first = execute(plan_of(text_file, part, steps=8, eval_every=4), stop_after_four)
+    assert (first.reason, first.step, first.signum) == (INTERRUPTED, 4, signal.SIGINT)
+    ckpt = part.parent / "checkpoint.safetensors"
+    assert first.checkpoint == str(ckpt) and load_checkpoint(ckpt).step == 4
+
+    plan = RunPlan.from_checkpoint(ckpt)
+    assert plan.resume.step == 4 and plan.paths["model"] == str(part)
+    assert plan.threads == 1 and plan.threads_kept  # the interrupted run's count
+    seen = []
+    second = execute(plan, seen.append)
+    assert second.reason == COMPLETE and second.summary.steps == 8
+    resumed = [e for e in seen if isinstance(e, events.Resumed)]
+    assert len(resumed) == 1 and resumed[0].step == 4
+    assert any(isinstance(e, events.WarmupOutlastsRun) and e.peak == pytest.approx(0.002 * 0.08)
+               for e in seen)  # 8 steps of a warmup of 100: a warning, as an event
+    a, b = weights(whole), weights(part)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert (whole.parent / "history.csv").read_text() == (part.parent / "history.csv").read_text()
+
+
+def test_a_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path, text_file):
+    out = tmp_path / "run" / "model.safetensors"
+    steps = []
+
+    def sigterm_at_step_2(event):
+        if isinstance(event, events.Stepped):
+            steps.append(event.step)
+            if event.step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+    with stopping.signals_raise():  # as `glassllm train` runs it
+        result = execute(plan_of(text_file, out, steps=50, eval_every=10), sigterm_at_step_2)
+    assert result.reason == INTERRUPTED and result.signum == signal.SIGTERM
+    assert result.exit_code == 143 and isinstance(result.error, KeyboardInterrupt)
+    assert steps == [0, 1, 2] and result.step == 3  # the update in progress completed
+    ckpt = load_checkpoint(result.checkpoint)
+    assert ckpt.step == 3 and len(ckpt.history) == 3
+    rows = history(result.history_csv)
+    assert [int(r["step"]) for r in rows] == [0, 1, 2]
+    assert not list((tmp_path / "run").glob("*.lock"))
+
+
+def _holder(paths, tmp_path):
+    """A real second process locking `paths` until it is killed."""
+    ready = tmp_path / "ready"
+    code = textwrap.dedent(f"""
+        import time
+        from glassllm.training.lock import lock_outputs
+        with lock_outputs({[str(p) for p in paths]!r}):
+            open({str(ready)!r}, "w").close()
+            time.sleep(600)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "holder did not start"
+        time.sleep(0.02)
+    return proc
+
+
+def test_a_locked_output_is_refused_and_nothing_is_overwritten(tmp_path, text_file):
+    out = tmp_path / "run" / "model.safetensors"
+    out.parent.mkdir()
+    history_csv = out.parent / "history.csv"
+    history_csv.write_text("another run's history\n")
+    holder = _holder([history_csv], tmp_path)
+    try:
+        seen = []
+        with pytest.raises(OutputLocked) as info:
+            execute(plan_of(text_file, out, steps=3), seen.append)
+        message = str(info.value)
+        assert f"in use by another glassllm run (pid {holder.pid}" in message
+        assert info.value.filename == str(history_csv)
+        assert seen == []  # refused before the run began
+        assert history_csv.read_text() == "another run's history\n"
+        assert not out.exists() and not (out.parent / "checkpoint.safetensors").exists()
+        assert not os.path.exists(str(out) + ".lock")  # what it had locked, released
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_left_by_a_dead_run_is_an_event(tmp_path, text_file):
+    """A lock file whose process ended is taken over; the run says so through an event (the
+    library never prints), and removes the temporaries that run left."""
+    out = tmp_path / "run" / "model.safetensors"
+    out.parent.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (out.parent / "model.safetensors.lock").write_text(json.dumps({"pid": int(dead)}))
+    left = out.parent / ".model.safetensors.0123456789ab.tmp"  # the dead run's, half written
+    left.write_bytes(b"x" * 100)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, as an event: the Trainer warns no more
+        assert execute(plan_of(text_file, out, steps=2), seen.append).reason == COMPLETE
+    taken = [e for e in seen if isinstance(e, events.LockTakenOver)]
+    assert [e.holder["pid"] for e in taken] == [int(dead)]
+    removed = [e.path for e in seen if isinstance(e, events.TemporaryRemoved)]
+    assert removed == [str(left)] and not left.exists()
+    assert kinds_before(seen, events.RunBegins) == ["LockTakenOver", "TemporaryRemoved"]
+
+
+def kinds_before(seen, kind) -> list[str]:
+    """The names of the event types sent before the first `kind`."""
+    first = next(i for i, e in enumerate(seen) if isinstance(e, kind))
+    return [type(e).__name__ for e in seen[:first]]
+
+
+def test_plan_errors_name_the_option(tmp_path, text_file):
+    with pytest.raises(ValueError, match=r"^--steps must be an integer in \[1, 1000000000\], "
+                                         r"got 0$"):
+        plan_of(text_file, tmp_path / "m.safetensors", steps=0)
+    with pytest.raises(ValueError, match="unknown option 'stepz'"):
+        RunPlan.from_options({"stepz": 3})
+    with pytest.raises(ValueError, match="^--data is an empty path$"):
+        RunPlan.from_options({"data": [""]})
+
+
+def test_a_plan_from_a_toml_file(tmp_path, text_file):
+    config = tmp_path / "run.toml"
+    config.write_text(f'data = ["{text_file}"]\nd-model = 16\nn_layers = 1\nn_heads = 2\n'
+                      f'seq_len = 16\nsteps = 7\nprecision = "bf16"\n')
+    plan = RunPlan.from_toml(config, out=str(tmp_path / "r" / "m.safetensors"), steps=5)
+    assert plan.settings.steps == 5 and plan.settings.precision == "bf16"  # keyword wins
+    assert (plan.config.d_model, plan.config.n_layers, plan.config.max_len) == (16, 1, 16)
+    config.write_text("steps = 1.5\n")
+    with pytest.raises(ValueError, match=r"run.toml: key 'steps' must be an integer, got 1.5"):
+        read_options_file(config)
+
+
+def test_the_plan_options_are_the_cli_flags():
+    """OPTIONS (what a plan and a TOML file take) and `glassllm train`'s parser name the same
+    options with the same kinds; the CLI's copies of the library's constants are equal."""
+    from glassllm import cli
+    from glassllm.cli import common
+    from glassllm.training import plan
+    parser = cli.build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    actions = {a.dest: a for a in train._actions if a.dest not in ("help", "config")}
+    assert set(actions) == set(OPTIONS)
+    for name, action in actions.items():
+        kind = OPTIONS[name]
+        if action.choices is not None:
+            assert tuple(action.choices) == kind, name
+        elif action.nargs == "+":
+            assert kind == "paths", name
+        elif action.nargs == 0:
+            assert kind is bool, name
+        elif action.type in (int, float):
+            assert action.type is kind, name
+    assert common.SMALL_FILE_BYTES == plan.SMALL_FILE_BYTES
+
+
+def test_the_serve_training_view_reads_the_run_execute_writes(tmp_path, text_file):
+    """`glassllm serve --run` (and `glassllm train --serve`, which starts it on the plan's
+    run_dir) reads the files `execute` writes: history, the per-step log, health."""
+    from glassllm.serve.run import RunWatcher
+    out = tmp_path / "run" / "model.safetensors"
+    plan = plan_of(text_file, out, steps=4, eval_every=2, health_every=2,
+                   log_csv=str(tmp_path / "run" / "steps.csv"))
+    result = execute(plan)
+    assert result.reason == COMPLETE
+    seen = RunWatcher(plan.run_dir).snapshot()
+    assert seen["exists"] and seen["problems"] == []
+    assert seen["history"]["step"] == [0, 1, 2, 3]
+    assert seen["history"]["train_loss"] == [h["loss"] for h in result.summary.history]
+    assert seen["steps"]["step"] == [0, 1, 2, 3]
+    assert [row["step"] for row in seen["health"]] == [0, 2]
+
+
+@pytest.mark.parametrize("backend, follows", [("mkl", True), ("numpy", False)])
+def test_a_run_follows_the_load_only_where_the_count_leaves_the_bits_alone(
+        tmp_path, text_file, monkeypatch, backend, follows):
+    """No count asked for: on a BLAS whose bits do not depend on the thread count (MKL, strict
+    reproducible mode) the run computes on the process default, revisited as the load changes,
+    and its checkpoint records no count; on NumPy's BLAS the count measured at the start is
+    kept for the run and recorded, so a resume continues bit for bit."""
+    from glassllm.engine import blas, cpu, parallel
+    monkeypatch.delenv("GLASSLLM_THREADS", raising=False)  # (conftest pins it)
+    monkeypatch.setattr(blas, "backend", lambda: backend)
+    monkeypatch.setattr(cpu, "choose_threads", lambda requested=None, load=None:
+                        (requested, "as requested") if requested else (2, "measured"))
+    revisits = []
+
+    def during_the_loop(event):
+        if isinstance(event, events.Stepped):
+            revisits.append(parallel.on_revisit(None))  # (fn, every_s): fn None when pinned
+            parallel.on_revisit(*revisits[-1])
+    plan = plan_of(text_file, tmp_path / "r" / "m.safetensors", steps=2, threads=None,
+                   checkpoint_every=1)
+    try:
+        result = execute(plan, during_the_loop)
+    finally:
+        cpu.set_default_threads(1)  # the next tests run on conftest's one thread
+    assert result.reason == COMPLETE
+    extra = load_checkpoint(plan.paths["checkpoint"]).extra
+    assert ("threads" not in extra) == follows
+    assert all((fn is not None) == follows for fn, _ in revisits) and len(revisits) == 2
+    if not follows:
+        assert extra["threads"] == 2
