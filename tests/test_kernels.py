@@ -30,7 +30,7 @@ import pytest
 
 from glassllm import amp, generate, kernels, optim
 from glassllm import functional as F
-from glassllm.engine import attention, blas, cpu, decode, jit, ops, parallel
+from glassllm.engine import attention, blas, compiled, cpu, decode, jit, ops, parallel
 from glassllm.lens.trace import run_with_cache
 from glassllm.model import Config, GlassLM, KVCache
 from glassllm.tensor import Tensor, no_grad
@@ -214,7 +214,7 @@ def test_in_place_softmaxes_are_the_reference_softmax_bit_for_bit(shape):
     x = rand(np.random.default_rng(2), *shape, scale=4.0)
     want = F.softmax_rows(x)
     np.testing.assert_array_equal(ops.softmax_rows_inplace(x.copy()), want)
-    np.testing.assert_array_equal(decode._softmax_inplace(x.copy()), want)
+    np.testing.assert_array_equal(compiled.softmax_rows_inplace(x.copy()), want)
 
 
 def test_cross_entropy_overwrite_keeps_the_probabilities_in_the_logits():
@@ -319,7 +319,7 @@ def restore_registry():
     saved = kernels.registered()
     yield
     for reference, fast in saved.items():
-        kernels.register(reference, fast)
+        kernels.register(reference, fast, replaces=True)
 
 
 def test_engine_mode_runs_every_registered_fast_form(restore_registry):
@@ -332,7 +332,7 @@ def test_engine_mode_runs_every_registered_fast_form(restore_registry):
         return run
 
     for reference, fast in kernels.registered().items():
-        kernels.register(reference, counted(reference, fast))
+        kernels.register(reference, counted(reference, fast), replaces=True)
     with kernels.use("engine"):
         workload()
     never = sorted(r.__qualname__ for r in kernels.registered() if r.__qualname__ not in calls)
@@ -347,7 +347,7 @@ def test_reference_mode_runs_no_fast_form(restore_registry):
         return run
 
     for reference in kernels.registered():
-        kernels.register(reference, refuse(reference))
+        kernels.register(reference, refuse(reference), replaces=True)
     with kernels.use("reference"):
         workload()
         assert all(kernels.pick(r) is r for r in kernels.registered())
@@ -411,6 +411,31 @@ def test_pick_returns_the_reference_when_nothing_is_registered():
         assert kernels.pick(lonely) is lonely
     with pytest.raises(TypeError, match="2 reference form"):
         kernels.register((F.gelu_forward, F.gelu_backward), ops.gelu_forward)
+
+
+def test_a_second_fast_form_for_an_op_is_an_error_unless_it_says_it_replaces(restore_registry):
+    registered_gelu = kernels.registered()[F.gelu_forward]
+    with pytest.raises(ValueError) as error:
+        kernels.register((F.gelu_forward, F.gelu_backward), (ops.gelu_forward, ops.gelu_backward))
+    assert str(error.value) == (
+        "kernels.register: glassllm.functional.gelu_forward already has a fast form "
+        f"({registered_gelu.__module__}.{registered_gelu.__qualname__}); "
+        "pass replaces=True to replace it")
+    # nothing of the refused pair was registered: the backward still pairs with the forward
+    assert kernels.registered()[F.gelu_forward] is registered_gelu
+    assert kernels.registered()[F.gelu_backward] is not ops.gelu_backward
+    kernels.register((F.gelu_forward, F.gelu_backward), (ops.gelu_forward, ops.gelu_backward),
+                     replaces=True)
+    with kernels.use("engine"):
+        assert kernels.pick(F.gelu_forward) is ops.gelu_forward
+        assert kernels.pick(F.gelu_backward) is ops.gelu_backward
+
+    def lonely():
+        pass
+
+    kernels.register(lonely, ops.gelu_forward)  # a first fast form needs no word
+    assert kernels.registered()[lonely] is ops.gelu_forward
+    del kernels._fast[lonely]
 
 
 def test_the_engine_registers_blas_as_the_gemm_and_autocast_rounds_through_it():
@@ -484,3 +509,81 @@ def test_the_glass_imports_neither_the_engine_nor_autocast_and_runs_without_them
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "3", "[]"]
+
+
+# --------------------------------------------------------------------------- reused buffers
+def test_a_pooled_buffer_is_handed_out_again_only_once_nothing_references_it(monkeypatch):
+    from glassllm.engine import buffers
+    monkeypatch.setattr(buffers, "MIN_BYTES", 64)
+    buffers.clear()
+    a = buffers.empty((4, 8), np.float32)
+    b = buffers.empty((4, 8), np.float32)
+    assert a is not b and a.shape == (4, 8) and a.dtype == np.float32 and a.flags.c_contiguous
+    view = a.reshape(-1)[2:]  # a view holds its base
+    del a
+    c = buffers.empty((4, 8), np.float32)
+    assert c is not view.base and c is not b  # both still referenced: a third buffer
+    del view
+    d = buffers.empty((4, 8), np.float32)
+    assert d is not b and d is not c  # the first one, now free, comes back
+    assert buffers.empty((4, 8), np.float64) is not d  # another dtype: its own buffers
+    assert buffers.empty((2, 2), np.float32).base is None  # under MIN_BYTES: plain np.empty
+    assert buffers.pooled_bytes() == 3 * 128 + 256
+    freed_id = id(d)
+    del d
+    assert id(buffers.empty((4, 8), np.float32)) == freed_id
+    buffers.clear()
+    assert buffers.pooled_bytes() == 0
+
+
+# --------------------------------------------------------------------------- the forms page
+KERNELS_PAGE = SRC.parent / "docs" / "kernels.md"
+FORMS_START = ("<!-- forms table: generated from glassllm.kernels.registered() "
+               "(tests/test_kernels.py) -->")
+FORMS_END = "<!-- end of the forms table -->"
+# where each engine module's forms come from, as the table states it
+FORM_KINDS = {
+    "backward": "2: reference + NumPy (gradient buffers reused)",
+    "compiled": "2: reference + compiled (numba), its NumPy form inside",
+    "fast_decode": "2: reference + compiled whole step (numba), `engine.decode`'s NumPy step "
+                   "inside",
+    "attention": "2: reference + NumPy (query blocks)",
+    "optimizer": "2: reference + NumPy (sliced)",
+    "ops": "2: reference + NumPy (sliced, in place)",
+}
+
+
+def _short(fn) -> str:
+    """`functional.rms_norm_forward`: the module path under glassllm, and the name."""
+    return f"{fn.__module__.removeprefix('glassllm.')}.{fn.__name__}"
+
+
+def _fast_name(fast) -> tuple[str, str]:
+    """(the engine module holding `fast` under a name, that name): searched by identity, as
+    forms built by a factory (the softmax pair) carry their factory's module; else the
+    form's own module and name."""
+    from glassllm import engine
+    for module in FORM_KINDS:
+        for name, value in vars(getattr(engine, module)).items():
+            if value is fast:
+                return module, name
+    return fast.__module__.removeprefix("glassllm.engine."), fast.__qualname__
+
+
+def forms_table() -> str:
+    """One row per reference the engine registered: its fast form and the count of forms."""
+    rows = ["| reference | engine form | forms |", "|---|---|---|"]
+    for reference, fast in kernels.registered().items():
+        if fast is reference:  # a pair whose forward stays the reference (the embedding's)
+            rows.append(f"| `{_short(reference)}` | (the reference) | 1: reference |")
+            continue
+        module, name = _fast_name(fast)
+        kind = FORM_KINDS.get(module, "2: reference + engine form")
+        rows.append(f"| `{_short(reference)}` | `engine.{module}.{name}` | {kind} |")
+    return "\n".join(rows)
+
+
+def test_the_kernels_page_lists_every_op_with_its_count_of_forms():
+    text = KERNELS_PAGE.read_text(encoding="utf-8")
+    shown = text[text.index(FORMS_START) + len(FORMS_START):text.index(FORMS_END)].strip()
+    assert shown == forms_table(), f"docs/kernels.md: replace the forms table with\n{forms_table()}"

@@ -6,7 +6,7 @@ against. Most also have a fast form in `glassllm.engine` (sliced over threads, i
 attention), tested equal to the reference in `tests/test_kernels.py`. This module is where the
 two meet:
 
-    kernels.register(reference, fast)    # the engine, when `glassllm` is imported
+    kernels.register(reference, fast)    # the engine, when `glassllm` is imported (once per op)
     kernels.pick(reference)              # the op, each time it runs: the form to use now
     with kernels.use("reference"): ...   # tests: run the references (or "engine") inside
     kernels.mode()                       # "engine" or "reference"
@@ -104,13 +104,17 @@ def use(name: str):
         _thread.name = previous
 
 
-def register(reference, fast) -> None:
+def register(reference, fast, *, replaces: bool = False) -> None:
     """Make `fast` the engine form of `reference` (functions, or equal-length tuples of them:
-    a forward/backward pair is registered together). A later registration replaces one before.
+    a forward/backward pair is registered together). Each op has at most one fast form: a
+    second registration for an op is an error unless it says `replaces=True` (then it
+    replaces the first), so which form runs never depends on the order of registration.
 
     Raises:
         TypeError: a tuple against a single function, tuples of different lengths, or
             something that is not callable.
+        ValueError: `reference` already has a fast form and `replaces` is False (one line,
+            naming the op and the form it has).
     """
     references = tuple(reference) if isinstance(reference, tuple) else (reference,)
     fasts = tuple(fast) if isinstance(fast, tuple) else (fast,)
@@ -120,7 +124,15 @@ def register(reference, fast) -> None:
     for ref, f in zip(references, fasts):
         if not (callable(ref) and callable(f)):
             raise TypeError(f"kernels.register: {ref!r} and {f!r} must both be functions")
+        if not replaces and ref in _fast:
+            raise ValueError(f"kernels.register: {_name(ref)} already has a fast form "
+                             f"({_name(_fast[ref])}); pass replaces=True to replace it")
     _fast.update(zip(references, fasts))
+
+
+def _name(fn) -> str:
+    """module.qualname of a function, for error lines."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def pick(reference: Callable) -> Callable:

@@ -5,9 +5,12 @@ of rows on the pool's threads (`parallel.for_slices`).
 Each form here falls back to the engine's NumPy form (`glassllm.engine.ops`) where numba
 cannot load (`jit.kernels()` is None) or the arrays are not float32/float64 of one dtype; a
 forward and its backward share the `saved` format of the NumPy pair, so either backward
-reads either forward's values. Registered after `ops`, so these are the fast forms in engine
-mode; GLASSLLM_KERNELS=reference runs `glassllm.functional` as ever. Equal to the references
-to the bounds stated in tests/test_numba_kernels.py.
+reads either forward's values. These are the registered fast forms of their ops (the NumPy
+forms are not registered apart: one fast form per op); GLASSLLM_KERNELS=reference runs
+`glassllm.functional` as ever. Equal to the references to the bounds stated in
+tests/test_numba_kernels.py. Their large outputs (activations, gradients) come from `buffers`
+(the arrays of an earlier call, once the autograd and every caller have let them go) rather
+than fresh memory.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import optim
-from . import jit, ops, optimizer, parallel
+from . import buffers, jit, ops, optimizer, parallel
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -73,7 +76,7 @@ def rms_norm_forward(x, weight, eps):
     if k is None or not _fits((weight, x.shape[-1:])):
         return ops.rms_norm_forward(x, weight, eps)
     x2 = _rows(x)
-    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    y, xhat = buffers.empty_like(x2), buffers.empty_like(x2)
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     n, c = x2.shape
     eps = float(eps)
@@ -81,20 +84,37 @@ def rms_norm_forward(x, weight, eps):
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
-def _norm_dx(dy, xhat, rstd, weight, centred):
+def _norm_backward(dy, xhat, rstd, weight, centred):
+    """(dx, dw, db) of RMSNorm (db None) or LayerNorm (centred) in one pass over dy and xhat:
+    each block of rows adds its column sums into float64 partials, added in block order. The
+    blocks are cut by size alone (`for_slices(balanced=False)`), so dw and db are the same
+    bits on any thread count."""
     k = _kernels(dy, xhat, weight)
     if k is None or dy.size != xhat.size or not _fits((weight, xhat.shape[-1:])):
-        return ops._norm_backward(dy, xhat, rstd, weight, centred)
+        dy2 = ops._rows(dy)
+        return (ops._norm_backward(dy, xhat, rstd, weight, centred),
+                ops._column_dot(dy2, xhat), dy2.sum(axis=0) if centred else None)
     dy2 = _rows(dy)
-    dx = np.empty_like(dy2)
-    _for_rows(k.norm_backward, lambda r: (dy2[r], xhat[r], rstd[r], weight, centred, dx[r]),
-              *dy2.shape)
-    return dx.reshape(dy.shape)
+    dx = buffers.empty_like(dy2)
+    n, c = dy2.shape
+    partial = {}
+
+    def rows(r):
+        dw, db = np.zeros(c), np.zeros(c if centred else 0)
+        k.norm_backward(dy2[r], xhat[r], rstd[r], weight, centred, dx[r], dw, db)
+        partial[r.start] = dw, db
+
+    rows.__qualname__ = "norm_backward.rows"
+    parallel.for_slices(rows, n, c, balanced=False)
+    blocks = [partial[start] for start in sorted(partial)]
+    dw = sum((w for w, _ in blocks), np.zeros(c)).astype(dy2.dtype)
+    db = sum((b for _, b in blocks), np.zeros(c)).astype(dy2.dtype) if centred else None
+    return dx.reshape(dy.shape), dw, db
 
 
 def rms_norm_backward(dy, saved):
     xhat, rstd, weight = saved
-    return _norm_dx(dy, xhat, rstd, weight, False), ops._column_dot(ops._rows(dy), xhat)
+    return _norm_backward(dy, xhat, rstd, weight, False)[:2]
 
 
 def layer_norm_forward(x, weight, bias, eps):
@@ -102,7 +122,7 @@ def layer_norm_forward(x, weight, bias, eps):
     if k is None or not _fits((weight, x.shape[-1:]), (bias, x.shape[-1:])):
         return ops.layer_norm_forward(x, weight, bias, eps)
     x2 = _rows(x)
-    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    y, xhat = buffers.empty_like(x2), buffers.empty_like(x2)
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     eps = float(eps)
     _for_rows(k.layer_norm_forward,
@@ -112,9 +132,7 @@ def layer_norm_forward(x, weight, bias, eps):
 
 def layer_norm_backward(dy, saved):
     xhat, rstd, weight = saved
-    dy2 = ops._rows(dy)
-    return (_norm_dx(dy, xhat, rstd, weight, True), ops._column_dot(dy2, xhat),
-            dy2.sum(axis=0))
+    return _norm_backward(dy, xhat, rstd, weight, True)
 
 
 # --------------------------------------------------------------------------- activations
@@ -123,7 +141,7 @@ def swiglu_forward(gate, up):
     if k is None or not _fits((up, gate.shape)):
         return ops.swiglu_forward(gate, up)
     g, u = _rows(gate), _rows(up)
-    s, y = np.empty_like(g), np.empty_like(g)
+    s, y = buffers.empty_like(g), buffers.empty_like(g)
     _each_slice(k.swiglu_forward, (g, u, s, y))
     return y.reshape(gate.shape), (g, u, s)
 
@@ -134,7 +152,7 @@ def swiglu_backward(dy, saved):
     if k is None or dy.size != g.size:
         return ops.swiglu_backward(dy, saved)
     dy2 = _rows(dy)
-    dgate, dup = np.empty_like(g), np.empty_like(g)
+    dgate, dup = buffers.empty_like(g), buffers.empty_like(g)
     _each_slice(k.swiglu_backward, (dy2, g, u, s, dgate, dup))
     return dgate.reshape(dy.shape), dup.reshape(dy.shape)
 
@@ -144,7 +162,7 @@ def gelu_forward(x):
     if k is None:
         return ops.gelu_forward(x)
     x2 = _rows(x)
-    s, y = np.empty_like(x2), np.empty_like(x2)
+    s, y = buffers.empty_like(x2), buffers.empty_like(x2)
     n, c = x2.shape
     _for_rows(k.gelu_forward, lambda r: (x2[r], F.GELU_C, s[r], y[r]), n, c)
     return y.reshape(x.shape), (x2, s)
@@ -156,7 +174,7 @@ def gelu_backward(dy, saved):
     if k is None or dy.size != x2.size:
         return ops.gelu_backward(dy, saved)
     dy2 = _rows(dy)
-    dx = np.empty_like(x2)
+    dx = buffers.empty_like(x2)
     _for_rows(k.gelu_backward, lambda r: (dy2[r], x2[r], s[r], F.GELU_C, dx[r]), *x2.shape)
     return (dx.reshape(dy.shape),)
 
@@ -168,7 +186,7 @@ def _rope(x, cos, sin, sign):
     B, T, H, D = x.shape
     k = _kernels(x, cos, sin)
     x3 = np.ascontiguousarray(x).reshape(B * T, H, D)
-    y3 = np.empty_like(x3)
+    y3 = buffers.empty_like(x3)
     cos, sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
     _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D)
     return y3.reshape(B, T, H, D)
@@ -216,7 +234,7 @@ def softmax_backward_inplace(dp, p):
 
 
 softmax_forward, softmax_backward = ops.softmax_pair(softmax_rows_inplace,
-                                                    softmax_backward_inplace)
+                                                    softmax_backward_inplace, buffers.empty)
 
 
 # --------------------------------------------------------------------------- loss
@@ -225,10 +243,12 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     if k is None or not logits.flags.c_contiguous:
         return ops.cross_entropy_forward(logits, targets, overwrite_logits)
     t = _checked_targets(targets, *logits.shape)
-    probs = logits if overwrite_logits else np.empty_like(logits)
-    logprob = np.empty(logits.shape[0], dtype=logits.dtype)
-    _for_rows(k.cross_entropy_forward, lambda r: (logits[r], t[r], probs[r], logprob[r]),
-              *logits.shape)
+    probs = logits if overwrite_logits else buffers.empty_like(logits)
+    shifted = np.empty(logits.shape[0], dtype=logits.dtype)
+    row_sum = np.ones(logits.shape[0])  # (rows of V = 0 are skipped by the kernel)
+    _for_rows(k.cross_entropy_forward,
+              lambda r: (logits[r], t[r], probs[r], shifted[r], row_sum[r]), *logits.shape)
+    logprob = (shifted - np.log(row_sum)).astype(logits.dtype)  # as the kernel stored it once
     return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, t)
 
 

@@ -4,15 +4,17 @@ the engine's form of `glassllm.generate.next_token_logits`.
 Decoding feeds one token at a time, and for a small model each of the ~15 ops per layer costs
 more in Python and NumPy call overhead than in arithmetic (stories260K: about 85% of a token's
 time). `step` is the same computation as the engine's `GlassLM.forward` for a single position
-against a `KVCache` -- the same formulas in the same order as the engine's forms
-(`glassllm.engine.ops`, `glassllm.engine.attention`), so the same bits -- with none of its
-bookkeeping (its norms, rotations, softmax and gating are the engine's compiled forms where
-numba loads, `glassllm.engine.compiled`, NumPy's otherwise): no Tensor objects or graph closures, no id validation per layer, no slicing into
-thread-pool work, one vector per matrix product. The whole sequence of a layer reads top to
+against a `KVCache` -- the same registered fast forms the engine forward runs
+(its norms, rotations, softmax and gating are `glassllm.engine.compiled`'s, which run the
+numba row kernels where numba loads and the NumPy forms otherwise), so the same bits -- with
+none of its bookkeeping: no Tensor objects or graph closures, no id validation per layer, one
+vector per matrix product. The whole sequence of a layer reads top to
 bottom as in llama2.c's run.c.
 
 `GlassLM.forward` stays the definition (and does the prompt, batches, and every other architecture):
-`next_token_logits` below runs `step` where it applies and the reference elsewhere.
+`next_token_logits` below runs `step` where it applies and the reference elsewhere; the
+registered form of `generate.next_token_logits` is `fast_decode.next_token_logits`, which runs
+the whole step compiled for small models and this one otherwise.
 `tests/test_decode.py` checks that `step` gives the engine forward's logits exactly, and
 `tests/test_kernels.py` that it gives the reference forward's to float32 rounding.
 """
@@ -25,7 +27,7 @@ import numpy as np
 from .. import amp, generate, kernels
 from ..config import PRESETS
 from ..model import GlassLM, KVCache
-from . import compiled, jit
+from . import compiled
 
 _mm = kernels.matmul  # the library's one matrix product (here float32: no autocast)
 
@@ -56,42 +58,21 @@ def _cache_fits(cfg, cache: KVCache) -> bool:
     return all(a.shape == shape and a.dtype == np.float32 for a in (cache.k, cache.v))
 
 
+# The engine forward's own registered forms (numba's row kernels, or their NumPy forms): the
+# same bits as GlassLM.forward's, with nothing of their saved values kept
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    # as engine.ops.rms_norm_forward: rstd = 1 / sqrt(mean(x^2) + eps); (x * rstd) * weight
-    if jit.kernels() is not None:  # the engine forward's compiled form: the same bits
-        return compiled.rms_norm_forward(x, weight, eps)[0]
-    rstd = np.divide(1.0, np.sqrt(np.einsum("...i,...i->...", x, x)[..., None] / x.shape[-1]
-                                  + eps))
-    return (x * rstd) * weight
+    """x (1, C) normalised and scaled by weight (C,)."""
+    return compiled.rms_norm_forward(x, weight, eps)[0]
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    # as functional.rope_forward: x * cos + rotate_half(x) * sin, rotate_half(a, b) = (-b, a)
-    if jit.kernels() is not None:
-        return compiled.rope_forward(x[None], cos, sin)[0][0]
-    half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    rotated *= sin
-    return x * cos + rotated
-
-
-def _softmax_inplace(x: np.ndarray) -> np.ndarray:
-    # functional.softmax_rows in x's buffer: the same operations, the same bits (test_kernels)
-    if jit.kernels() is not None:
-        return compiled.softmax_rows_inplace(x)
-    x -= x.max(axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
-    return x
+    """x (1, H, D) rotated at the position of cos, sin (1, D)."""
+    return compiled.rope_forward(x[None], cos, sin)[0][0]
 
 
 def _swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    # silu(gate) * up as the engine forward computes it
-    if jit.kernels() is not None:
-        return compiled.swiglu_forward(gate, up)[0]
-    with np.errstate(over="ignore"):  # exp(-gate) = inf for gate < -88: sigmoid 0
-        sigmoid = 1.0 / (np.exp(-gate) + 1.0)
-    return (gate * sigmoid) * up
+    """silu(gate) * up, both (1, d_ff)."""
+    return compiled.swiglu_forward(gate, up)[0]
 
 
 def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
@@ -121,8 +102,8 @@ def step(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
         cache.v[layer, 0, pos] = _mm(h, attention.value.weight.data).reshape(Hkv, D)
         keys = cache.k[layer, 0, :pos + 1].transpose(1, 2, 0)   # (Hkv, D, T)
         values = cache.v[layer, 0, :pos + 1].transpose(1, 0, 2)  # (Hkv, T, D)
-        # the G query heads of a KV head as G rows (engine.attention's layout)
-        scores = _softmax_inplace(_mm(q.reshape(Hkv, G, D) * scale, keys))  # (Hkv, G, T)
+        # the G query heads of a KV head as G rows (engine.attention's layout): (Hkv, G, T)
+        scores = compiled.softmax_rows_inplace(_mm(q.reshape(Hkv, G, D) * scale, keys))
         y = _mm(scores, values).reshape(1, H * D)
         x = x + _mm(y, attention.output.weight.data)
         # SwiGLU MLP: down(silu(gate) * up)
@@ -141,6 +122,3 @@ def next_token_logits(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
     if supports(model, cache):
         return step(model, cache, token)
     return generate.next_token_logits(model, cache, token)
-
-
-FAST_FORMS = [(generate.next_token_logits, next_token_logits)]

@@ -1,6 +1,7 @@
-"""A whole decoding step compiled (`numba_kernels.decode_step`, llama2.c's `forward()` loop)
-for small llama-family models: the engine's form of `glassllm.generate.next_token_logits`
-where it applies, `glassllm.engine.decode`'s NumPy step otherwise.
+"""The engine's one registered form of `glassllm.generate.next_token_logits`: a whole decoding
+step compiled (`numba_kernels.decode_step`, llama2.c's `forward()` loop, on the same row
+kernels as the training forward's norms, rotation, softmax and gating) for small
+llama-family models where numba loads; `glassllm.engine.decode`'s step otherwise.
 
 Why: for stories260K-sized models each of a layer's ~15 ops costs more in Python and NumPy
 call overhead than in arithmetic (bench/llama2c_speed.py: 1 ms of 1.5 ms per token outside

@@ -20,8 +20,11 @@ Conventions shared by every kernel here:
   loop); float64 uses libm's exp.
 - sums: `fastmath={"reassoc"}` only, on the kernels that sum a row, lets LLVM add the row in
   vector lanes (8 float32 partial sums on AVX2, 16 on AVX-512) combined at the end: that is
-  the documented order, deterministic on one machine; nothing else of fastmath (no FMA
-  contraction, inf and NaN kept).
+  the documented order, deterministic on one machine; inf and NaN kept. The softmax's and
+  cross-entropy's exp passes (`_jit_exp`) also allow FMA contraction and sum in the row's
+  dtype per SUM_BLOCK elements (then float64): they are bound by exp's arithmetic;
+- one row kernel per formula (`_rms_norm_row`, `_swiglu_row`, `_rope_row`, `_softmax_row`),
+  called by the (N, C) kernels of the training forms and by the decoding step alike.
 """
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ from .jit import disk_cache  # False where numba has nowhere to write its cache 
 
 _jit = njit(cache=disk_cache(), nogil=True, error_model="numpy")
 _jit_sum = njit(cache=disk_cache(), nogil=True, error_model="numpy", fastmath={"reassoc"})
+# the exp passes of softmax and cross-entropy: also FMA contraction (the exp polynomial's
+# multiply-adds fused: fewer roundings, 1.4x faster there)
+_jit_exp = njit(cache=disk_cache(), nogil=True, error_model="numpy",
+                fastmath={"reassoc", "contract"})
 
 
 def _expf(x):
@@ -68,23 +75,162 @@ def _exp_typed(x):
     return lambda x: np.exp(x)
 
 
+def _max_f32(x):
+    """max of a float32 row as the max of order-preserving int32 keys: the float's bits,
+    the magnitude bits flipped for negative values (an involution). An integer max reduction
+    vectorizes without fast-math flags; a float one (`max(m, x)`) keeps NaN semantics and runs
+    one element per compare's latency (the softmax's and cross-entropy's bottleneck). A NaN
+    comes out as NaN or as a finite max; either way the row's exp pass turns it into NaN."""
+    bits = x.view(np.int32)
+    key = np.int32(-2147483648)
+    flip = np.int32(0x7FFFFFFF)
+    for j in range(x.shape[0]):
+        b = bits[j]
+        key = max(key, b ^ ((b >> np.int32(31)) & flip))
+    return np.int32(key ^ ((key >> np.int32(31)) & flip)).view(np.float32)
+
+
+def _max_any(x):
+    m = x[0]
+    for j in range(1, x.shape[0]):
+        m = max(m, x[j])
+    return m
+
+
+def _row_max(x):
+    """max of a non-empty 1-D row: `_max_f32` for float32, a plain loop otherwise."""
+    return np.max(x)
+
+
+@overload(_row_max)  # a call (LLVM inlines it), not numba IR inlining: that warns on loops
+def _row_max_typed(x):
+    if x.dtype == types.float32:
+        return _max_f32
+    return _max_any
+
+
+# Elements per block of the online normalizer: 8 KiB of float32, in L1 between the block's
+# max and its exps. (Each block a slice handed to a function: loops over a range(start, stop)
+# of the row compiled 1.7x slower here.)
+ONLINE_BLOCK = 2048
+
+
+SUM_BLOCK = 512  # elements summed in the row's dtype before the float64 total
+
+
+@_jit_exp
+def _exp_sum(x, m, y):
+    """y = exp(x - m) (y not x: see `_exp_sum_inplace`); returns sum(y) in x's dtype (in
+    vector lanes: at most SUM_BLOCK / lanes values per partial sum)."""
+    total = x.dtype.type(0.0)
+    for j in range(x.shape[0]):
+        e = _exp(x[j] - m)
+        y[j] = e
+        total += e
+    return total
+
+
+@_jit_exp
+def _exp_sum_inplace(x, m):
+    """x = exp(x - m) in x's buffer; returns its sum. Apart from `_exp_sum`: an output equal
+    to an input fails LLVM's overlap check and runs the scalar loop."""
+    total = x.dtype.type(0.0)
+    for j in range(x.shape[0]):
+        e = _exp(x[j] - m)
+        x[j] = e
+        total += e
+    return total
+
+
+@_jit
+def _exp_block(x, m, y):
+    """y = exp(x - m) (y may be x); returns sum(y) in float64, summed SUM_BLOCK at a time."""
+    total = 0.0
+    inplace = x.ctypes.data == y.ctypes.data
+    for start in range(0, x.shape[0], SUM_BLOCK):
+        if inplace:
+            total += _exp_sum_inplace(x[start:start + SUM_BLOCK], m)
+        else:
+            total += _exp_sum(x[start:start + SUM_BLOCK], m, y[start:start + SUM_BLOCK])
+    return total
+
+
+# inlined into its callers by numba (not left to LLVM, which kept it a call: its long-row
+# path makes it big): 20% of the cross-entropy forward's time at rows of 256 was that call
+@njit(cache=disk_cache(), nogil=True, error_model="numpy", inline="always")
+def _softmax_row(x, y, block_max):
+    """y = softmax(x) of a non-empty row (y may be x); returns (max, sum of exp(x - max)).
+
+    The online normalizer (Milakov & Gimelshein 2018, "Online normalizer calculation for
+    softmax"): one read of x, block by block, keeping the running max m and the sum d of
+    exp(x - m), rescaled by exp(m_old - m_new) when a block raises the max; each block's exps
+    are stored against the max at that block (block_max, one slot per block) and a second
+    pass over y, in cache, scales each block by exp(m_block - m) / d. One exp per element."""
+    C = x.shape[0]
+    if C <= SUM_BLOCK:  # one block (the attention's rows): no slices, no rescaling
+        m = x.dtype.type(_row_max(x))
+        if x.ctypes.data == y.ctypes.data:
+            d = np.float64(_exp_sum_inplace(x, m))
+        else:
+            d = np.float64(_exp_sum(x, m, y))
+        s = y.dtype.type(1.0 / d)
+        for j in range(C):
+            y[j] = y[j] * s
+        return m, d
+    m = x[0]
+    d = 0.0
+    n_blocks = 0
+    for start in range(0, C, ONLINE_BLOCK):
+        block = x[start:start + ONLINE_BLOCK]
+        new_m = max(m, x.dtype.type(_row_max(block)))
+        if new_m != m:
+            d *= math.exp(np.float64(m) - np.float64(new_m))
+            m = new_m
+        d += _exp_block(block, m, y[start:start + ONLINE_BLOCK])
+        block_max[n_blocks] = m
+        n_blocks += 1
+    inv = 1.0 / d
+    for b in range(n_blocks):
+        scale = inv
+        if block_max[b] != m:
+            scale *= math.exp(np.float64(block_max[b]) - np.float64(m))
+        block = y[b * ONLINE_BLOCK:(b + 1) * ONLINE_BLOCK]
+        s = y.dtype.type(scale)
+        for j in range(block.shape[0]):
+            block[j] = block[j] * s
+    return m, d
+
+
+@_jit
+def _block_slots(C):
+    """Scratch for `_softmax_row`'s per-block maxima of rows of C elements."""
+    return np.empty(max(1, (C + ONLINE_BLOCK - 1) // ONLINE_BLOCK), np.float64)
+
+
 # --------------------------------------------------------------------------- norms
 @_jit_sum
+def _rms_norm_row(x, weight, eps, y, xhat):
+    """One row: rstd = 1 / sqrt(mean(x^2) + eps); xhat = x * rstd; y = xhat * weight.
+    Returns rstd. xhat may be y (the decoding step keeps no xhat)."""
+    C = x.shape[0]
+    ss = 0.0
+    for j in range(C):
+        ss += np.float64(x[j]) * x[j]
+    # the mean square in x's dtype, as the reference holds it: past float32's range it is
+    # inf there, rstd 0 (torch's and HF's RMSNorm too), never a finite 1e-30 here
+    r = x.dtype.type(1.0 / math.sqrt(x.dtype.type(ss / C) + eps))
+    for j in range(C):
+        xh = x[j] * r
+        xhat[j] = xh
+        y[j] = xh * weight[j]
+    return r
+
+
+@_jit
 def rms_norm_forward(x, weight, eps, y, xhat, rstd):
-    """rstd = 1 / sqrt(mean(x^2) + eps); xhat = x * rstd; y = xhat * weight. x (N, C)."""
-    N, C = x.shape
-    for i in range(N):
-        ss = 0.0
-        for j in range(C):
-            ss += np.float64(x[i, j]) * x[i, j]
-        # the mean square in x's dtype, as the reference holds it: past float32's range it is
-        # inf there, rstd 0 (torch's and HF's RMSNorm too), never a finite 1e-30 here
-        r = x.dtype.type(1.0 / math.sqrt(x.dtype.type(ss / C) + eps))
-        rstd[i, 0] = r
-        for j in range(C):
-            xh = x[i, j] * r
-            xhat[i, j] = xh
-            y[i, j] = xh * weight[j]
+    """`_rms_norm_row` of each row of x (N, C); rstd (N, 1)."""
+    for i in range(x.shape[0]):
+        rstd[i, 0] = _rms_norm_row(x[i], weight, eps, y[i], xhat[i])
 
 
 @_jit_sum
@@ -109,9 +255,11 @@ def layer_norm_forward(x, weight, bias, eps, y, xhat, rstd):
 
 
 @_jit_sum
-def norm_backward(dy, xhat, rstd, weight, centred, dx):
+def norm_backward(dy, xhat, rstd, weight, centred, dx, dw, db):
     """g = dy * w; dx = rstd * (g [- mean(g)] - xhat * mean(g * xhat)); the bracket for
-    LayerNorm (centred) only. dw and db (column sums) are the caller's."""
+    LayerNorm (centred) only. Also adds this block's column sums into dw += sum(dy * xhat) and,
+    centred, db += sum(dy) (float64, (C,)): in the pass that writes dx, so dy and xhat are read
+    once for the three (the caller adds the blocks' sums in a fixed order)."""
     N, C = dy.shape
     for i in range(N):
         sg = 0.0
@@ -124,22 +272,32 @@ def norm_backward(dy, xhat, rstd, weight, centred, dx):
         mean_gx = dx.dtype.type(sgx / C)
         r = rstd[i, 0]
         for j in range(C):
-            g = dy[i, j] * weight[j]
-            dx[i, j] = r * (g - mean_g - xhat[i, j] * mean_gx)
+            d, xh = dy[i, j], xhat[i, j]
+            dx[i, j] = r * (d * weight[j] - mean_g - xh * mean_gx)
+            dw[j] += np.float64(d) * xh
+        if centred:
+            for j in range(C):
+                db[j] += dy[i, j]
 
 
 # --------------------------------------------------------------------------- activations
 @_jit
+def _swiglu_row(gate, up, s, y):
+    """One row: s = sigmoid(gate) = 1 / (1 + exp(-gate)); y = gate * s * up. y may be gate,
+    s may be y (the decoding step keeps no s)."""
+    one = y.dtype.type(1.0)
+    for j in range(gate.shape[0]):
+        g = gate[j]
+        sg = one / (one + _exp(-g))
+        s[j] = sg
+        y[j] = g * sg * up[j]
+
+
+@_jit
 def swiglu_forward(gate, up, s, y):
-    """s = sigmoid(gate) = 1 / (1 + exp(-gate)); y = gate * s * up."""
-    N, C = gate.shape
-    one = s.dtype.type(1.0)
-    for i in range(N):
-        for j in range(C):
-            g = gate[i, j]
-            sg = one / (one + _exp(-g))
-            s[i, j] = sg
-            y[i, j] = g * sg * up[i, j]
+    """`_swiglu_row` of each row of gate, up (N, C)."""
+    for i in range(gate.shape[0]):
+        _swiglu_row(gate[i], up[i], s[i], y[i])
 
 
 @_jit
@@ -186,40 +344,38 @@ def gelu_backward(dy, x, s, c, dx):
 
 # --------------------------------------------------------------------------- rotary embedding
 @_jit
-def rope(x, cos, sin, first_row, sign, y):
-    """Rotate each half-split pair of every head. x, y (rows, H, D): rows first_row.. of the
-    (B*T) positions of a (B, T, H, D) array, row n at time n % T; cos, sin (T, D).
-    y[.., i] = x[i] cos[i] - sign x[i + D/2] sin[i], y[.., i + D/2] = x[i + D/2] cos[i + D/2]
-    + sign x[i] sin[i + D/2] (sign +1 forward, -1 the backward's rotation back)."""
-    N, H, D = x.shape
-    T = cos.shape[0]
+def _rope_row(x, cos, sin, sign, y):
+    """One position: rotate each half-split pair of every head of x, y (H, D) by cos, sin (D,).
+    y[h, i] = x[i] cos[i] - sign x[i + D/2] sin[i], y[h, i + D/2] = x[i + D/2] cos[i + D/2]
+    + sign x[i] sin[i + D/2] (sign +1 forward, -1 the backward's rotation back); y may be x."""
+    H, D = x.shape
     half = D // 2
-    for n in range(N):
+    for h in range(H):
+        for i in range(half):
+            a, b = x[h, i], x[h, i + half]
+            y[h, i] = a * cos[i] - sign * (b * sin[i])
+            y[h, i + half] = b * cos[i + half] + sign * (a * sin[i + half])
+
+
+@_jit
+def rope(x, cos, sin, first_row, sign, y):
+    """`_rope_row` of each position. x, y (rows, H, D): rows first_row.. of the (B*T)
+    positions of a (B, T, H, D) array, row n at time n % T; cos, sin (T, D)."""
+    T = cos.shape[0]
+    for n in range(x.shape[0]):
         t = (first_row + n) % T
-        for h in range(H):
-            for i in range(half):
-                a, b = x[n, h, i], x[n, h, i + half]
-                y[n, h, i] = a * cos[t, i] - sign * (b * sin[t, i])
-                y[n, h, i + half] = b * cos[t, i + half] + sign * (a * sin[t, i + half])
+        _rope_row(x[n], cos[t], sin[t], sign, y[n])
 
 
 # --------------------------------------------------------------------------- softmax
-@_jit_sum
+@_jit
 def softmax_rows_inplace(x):
-    """Each row -> exp(x - max) / sum(exp(x - max)), in place; -inf entries become 0."""
+    """Each row -> exp(x - max) / sum(exp(x - max)), in place (`_softmax_row`); -inf entries
+    become 0."""
     N, C = x.shape
+    slots = _block_slots(C)
     for i in range(N if C else 0):
-        m = x[i, 0]  # the row's max, in x's dtype (a float64 -inf start would make it float64)
-        for j in range(1, C):
-            m = max(m, x[i, j])
-        total = 0.0
-        for j in range(C):
-            e = _exp(x[i, j] - m)
-            x[i, j] = e
-            total += e
-        inv = x.dtype.type(1.0 / total)
-        for j in range(C):
-            x[i, j] = x[i, j] * inv
+        _softmax_row(x[i], x[i], slots)
 
 
 @_jit_sum
@@ -236,25 +392,19 @@ def softmax_backward_inplace(dp, p):
 
 
 # --------------------------------------------------------------------------- loss
-@_jit_sum
-def cross_entropy_forward(z, targets, probs, logprob_target):
-    """probs = softmax(z) per row (may be z's own buffer); logprob_target[i] =
-    log softmax(z)[i, targets[i]] = (z[t] - max) - log(sum(exp(z - max)))."""
+@_jit
+def cross_entropy_forward(z, targets, probs, shifted_target, row_sum):
+    """probs = softmax(z) per row (may be z's own buffer), from the online normalizer's max
+    and sum (`_softmax_row`: one read of the logits); shifted_target[i] = z[i, targets[i]] -
+    max, row_sum[i] = sum(exp(z - max)) (float64): the caller takes log softmax(z)[i, t] =
+    shifted_target - log(row_sum) with NumPy's vector log (libm's, per row, cost 15% here)."""
     N, V = z.shape
+    slots = _block_slots(V)
     for i in range(N if V else 0):
-        m = z[i, 0]
-        for j in range(1, V):
-            m = max(m, z[i, j])
-        shifted_target = z[i, targets[i]] - m
-        total = 0.0
-        for j in range(V):
-            e = _exp(z[i, j] - m)
-            probs[i, j] = e
-            total += e
-        logprob_target[i] = shifted_target - math.log(total)
-        inv = probs.dtype.type(1.0 / total)
-        for j in range(V):
-            probs[i, j] = probs[i, j] * inv
+        target_logit = z[i, targets[i]]  # read before probs (maybe z) is written
+        m, d = _softmax_row(z[i], probs[i], slots)
+        shifted_target[i] = target_logit - m
+        row_sum[i] = d
 
 
 @_jit
@@ -263,12 +413,12 @@ def cross_entropy_backward(probs, targets, scale):
     N, V = probs.shape
     sc = probs.dtype.type(scale)
     for i in range(N):
+        row = probs[i]
         t = targets[i]
-        for j in range(V):
-            p = probs[i, j]
-            if j == t:
-                p -= 1.0
-            probs[i, j] = p * sc
+        p_t = row[t] - probs.dtype.type(1.0)  # the target's entry, before the row is scaled
+        for j in range(V):  # no branch in the loop: it vectorizes
+            row[j] = row[j] * sc
+        row[t] = p_t * sc
 
 
 # --------------------------------------------------------------------------- optimizer
@@ -338,29 +488,6 @@ def _mv(out, x, w, rows):
 
 
 @_jit_sum
-def _rms_norm_vec(out, x, weight, eps):
-    ss = 0.0
-    for j in range(x.shape[0]):
-        ss += np.float64(x[j]) * x[j]
-    r = x.dtype.type(1.0 / math.sqrt(x.dtype.type(ss / x.shape[0]) + eps))  # as above
-    for j in range(x.shape[0]):
-        out[j] = (x[j] * r) * weight[j]
-
-
-@_jit
-def _rope_vec(v, n_heads, cos, sin):
-    """v (n_heads * D,) rotated in place, rotate-half pairs, cos/sin (D,) of this position."""
-    D = cos.shape[0]
-    half = D // 2
-    for h in range(n_heads):
-        o = h * D
-        for i in range(half):
-            a, b = v[o + i], v[o + i + half]
-            v[o + i] = a * cos[i] - b * sin[i]
-            v[o + i + half] = b * cos[i + half] + a * sin[i + half]
-
-
-@_jit_sum
 def decode_step(token, pos, emb, head, tied, rows, final_norm, attention_norms, wq, wk, wv,
                 wo, mlp_norms, w_gate, w_up, w_down, cos, sin, k_cache, v_cache, eps, n_heads,
                 logits):
@@ -385,55 +512,54 @@ def decode_step(token, pos, emb, head, tied, rows, final_norm, attention_norms, 
     F = w_gate[0].shape[0] if rows else w_gate[0].shape[1]
     gate = np.empty(F, emb.dtype)
     up = np.empty(F, emb.dtype)
+    # the row kernels' second outputs (xhat, sigmoid, the rotation), kept apart from their
+    # inputs: an output that overlaps an input fails LLVM's overlap check (the scalar loop)
+    h_hat = np.empty(C, emb.dtype)
+    act = np.empty(F, emb.dtype)
+    sig = np.empty(F, emb.dtype)
+    rotated = np.empty(n_heads * D, emb.dtype)  # n_heads >= n_kv
+    slots = _block_slots(pos + 1)
     for layer in range(len(wq)):
         # attention: q, k, v of this position, k and v into the cache
-        _rms_norm_vec(h, x, attention_norms[layer], eps)
-        _mv(q, h, wq[layer], rows)
-        _rope_vec(q, n_heads, cos[pos], sin[pos])
+        _rms_norm_row(x, attention_norms[layer], eps, h, h_hat)
+        _mv(rotated, h, wq[layer], rows)  # q before its rotation (into q)
+        _rope_row(rotated.reshape((n_heads, D)), cos[pos], sin[pos], f32(1.0),
+                  q.reshape((n_heads, D)))
         _mv(kv, h, wk[layer], rows)
-        _rope_vec(kv, n_kv, cos[pos], sin[pos])
+        _rope_row(kv.reshape((n_kv, D)), cos[pos], sin[pos], f32(1.0),
+                  rotated[:n_kv * D].reshape((n_kv, D)))
         for i in range(n_kv * D):
-            k_cache[layer, pos, i // D, i % D] = kv[i]
+            k_cache[layer, pos, i // D, i % D] = rotated[i]
         _mv(kv, h, wv[layer], rows)
         for i in range(n_kv * D):
             v_cache[layer, pos, i // D, i % D] = kv[i]
         for head_i in range(n_heads):  # softmax(q k^T / sqrt(D)) v, head by head
             kvh = head_i // G
             o = head_i * D
-            m = -np.inf
             for t in range(pos + 1):
                 s = f32(0.0)
                 for d in range(D):
                     s += (q[o + d] * scale) * k_cache[layer, t, kvh, d]
                 att[t] = s
-                m = max(m, s)
-            total = 0.0
-            for t in range(pos + 1):
-                e = _exp(att[t] - f32(m))
-                att[t] = e
-                total += e
-            inv = f32(1.0 / total)
+            _softmax_row(att, att, slots)
             for d in range(D):
                 y[o + d] = 0.0
             for t in range(pos + 1):
-                p = att[t] * inv
+                p = att[t]
                 for d in range(D):
                     y[o + d] += p * v_cache[layer, t, kvh, d]
         _mv(out, y, wo[layer], rows)
         for j in range(C):
             x[j] += out[j]
         # SwiGLU MLP: down(silu(gate) * up)
-        _rms_norm_vec(h, x, mlp_norms[layer], eps)
+        _rms_norm_row(x, mlp_norms[layer], eps, h, h_hat)
         _mv(gate, h, w_gate[layer], rows)
         _mv(up, h, w_up[layer], rows)
-        one = f32(1.0)
-        for j in range(F):
-            g = gate[j]
-            gate[j] = g * (one / (one + _exp(-g))) * up[j]
-        _mv(out, gate, w_down[layer], rows)
+        _swiglu_row(gate, up, sig, act)
+        _mv(out, act, w_down[layer], rows)
         for j in range(C):
             x[j] += out[j]
-    _rms_norm_vec(h, x, final_norm, eps)
+    _rms_norm_row(x, final_norm, eps, h, h_hat)
     if tied:
         for v in range(emb.shape[0]):
             s = f32(0.0)

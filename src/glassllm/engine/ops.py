@@ -357,11 +357,15 @@ def softmax_backward_inplace(dp, p):
     return dp
 
 
-def softmax_pair(rows_inplace, backward_inplace):
+def softmax_pair(rows_inplace, backward_inplace, empty=np.empty):
     """The (forward, backward) pair of `functional.softmax` on two in-place row passes (this
-    module's, or the compiled ones): forward x -> (p, saved p), on a copy; backward dp -> (dx,)."""
+    module's, or the compiled ones): forward x -> (p, saved p), on a copy of x in
+    empty(shape, dtype) (np.empty's contract); backward dp -> (dx,)."""
     def softmax_forward(x):
-        p = rows_inplace(np.array(x, order="C"))
+        x = np.asarray(x)
+        p = empty(x.shape, x.dtype)
+        np.copyto(p, x)
+        p = rows_inplace(p)
         return p, p
 
     def softmax_backward(dp, p):
@@ -418,9 +422,11 @@ def op_pairs(namespace: dict, ops: tuple[str, ...]) -> list:
              (namespace[f"{op}_forward"], namespace[f"{op}_backward"])) for op in ops]
 
 
-# reference pair -> fast pair, registered by `glassllm.engine` (causal attention: engine.attention)
+# reference pair -> fast pair, registered by `glassllm.engine`: the ops with no compiled form.
+# The other elementwise forms here are the NumPy halves of `engine.compiled`'s registered
+# forms (what they run where numba does not load), not registered themselves: one fast form
+# per op. Causal attention: engine.attention.
 FAST_FORMS = [
     ((F.embedding_forward, F.embedding_backward), (F.embedding_forward, embedding_backward)),
-    *op_pairs(globals(), ("linear", "unembed", "rms_norm", "layer_norm", "silu", "swiglu",
-                          "gelu", "rope", "softmax", "cross_entropy")),
+    *op_pairs(globals(), ("linear", "unembed", "silu")),
 ]

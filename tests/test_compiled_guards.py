@@ -1,5 +1,6 @@
-"""Regression tests from a break-it pass over the compiled kernels and fast-by-default: each
-case is an input that once gave a silent wrong answer or an unclear error."""
+"""The compiled kernels' guards and the engine's environment variables (GLASSLLM_NUMBA,
+GLASSLLM_THREADS, numba's cache): each case is an input that once gave a silent wrong answer
+or an unclear error."""
 from __future__ import annotations
 
 import os
