@@ -340,3 +340,18 @@ def test_plan_options_take_one_data_path_pathlib_paths_and_numpy_integers(tmp_pa
     assert plan.paths["model"] == str(tmp_path / "r" / "m.safetensors")
     assert type(plan.settings.steps) is int and plan.settings.steps == 3
     assert type(plan.settings.lr) is float and plan.settings.lr == 1.0
+
+
+def test_a_resume_whose_data_moved_says_to_give_data(tmp_path, text_file):
+    """The checkpoint names its data; when that file moved, the error says which run's data
+    it is and that --data gives the new path (it said only "input not found")."""
+    out = tmp_path / "run" / "model.safetensors"
+    assert execute(plan_of(text_file, out, steps=2, checkpoint_every=1)).reason == COMPLETE
+    ckpt = out.parent / "checkpoint.safetensors"
+    moved = tmp_path / "moved.txt"
+    os.rename(text_file, moved)
+    with pytest.raises(FileNotFoundError) as info:
+        RunPlan.from_checkpoint(ckpt)
+    assert str(info.value) == (f"input not found: {text_file} (the data --resume {ckpt} was "
+                               f"trained on; if it moved, give its new path with --data)")
+    assert RunPlan.from_checkpoint(ckpt, data=[str(moved)]).resume.step == 2

@@ -216,7 +216,14 @@ def _load_data(plan: RunPlan, sources, opts: dict, tokenizer, on_event) -> None:
         runfiles.check_output_paths(plan.outputs, data_dirs=plan.data_dirs)
         if opts["init_from"] is not None:  # a fine-tune never replaces what it starts from
             runfiles.check_init_from_kept(plan.outputs, opts["init_from"])
-    corpus = load_corpus(sources, plan.settings.seq_len, tokenizer=tokenizer)
+    try:
+        corpus = load_corpus(sources, plan.settings.seq_len, tokenizer=tokenizer)
+    except FileNotFoundError as e:
+        if plan.resume is None or opts["data"]:
+            raise
+        # the checkpoint's own sources: say how to point a resume at data that moved
+        raise FileNotFoundError(f"{e} (the data --resume {opts['resume']} was trained on; if "
+                                f"it moved, give its new path with --data)") from None
     plan.corpus = corpus
     for name, note in corpus.notes if writer and on_event is not None else ():
         on_event(CorpusNote(name, note))
