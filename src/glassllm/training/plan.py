@@ -82,7 +82,9 @@ class RunPlan:
             the resumed run's (recorded for a bit-exact continuation), not given.
         resume: the `Checkpoint` continued (None for a new run); resume_path: its file.
         initial_model: the `GlassLM` a fine-tune starts from (None: fresh weights from
-            settings.seed); init_from: its path. comm: the communicator (one process:
+            settings.seed); `execute` trains a copy, so the plan runs again from the same
+            weights (the copy doubles the weights' memory while the run lasts); init_from:
+            its path. comm: the communicator (one process:
             `SerialCommunicator`); rank 0 alone writes. data_dirs: the data directories given
             (an output inside one is refused).
     """
