@@ -52,22 +52,35 @@ def _rows(a):
     return np.ascontiguousarray(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]))
 
 
-def _for_rows(kernel, arguments, n_rows, row_size):
+# What an element of a pass bound by its arithmetic (exp, tanh, sqrt, a division per element)
+# costs against one bound by memory, in `parallel.for_slices`' work_bytes: one thread, warm,
+# per byte touched, the cross-entropy backward (a scale in place) took 11 ps, the norms 40,
+# the SwiGLU forward 33, the softmax and cross-entropy forward 61-64 (bench/kernel_speed.py's
+# kernels at 256-8192 rows, 2-core EPYC, Zen 4); 8 puts the exp passes' break-even with the
+# pool's hand-off where it was measured (`parallel.MIN_PARALLEL_BYTES`).
+ARITHMETIC = 8
+
+
+def _for_rows(kernel, arguments, n_rows, row_size, arrays, arithmetic=False, itemsize=4):
     """kernel(*arguments(rows)) over slices of rows on the pool's threads (the slice function
-    named after the kernel, for profiles)."""
+    named after the kernel, for profiles); `arrays` of the (n_rows, row_size) shape read or
+    written (each counted once per read or write), the pass bound by its `arithmetic` or by
+    memory: on the pool only where that work outweighs the hand-off."""
     def rows(r):
         kernel(*arguments(r))
 
     rows.__qualname__ = f"{kernel.__name__}.rows"
-    parallel.for_slices(rows, n_rows, row_size)
+    work = arrays * itemsize * (ARITHMETIC if arithmetic else 1)
+    parallel.for_slices(rows, n_rows, row_size, work_bytes=work)
 
 
-def _each_slice(kernel, arrays, *scalars):
+def _each_slice(kernel, arrays, *scalars, arithmetic=False):
     """kernel(*(a[rows] for a in arrays), *scalars) over slices of the first array's rows, on
-    the pool's threads."""
+    the pool's threads (each array read or written once)."""
     n, c = arrays[0].shape
 
-    _for_rows(kernel, lambda r: [a[r] for a in arrays] + list(scalars), n, c)
+    _for_rows(kernel, lambda r: [a[r] for a in arrays] + list(scalars), n, c, len(arrays),
+              arithmetic, arrays[0].itemsize)
 
 
 # --------------------------------------------------------------------------- norms
@@ -80,7 +93,8 @@ def rms_norm_forward(x, weight, eps):
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     n, c = x2.shape
     eps = float(eps)
-    _for_rows(k.rms_norm_forward, lambda r: (x2[r], weight, eps, y[r], xhat[r], rstd[r]), n, c)
+    _for_rows(k.rms_norm_forward, lambda r: (x2[r], weight, eps, y[r], xhat[r], rstd[r]), n, c,
+              3, True, x2.itemsize)
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
@@ -105,7 +119,8 @@ def _norm_backward(dy, xhat, rstd, weight, centred):
         partial[r.start] = dw, db
 
     rows.__qualname__ = "norm_backward.rows"
-    parallel.for_slices(rows, n, c, balanced=False)
+    parallel.for_slices(rows, n, c, balanced=False,  # dy, xhat in; dx out
+                        work_bytes=3 * ARITHMETIC * dy2.itemsize)
     blocks = [partial[start] for start in sorted(partial)]
     dw = sum((w for w, _ in blocks), np.zeros(c)).astype(dy2.dtype)
     db = sum((b for _, b in blocks), np.zeros(c)).astype(dy2.dtype) if centred else None
@@ -126,7 +141,8 @@ def layer_norm_forward(x, weight, bias, eps):
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     eps = float(eps)
     _for_rows(k.layer_norm_forward,
-              lambda r: (x2[r], weight, bias, eps, y[r], xhat[r], rstd[r]), *x2.shape)
+              lambda r: (x2[r], weight, bias, eps, y[r], xhat[r], rstd[r]), *x2.shape,
+              3, True, x2.itemsize)
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
@@ -142,7 +158,7 @@ def swiglu_forward(gate, up):
         return ops.swiglu_forward(gate, up)
     g, u = _rows(gate), _rows(up)
     s, y = buffers.empty_like(g), buffers.empty_like(g)
-    _each_slice(k.swiglu_forward, (g, u, s, y))
+    _each_slice(k.swiglu_forward, (g, u, s, y), arithmetic=True)  # exp
     return y.reshape(gate.shape), (g, u, s)
 
 
@@ -164,7 +180,8 @@ def gelu_forward(x):
     x2 = _rows(x)
     s, y = buffers.empty_like(x2), buffers.empty_like(x2)
     n, c = x2.shape
-    _for_rows(k.gelu_forward, lambda r: (x2[r], F.GELU_C, s[r], y[r]), n, c)
+    _for_rows(k.gelu_forward, lambda r: (x2[r], F.GELU_C, s[r], y[r]), n, c, 3, True,
+              x2.itemsize)  # tanh
     return y.reshape(x.shape), (x2, s)
 
 
@@ -175,7 +192,8 @@ def gelu_backward(dy, saved):
         return ops.gelu_backward(dy, saved)
     dy2 = _rows(dy)
     dx = buffers.empty_like(x2)
-    _for_rows(k.gelu_backward, lambda r: (dy2[r], x2[r], s[r], F.GELU_C, dx[r]), *x2.shape)
+    _for_rows(k.gelu_backward, lambda r: (dy2[r], x2[r], s[r], F.GELU_C, dx[r]), *x2.shape,
+              4, False, x2.itemsize)
     return (dx.reshape(dy.shape),)
 
 
@@ -188,7 +206,8 @@ def _rope(x, cos, sin, sign):
     x3 = np.ascontiguousarray(x).reshape(B * T, H, D)
     y3 = buffers.empty_like(x3)
     cos, sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
-    _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D)
+    _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D, 2,
+              False, x3.itemsize)
     return y3.reshape(B, T, H, D)
 
 
@@ -219,7 +238,7 @@ def softmax_rows_inplace(x):
     if k is None:
         return ops.softmax_rows_inplace(x)
     x2 = ops._rows(x)
-    _for_rows(k.softmax_rows_inplace, lambda r: (x2[r],), *x2.shape)
+    _for_rows(k.softmax_rows_inplace, lambda r: (x2[r],), *x2.shape, 2, True, x2.itemsize)
     return x
 
 
@@ -229,7 +248,8 @@ def softmax_backward_inplace(dp, p):
     if k is None or not _fits((p, dp.shape)):
         return ops.softmax_backward_inplace(dp, p)
     d2, p2 = ops._rows(dp), ops._rows(p)
-    _for_rows(k.softmax_backward_inplace, lambda r: (d2[r], p2[r]), *d2.shape)
+    _for_rows(k.softmax_backward_inplace, lambda r: (d2[r], p2[r]), *d2.shape, 3, False,
+              d2.itemsize)
     return dp
 
 
@@ -247,7 +267,8 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     shifted = np.empty(logits.shape[0], dtype=logits.dtype)
     row_sum = np.ones(logits.shape[0])  # (rows of V = 0 are skipped by the kernel)
     _for_rows(k.cross_entropy_forward,
-              lambda r: (logits[r], t[r], probs[r], shifted[r], row_sum[r]), *logits.shape)
+              lambda r: (logits[r], t[r], probs[r], shifted[r], row_sum[r]), *logits.shape,
+              2, True, logits.itemsize)  # exp-bound
     logprob = (shifted - np.log(row_sum)).astype(logits.dtype)  # as the kernel stored it once
     return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, t)
 
@@ -273,7 +294,8 @@ def cross_entropy_backward(dloss, saved):
         return ops.cross_entropy_backward(dloss, saved)
     t = _checked_targets(targets, *dz.shape)
     scale = float(dloss) / len(targets)
-    _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], scale), *dz.shape)
+    _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], scale), *dz.shape, 2, False,
+              dz.itemsize)
     return (dz,)
 
 
@@ -289,7 +311,7 @@ def adamw_update(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step) -> No
     lr, beta1, beta2, eps, decay = map(float, (lr, beta1, beta2, eps, weight_decay))
     c1, c2 = 1.0 - beta1 ** step, 1.0 - beta2 ** step  # as the reference computes them
     _for_rows(k.adamw_update, lambda r: (pf[r], gf[r], mf[r], vf[r], lr, beta1, beta2, eps,
-                                         decay, c1, c2), p.size, 1)
+                                         decay, c1, c2), p.size, 1, 7, True, p.itemsize)
 
 
 FAST_FORMS = [
