@@ -56,8 +56,8 @@ def _rows(a):
 # costs against one bound by memory, in `parallel.for_slices`' work_bytes: one thread, warm,
 # per byte touched, the cross-entropy backward (a scale in place) took 11 ps, the norms 40,
 # the SwiGLU forward 33, the softmax and cross-entropy forward 61-64 (bench/kernel_speed.py's
-# kernels at 256-8192 rows, 2-core EPYC, Zen 4); 8 puts the exp passes' break-even with the
-# pool's hand-off where it was measured (`parallel.MIN_PARALLEL_BYTES`).
+# kernels at 256-8192 rows, the project's 2-core EPYC); 8 puts each pass's switch to the pool
+# near the one-thread time where the pool starts to gain (`parallel.MIN_PARALLEL_BYTES`).
 ARITHMETIC = 8
 
 

@@ -51,15 +51,14 @@ MIN_PARALLEL_ELEMENTS = 1 << 16
 # The same for callers that say what each element's work costs (`for_slices`' work_bytes:
 # the compiled kernels, in bytes read and written, the passes bound by arithmetic -- exp,
 # tanh, a division -- weighted by `engine.compiled.ARITHMETIC`): below this a call runs on the
-# calling thread. Measured on bench/kernel_speed.py's kernels at 256 to
-# 8192 rows on a 2-core EPYC (Zen 4), one and two threads interleaved, best of 30 rounds: a
-# hand-off to the pool costs 15-25 us (an empty slice function: 1-4 us on the calling thread);
-# the second core gains ~1.35x on a pass bound by memory (the copy's gain), ~1.9x on one bound
-# by exp. One thread, warm: the cross-entropy backward (a scale in place) 45 us at 4 MiB and
-# 89 us at 8 MiB touched, so the pool breaks even near 8 MiB; its forward (exp-bound, 6x the
-# time per byte) 86 us at 1 MiB, where the pool already gains. (Another program used one core
-# part of the time, which raises the break-even; these are the idle machine's estimates from
-# the two measured parts, hand-off and gain.)
+# calling thread. Measured on bench/kernel_speed.py's kernels at 256 to 8192 rows on the
+# project's 2-core EPYC, one and two threads interleaved, best of 30 rounds: a hand-off to
+# the pool costs 15-25 us (an empty slice function: 1-4 us on the calling thread); at 8192
+# rows the second thread gained 1.4x on the cross-entropy backward (bound by memory) and
+# 1.5-1.6x on the exp-bound passes (cross-entropy forward, SwiGLU forward). So a call gains
+# from the pool once its one-thread time passes ~60-70 us: the cross-entropy backward (a
+# scale in place) took 45 us at 4 MiB and 89 us at 8 MiB touched, its forward 86 us at 1 MiB.
+# (Another program used one core part of the time; best-of-30 keeps the quiet rounds.)
 MIN_PARALLEL_BYTES = 8 << 20
 
 _num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
