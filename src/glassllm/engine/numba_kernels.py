@@ -23,8 +23,9 @@ Conventions shared by every kernel here:
   the documented order, deterministic on one machine; inf and NaN kept. The softmax's and
   cross-entropy's exp passes (`_jit_exp`) also allow FMA contraction and sum in the row's
   dtype per SUM_BLOCK elements (then float64): they are bound by exp's arithmetic;
-- one row kernel per formula (`_rms_norm_row`, `_swiglu_row`, `_rope_row`, `_softmax_row`),
-  called by the (N, C) kernels of the training forms and by the decoding step alike.
+- one row kernel per formula (`_rms_norm_row`, `_swiglu_row`, `_rope_row`, `_softmax_row`
+  and its first half `_exp_row`), called by the (N, C) kernels of the training forms and by
+  the decoding step alike.
 """
 from __future__ import annotations
 
