@@ -268,13 +268,15 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     t = _checked_targets(targets, *logits.shape)
     exps = logits if overwrite_logits else buffers.empty_like(logits)
     N = logits.shape[0]
-    shifted = np.empty(N, dtype=logits.dtype)
-    row_sum, row_scale = np.ones(N), np.ones(N)  # (rows of V = 0 are skipped by the kernel)
+    # each row's shifted target logit, sum of exps and scale, in one array (one allocation:
+    # see `numba_kernels.cross_entropy_total` on what each small NumPy call costs)
+    stats = np.ones((3, N))  # (rows of V = 0 are skipped by the kernel)
+    shifted, row_sum, row_scale = stats
     _for_rows(k.cross_entropy_forward,
               lambda r: (logits[r], t[r], exps[r], shifted[r], row_sum[r], row_scale[r]),
               *logits.shape, 2, True, logits.itemsize)  # exp-bound
-    logprob = (shifted - np.log(row_sum)).astype(logits.dtype)  # as the kernel stored it once
-    return np.asarray(-logprob.mean(), dtype=logits.dtype), (exps, t, row_scale)
+    loss = -k.cross_entropy_total(stats) / N if N else np.nan  # (the mean of no rows)
+    return np.asarray(loss, dtype=logits.dtype), (exps, t, row_scale)
 
 
 def _checked_targets(targets, N, V):
