@@ -52,12 +52,14 @@ def _rows(a):
     return np.ascontiguousarray(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]))
 
 
-# What an element of a pass bound by its arithmetic (exp, tanh, sqrt, a division per element)
-# costs against one bound by memory, in `parallel.for_slices`' work_bytes: one thread, warm,
-# per byte touched, the cross-entropy backward (a scale in place) took 11 ps, the norms 40,
-# the SwiGLU forward 33, the softmax and cross-entropy forward 61-64 (bench/kernel_speed.py's
-# kernels at 256-8192 rows, the project's 2-core EPYC); 8 puts each pass's switch to the pool
-# near the one-thread time where the pool starts to gain (`parallel.MIN_PARALLEL_BYTES`).
+# What an element of a pass bound by its arithmetic costs against one bound by memory, in
+# `parallel.for_slices`' work_bytes. One thread, warm, per byte touched (bench/kernel_speed.py's
+# kernels at 256-8192 rows, the project's 2-core EPYC): the cross-entropy backward 11 ps, GELU
+# and SwiGLU backward 13, softmax backward 17, AdamW 19 (counted as memory); SwiGLU forward 33,
+# the norms 40, GELU forward 48, RoPE 52, softmax and cross-entropy forward 61-64 (arithmetic:
+# exp, tanh, the norms' division, RoPE's table reads and pair shuffles). 8 (the ratio rounded
+# up) puts each pass's switch to the pool near the one-thread time where the pool starts to
+# gain (`parallel.MIN_PARALLEL_BYTES`).
 ARITHMETIC = 8
 
 
@@ -207,7 +209,7 @@ def _rope(x, cos, sin, sign):
     y3 = buffers.empty_like(x3)
     cos, sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
     _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D, 2,
-              False, x3.itemsize)
+              True, x3.itemsize)
     return y3.reshape(B, T, H, D)
 
 
@@ -329,7 +331,7 @@ def adamw_update(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step) -> No
     lr, beta1, beta2, eps, decay = map(float, (lr, beta1, beta2, eps, weight_decay))
     c1, c2 = 1.0 - beta1 ** step, 1.0 - beta2 ** step  # as the reference computes them
     _for_rows(k.adamw_update, lambda r: (pf[r], gf[r], mf[r], vf[r], lr, beta1, beta2, eps,
-                                         decay, c1, c2), p.size, 1, 7, True, p.itemsize)
+                                         decay, c1, c2), p.size, 1, 7, False, p.itemsize)
 
 
 FAST_FORMS = [
