@@ -108,3 +108,72 @@ def test_the_startup_guard_knows_the_launchers_variables():
     from glassllm import _startup
     from glassllm.training import launch
     assert _startup._LAUNCHER_SIZE_VARIABLES == launch.LAUNCHER_SIZE_VARIABLES
+
+
+# ------------------------------------------------------------------ --help names every command
+def test_help_names_every_command():
+    from glassllm.cli import SUBCOMMANDS, build_parser
+    parser = build_parser()
+    names = [name.removeprefix("add_") for name in (add.__name__ for add in SUBCOMMANDS)]
+    assert "serve" in names and len(names) == 7
+    for name in names:
+        assert name in parser.description, (name, parser.description)
+        assert name in parser.format_help()
+
+
+# ------------------------------------------------------------------ how events and tokenizers print
+def test_events_print_rounded_floats_and_their_values_stay_exact():
+    from glassllm.training import events
+    stepped = events.Stepped(step=3, loss=5.5240302085876465, lr=0.00030000001,
+                             tokens_per_s=12345.6789)
+    assert repr(stepped) == str(stepped) == \
+        "Stepped(step=3, loss=5.524, lr=0.0003, tokens_per_s=12346, skipped=False)"
+    assert stepped.loss == 5.5240302085876465  # only the printing rounds
+    assert str(events.Evaluated(10, 5.5240302085876465, float("nan"), 999.94)) == \
+        "Evaluated(step=10, train_loss=5.524, val_loss=nan, tokens_per_s=999.9)"
+    assert str(events.Started(val_loss=5.0)) == "Started(val_loss=5.0)"
+    assert str(events.Resumed(4, None)) == "Resumed(step=4, best_val_loss=None)"
+    assert str(events.Saved(4, "runs/model.safetensors", 2.0000001)) == \
+        "Saved(step=4, path='runs/model.safetensors', val_loss=2.0)"
+    assert str(events.LoopEnded()) == "LoopEnded()"
+    summary = events.TrainSummary(200, 150, 1.23456789, 1.3, [{"step": i} for i in range(200)],
+                                  0, 409600, 12.3456, "runs/model.safetensors")
+    assert str(events.Finished(summary)) == (
+        "Finished(summary=TrainSummary(steps=200, best_step=150, best_val_loss=1.235, "
+        "final_val_loss=1.3, history=[200 items], skipped_steps=0, tokens=409600, "
+        "elapsed_s=12.35, model_path='runs/model.safetensors'))")
+    assert str(events.HealthChecked(5, {"grad_norm": 0.123456789, "warnings": []})) == \
+        "HealthChecked(step=5, row={'grad_norm': 0.1235, 'warnings': []})"
+    assert str(events.HealthWarning(5, "blocks.0: dead 0.6")) == \
+        "HealthWarning(step=5, message='blocks.0: dead 0.6')"
+
+
+def test_every_event_prints_readably():
+    """No event class is left with dataclass's raw repr."""
+    import dataclasses
+
+    from glassllm.lens.health import readable_repr
+    from glassllm.training import events
+    classes = [v for v in vars(events).values()
+               if isinstance(v, type) and dataclasses.is_dataclass(v)]
+    assert len(classes) >= 17
+    assert [c.__name__ for c in classes if c.__repr__ is not readable_repr] == []
+
+
+def test_tokenizers_print_their_kind_and_size():
+    from glassllm.tokenizers import (BPETokenizer, ByteTokenizer, HFTokenizer,
+                                     SentencePieceTokenizer)
+    assert repr(ByteTokenizer()) == str(ByteTokenizer()) == "ByteTokenizer(vocab_size=257)"
+    bpe = BPETokenizer.train("the cat sat on the mat; the cat ate the rat\n" * 20, 270)
+    merges = bpe.vocab_size - 257  # 256 bytes and <|endoftext|>: every other id is a merge
+    assert merges > 0
+    assert repr(bpe) == (f"BPETokenizer(vocab_size={bpe.vocab_size}, merges={merges}, "
+                         "eot_token='<|endoftext|>')")
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [" ", "a", "b"]
+    sp = SentencePieceTokenizer(pieces, [0.0] * 259 + [-1.0, -2.0, -3.0])
+    assert repr(sp) == "SentencePieceTokenizer(vocab_size=262, bos_id=1, eot_id=2)"
+    hf = HFTokenizer(bpe._tok)
+    assert repr(hf) == (f"HFTokenizer(vocab_size={bpe.vocab_size}, model='BPE', eot_id=0, "
+                        "bos_id=None)")
+    for tokenizer in (bpe, sp, hf):
+        assert " object at 0x" not in str(tokenizer)
