@@ -4,6 +4,7 @@ README's install and training output, `glassllm --help`, how events and tokenize
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,3 +178,75 @@ def test_tokenizers_print_their_kind_and_size():
                         "bos_id=None)")
     for tokenizer in (bpe, sp, hf):
         assert " object at 0x" not in str(tokenizer)
+
+
+# ------------------------------------------------------------------ the README
+def readme() -> str:
+    return (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_readme_install_paragraph_names_every_dependency():
+    import tomllib
+    spec = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    names = [re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0]
+             for dep in spec["project"]["dependencies"]]
+    assert "numba" in names
+    paragraph = readme().split("That is the library and the `glassllm` command, with", 1)[1]
+    paragraph = paragraph.split("Extras", 1)[0].replace("\n", " ")
+    assert [name for name in names if name not in paragraph] == []
+
+
+def line_kind(line: str) -> str:
+    """What a line of `glassllm train`'s output is: its first word, numbers as #; for the two
+    lines that start with the step count, its third word too ("# steps of" / "in")."""
+    words = line.split()
+    first = re.sub(r"[\d,.]+", "#", words[0])
+    return f"{first} {words[2]}" if first == "#" else first
+
+
+def test_the_readme_training_output_shows_every_kind_of_line_and_says_it_is_trimmed(
+        tmp_path, capsys):
+    """Every kind of line `glassllm train` prints now (glassllm.cli.printer) is in README.md's
+    training output, in the same order, and the text says the output is trimmed."""
+    from glassllm.cli import main
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog.\n" * 80, encoding="utf-8")
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "r" / "m.safetensors"),
+                 "--steps", "4", "--eval-every", "2", "--warmup", "1", "--d-model", "16",
+                 "--n-layers", "1", "--n-heads", "2", "--n-kv-heads", "1", "--seq-len", "16",
+                 "--batch-size", "4", "--eval-batches", "2"]) == 0
+    printed = [line_kind(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    page = readme()
+    block = page.split("```text\nglassllm train:", 1)[1].split("```", 1)[0]
+    shown = [line_kind(line) for line in ("glassllm train:" + block).splitlines() if line.strip()]
+    assert list(dict.fromkeys(shown)) == list(dict.fromkeys(printed)), (shown, printed)
+    for kind in ("threads:", "matrix", "model:", "history:"):
+        assert kind in shown
+    before = page.split("```text\nglassllm train:", 1)[0].rstrip().rsplit("\n\n", 1)[1]
+    assert "trimmed" in before, before
+
+
+def test_the_readme_quickstart_prints_the_stream_whole_and_readable_events(tmp_path):
+    """The Python quickstart's stream example prints the prompt and its continuation (never a
+    line that starts with the continuation's ","); its training example prints rounded events
+    and the tokenizer by name."""
+    from test_readme import BLOCKS, block_directory, environment
+    codes = [code for place, info, code in BLOCKS if place.startswith("README.md:")
+             and info == "python" and ("lm.stream(" in code or "on_event=" in code)]
+    assert len(codes) == 2
+    outputs = []
+    for i, code in enumerate(codes):
+        (tmp_path / str(i)).mkdir()
+        work = block_directory(tmp_path / str(i), code)
+        (work / "block.py").write_text(code, encoding="utf-8")
+        done = subprocess.run([sys.executable, "block.py"], cwd=work, timeout=600,
+                              env=environment(tmp_path / str(i)), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs.append(done.stdout)
+    lines = outputs[0].splitlines()
+    assert [line for line in lines if line.startswith(",")] == [], lines
+    assert any(line.startswith("One day") for line in lines), lines
+    events = [line for line in outputs[1].splitlines() if line.startswith("Evaluated(")]
+    assert len(events) == 3 and not any(re.search(r"\d\.\d{5,}", e) for e in events), events
+    assert outputs[1].rstrip().endswith("ByteTokenizer(vocab_size=257)"), outputs[1]
+    assert " object at 0x" not in outputs[1]
