@@ -99,6 +99,7 @@ def test_the_command_is_recognised_by_its_script_or_module(tmp_path):
     assert _startup.is_the_command(["-m"], [python, "-X", "utf8", "-m", "glassllm.cli", "train"])
     assert _startup.is_the_command(["/x/glassllm/cli/__main__.py"],
                                    [python, "-m", "glassllm.cli"])
+    assert _startup.is_the_command(["/x/glassllm.exe"], [python, "/x/glassllm.exe"])  # pip's
     assert not _startup.is_the_command([str(mine)], [python, str(mine)])  # a program of one's own
     assert not _startup.is_the_command(["-m"], [python, "-m", "pytest", "-q"])
     assert not _startup.is_the_command(["-c"], [python, "-c", "import glassllm"])

@@ -38,8 +38,11 @@ def is_the_command(argv=None, orig_argv=None) -> bool:
         if word == "-m":  # the first -m names the module Python runs
             return orig_argv[i + 1] == "glassllm.cli" and \
                 (script == "-m" or script.endswith("__main__.py"))
-    if os.path.basename(script).removesuffix(".exe") not in ("glassllm", "glassllm-script.py"):
+    name = os.path.basename(script)
+    if name.removesuffix(".exe") not in ("glassllm", "glassllm-script.py"):
         return False
+    if name.endswith(".exe"):  # pip's Windows launcher: the script is zipped inside it
+        return True
     try:
         with open(script, "rb") as f:
             return _SCRIPT_IMPORT in f.read(4096)
