@@ -220,3 +220,23 @@ def test_the_trainer_removes_temporaries_of_a_killed_run(tmp_path):
     with pytest.warns(UserWarning, match="removed .*0123456789ab.tmp"):
         trainer.run(GlassLM(Config(d_model=16, n_layers=1, n_heads=2, max_len=8)))
     assert not left.exists() and model_path.exists()
+
+
+def test_a_ctrl_c_while_the_locks_are_taken_leaves_no_lock_file(tmp_path, monkeypatch):
+    """A SIGINT that arrives just after a lock file is made (before it is recorded) is held
+    until every lock is recorded, then raised and all released: no lock file is left (a
+    Ctrl-C early in `glassllm prepare` left val.bin.lock in the folder it had made)."""
+    from glassllm.training import lock as lock_module
+    real_acquire = lock_module._acquire
+
+    def acquire_then_interrupt(path, lock_file):
+        previous = real_acquire(path, lock_file)
+        if path.endswith("b"):
+            os.kill(os.getpid(), signal.SIGINT)
+        return previous
+    monkeypatch.setattr(lock_module, "_acquire", acquire_then_interrupt)
+    paths = [str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")]
+    with pytest.raises(KeyboardInterrupt):
+        lock_module.lock_outputs(paths)
+    assert os.listdir(tmp_path) == []
+    assert lock_module._held == {}

@@ -23,9 +23,11 @@ This module imports nothing from glassllm, so every module may use it.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -76,13 +78,17 @@ class OutputLock:
         self._locked: list[str] = []
         _check_no_output_is_a_lock(self.paths)
         try:
-            for path in self.paths:
-                previous = _acquire(path, lock_path(path))
-                self._locked.append(lock_path(path))
-                if previous and previous.get("pid") != os.getpid():
-                    self.stale.append(previous)
-                    self.stale_paths.append(path)
-        except BaseException:
+            # Ctrl-C held while the lock files are made and recorded (a few non-blocking
+            # calls): one arriving between a file's creation and its record would leave the
+            # file behind (and the folder a failed `glassllm prepare` made, not empty).
+            with signals_held():
+                for path in self.paths:
+                    previous = _acquire(path, lock_path(path))
+                    self._locked.append(lock_path(path))
+                    if previous and previous.get("pid") != os.getpid():
+                        self.stale.append(previous)
+                        self.stale_paths.append(path)
+        except BaseException:  # a signal held above is raised here, on the way out
             self.release()
             raise
 
@@ -110,6 +116,33 @@ def lock_outputs(paths) -> OutputLock:
         ValueError: an output is another output's lock file.
     """
     return OutputLock(paths)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT, SIGTERM and SIGHUP held while the block runs: one that arrives meanwhile is
+    recorded, and raised again (its own handler runs) when the block ends. Done with Python
+    handlers, which always run in the main thread: a signal mask (pthread_sigmask) holds
+    nothing once the process has other threads (tqdm's monitor, the engine's pool), since the
+    kernel delivers the signal to a thread that does not block it. Outside the main thread
+    (where handlers cannot be set) nothing is held; an ignored signal stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {}
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is None or signal.getsignal(signum) in (signal.SIG_IGN, None):
+            continue  # None: a handler not set from Python, left alone
+        previous[signum] = signal.signal(signum, lambda s, frame: caught.append(s))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # the first, as if it arrived now
 
 
 def lock_path(path) -> str:

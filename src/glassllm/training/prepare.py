@@ -10,12 +10,9 @@ holds the complete new output, never a mix, and never a temporary.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
-import signal
-import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,7 +22,7 @@ from ..formats.atomic import AtomicFile, remove_leftover_temporaries
 from ..formats.paths import same_file
 from ..formats.token_file import TokenWriter
 from ..tokenizers import BPETokenizer, ByteTokenizer
-from .lock import OutputLock, lock_outputs
+from .lock import OutputLock, lock_outputs, signals_held
 from .text import list_text_files, split_offset, text_chunks
 
 CHUNK_BYTES = 1 << 20  # text read per step of `prepare`: the bound on its working memory
@@ -298,7 +295,7 @@ def publish_together(staged: list[AtomicFile], retire=()) -> list[str]:
         OSError: a rename failed (naming its file); nothing was published.
     """
     backups, done = [], []
-    with _signals_held():
+    with signals_held():
         try:
             for file in staged:
                 backups.append(_keep_earlier(file.path))
@@ -350,22 +347,6 @@ def _remove_quietly(path: str | None) -> None:
         os.remove(path)
     except OSError:  # already gone: nothing of ours is left there
         pass
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """SIGINT, SIGTERM and SIGHUP blocked in the main thread while the block runs; one that
-    arrived meanwhile is delivered (its handler runs) when it ends."""
-    held = {getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)}
-    if not hasattr(signal, "pthread_sigmask") or \
-            threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _progress(report, stage: str, total: int):
