@@ -158,7 +158,9 @@ def test_a_locked_output_is_refused_and_nothing_is_overwritten(tmp_path, text_fi
     try:
         seen = []
         with pytest.raises(OutputLocked) as info:
-            execute(plan_of(text_file, out, steps=3), seen.append)
+            # --overwrite: a folder of another run's files is otherwise refused before the
+            # lock is tried; even told to overwrite, a run in progress keeps its files
+            execute(plan_of(text_file, out, steps=3, overwrite=True), seen.append)
         message = str(info.value)
         assert f"in use by another glassllm run (pid {holder.pid}" in message
         assert info.value.filename == str(history_csv)

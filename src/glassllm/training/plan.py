@@ -62,7 +62,7 @@ OPTIONS = {
     "precision": ("fp32", "fp16", "bf16"), "max_skip_rate": float,
     "max_consecutive_skips": int, "log_csv": str, "checkpoint_every": int,
     "health_every": int, "checkpoint": str, "resume": str, "threads": int,
-    "mpi_timeout": float, "serve": bool, "serve_port": int,
+    "mpi_timeout": float, "serve": bool, "serve_port": int, "overwrite": bool,
 }
 SMALL_FILE_BYTES = 16 << 20  # a prompt or a config file; /dev/zero must not fill memory
 
@@ -84,6 +84,9 @@ class RunPlan:
             settings.seed); init_from: its path. comm: the communicator (one process:
             `SerialCommunicator`); rank 0 alone writes. data_dirs: the data directories given
             (an output inside one is refused).
+        overwrite: a new run replaces the run whose files are at its paths (all of them
+            removed once the outputs are locked); False: such a run is refused, and without
+            --out the run goes to a new numbered folder (`runfiles.free_default_out`).
     """
     config: object
     settings: TrainSettings
@@ -97,6 +100,7 @@ class RunPlan:
     init_from: str | None = None
     comm: object = None
     data_dirs: list = dataclasses.field(default_factory=list)
+    overwrite: bool = False
 
     def __post_init__(self):
         if self.comm is None:
@@ -171,8 +175,17 @@ def _plan_without_data(opts: dict, given: dict, comm, initial) -> tuple[RunPlan,
     resume = checkpoint.load_checkpoint(opts["resume"]) if opts["resume"] is not None else None
     saved = runfiles.resolve_saved_paths(_resumed_extra(resume, opts["resume"]), opts["resume"]) \
         if resume is not None else {}
-    # A resumed run keeps writing where the interrupted one did, unless told otherwise.
-    out = first_given(opts["out"], saved.get("out"), os.path.join("runs", "model.safetensors"))
+    if resume is not None and opts["overwrite"]:
+        raise ValueError("--overwrite starts a new run over an old one; --resume continues "
+                         "one: give one")
+    # A resumed run keeps writing where the interrupted one did, unless told otherwise; a new
+    # run without --out never lands on an earlier run's files (runs/2/, runs/3/...).
+    out = first_given(opts["out"], saved.get("out"),
+                      runfiles.DEFAULT_OUT if opts["overwrite"] else None)
+    out = out if out is not None else runfiles.free_default_out()
+    if opts["serve"] and opts["log_csv"] is None and resume is None:
+        # --serve's live page reads per-step rows: steps.csv beside the model
+        opts = {**opts, "log_csv": os.path.join(os.path.dirname(out), runfiles.STEP_LOG_NAME)}
     threads = first_given(opts["threads"], saved.get("threads"))  # None: measure at start
     if resume is not None and resume.world_size != comm.size:
         how = train_command(resume.world_size) + (" (one process, no mpiexec)"
@@ -198,13 +211,15 @@ def _plan_without_data(opts: dict, given: dict, comm, initial) -> tuple[RunPlan,
                    threads=threads, threads_kept=opts["threads"] is None and threads is not None,
                    resume=resume, resume_path=opts["resume"], initial_model=initial,
                    init_from=opts["init_from"], comm=comm,
-                   data_dirs=[s for s in sources or () if os.path.isdir(s)]), sources
+                   data_dirs=[s for s in sources or () if os.path.isdir(s)],
+                   overwrite=bool(opts["overwrite"])), sources
 
 
 def _load_data(plan: RunPlan, sources, opts: dict, tokenizer, on_event) -> None:
     """plan.corpus from the data sources (None: the default corpus), every output checked
     against the paths before and after reading (rank 0): a bad path fails before any data is
-    read, an output that is a data file by another name (a link) once the files are known."""
+    read, an output that is a data file by another name (a link) once the files are known;
+    then a new run's folder holding another run's files (`runfiles.check_no_other_run`)."""
     from .batches import check_same_data
     from .corpus import load_corpus
     writer = plan.comm.rank == 0  # the one rank that writes
@@ -219,6 +234,8 @@ def _load_data(plan: RunPlan, sources, opts: dict, tokenizer, on_event) -> None:
     if writer:
         runfiles.check_output_paths(plan.outputs, inputs=corpus.input_files(),
                                     data_dirs=plan.data_dirs)
+        if plan.resume is None and not plan.overwrite:  # a new run never eats an old one
+            runfiles.check_no_other_run(plan.paths)
     if plan.resume is not None:
         check_same_data(plan.resume.data, corpus.train, corpus.val,
                         where=f"--resume {opts['resume']}")

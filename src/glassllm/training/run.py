@@ -98,9 +98,13 @@ def execute(plan, on_event=None, around=None) -> RunResult:
 def lock_outputs(plan, held: contextlib.ExitStack, emit) -> None:
     """Make the outputs' folders and lock them until `held` closes; a lock left by a dead run
     is taken over (`LockTakenOver`) and its temporaries removed (`TemporaryRemoved`):
-    `runfiles.lock_run_outputs`."""
+    `runfiles.lock_run_outputs`. With `plan.overwrite`, the files of the run it replaces are
+    removed then (`runfiles.remove_other_run_files`), once no other run can be writing them."""
     runfiles.make_parent_dirs(plan.outputs.values())
     runfiles.lock_run_outputs(plan.outputs.values(), held, emit)
+    if plan.overwrite and plan.resume is None:
+        # the whole old run goes before the first write: never a folder of two runs' files
+        runfiles.remove_other_run_files(plan.paths)
 
 
 def _execute_held(plan, emit, late) -> RunResult:
