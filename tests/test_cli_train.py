@@ -393,14 +393,17 @@ def test_gpt2_default_kv_heads_follow_the_family(tmp_path, text_file, capsys):
     args = ["train", "--data", str(text_file), "--d-model", "16", "--n-layers", "1",
             "--n-heads", "4", "--seq-len", "16", "--batch-size", "2", "--eval-batches", "1",
             "--steps", "1"]
-    assert main([*args, "--family", "gpt2", "--out", str(tmp_path / "g.st")]) == 0
-    assert files.load(tmp_path / "g.st").cfg.n_kv_heads == 4
-    assert main([*args, "--out", str(tmp_path / "l.st")]) == 0  # llama keeps GQA, 2 KV heads
-    assert files.load(tmp_path / "l.st").cfg.n_kv_heads == 2
-    assert main([*args, "--n-heads", "1", "--out", str(tmp_path / "one.st")]) == 0
-    assert files.load(tmp_path / "one.st").cfg.n_kv_heads == 1
+    # one folder per run: a folder holding another run's files is refused
+    assert main([*args, "--family", "gpt2", "--out", str(tmp_path / "g" / "g.st")]) == 0
+    assert files.load(tmp_path / "g" / "g.st").cfg.n_kv_heads == 4
+    # llama keeps GQA, 2 KV heads
+    assert main([*args, "--out", str(tmp_path / "l" / "l.st")]) == 0
+    assert files.load(tmp_path / "l" / "l.st").cfg.n_kv_heads == 2
+    assert main([*args, "--n-heads", "1", "--out", str(tmp_path / "one" / "one.st")]) == 0
+    assert files.load(tmp_path / "one" / "one.st").cfg.n_kv_heads == 1
     capsys.readouterr()
-    rc = main([*args, "--family", "gpt2", "--n-kv-heads", "2", "--out", str(tmp_path / "x.st")])
+    rc = main([*args, "--family", "gpt2", "--n-kv-heads", "2", "--out",
+               str(tmp_path / "x" / "x.st")])
     assert rc == 2 and "--family gpt2 has no grouped-query attention" in capsys.readouterr().err
 
 

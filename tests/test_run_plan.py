@@ -292,3 +292,82 @@ def test_a_run_follows_the_load_only_where_the_count_leaves_the_bits_alone(
     assert all((fn is not None) == follows for fn, _ in revisits) and len(revisits) == 2
     if not follows:
         assert extra["threads"] == 2
+
+
+# ------------------------------------------------------------------ runs never overwrite runs
+def _run_files(folder) -> dict:
+    """{name: bytes} of every file in a run folder (lock files aside: a run leaves none)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_new_run_into_another_runs_folder_is_refused_naming_its_files(tmp_path, text_file):
+    """A second run with the same --out replaced the first one's model, history and plot;
+    now it is refused before any work, the files named, the two ways on given, nothing
+    changed. A folder of an interrupted run (a checkpoint alone) is refused too, and the
+    message says how to continue it."""
+    out = tmp_path / "run" / "model.safetensors"
+    assert execute(plan_of(text_file, out, steps=2, eval_every=1)).reason == COMPLETE
+    before = _run_files(out.parent)
+    assert set(before) == {"model.safetensors", "history.csv", "loss.png"}
+    with pytest.raises(ValueError) as info:
+        plan_of(text_file, out, steps=3)
+    message = str(info.value)
+    assert "\n" not in message
+    for name in before:
+        assert str(out.parent / name) in message
+    assert "--out in a new folder" in message and "--overwrite" in message
+    assert "--resume" not in message  # nothing to resume: no checkpoint
+    assert _run_files(out.parent) == before
+    # an interrupted run's folder: its checkpoint there, refused, --resume named
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "checkpoint.safetensors").write_bytes(b"an interrupted run's checkpoint")
+    with pytest.raises(ValueError, match=r"holds another run's files \(.*checkpoint"
+                                         r"\.safetensors\).*or continue it with --resume "):
+        plan_of(text_file, stopped / "model.safetensors", steps=3)
+    assert _run_files(stopped) == {"checkpoint.safetensors": b"an interrupted run's checkpoint"}
+
+
+def test_without_out_a_second_run_goes_to_a_numbered_folder(tmp_path, text_file, monkeypatch):
+    """No --out: the first run writes runs/model.safetensors, the second runs/2/..., the
+    third runs/3/...; each model kept byte for byte."""
+    monkeypatch.chdir(tmp_path)
+    options = {"data": [str(text_file)], **TINY, "steps": 2, "eval_every": 1}
+    models = []
+    for n, seed in ((1, 0), (2, 1), (3, 2)):
+        plan = RunPlan.from_options({**options, "seed": seed})
+        want = os.path.join("runs", "model.safetensors") if n == 1 else \
+            os.path.join("runs", str(n), "model.safetensors")
+        assert plan.paths["model"] == want
+        seen = []
+        assert execute(plan, seen.append).reason == COMPLETE
+        begins = [e for e in seen if isinstance(e, events.RunBegins)]
+        assert begins[0].model_path == want  # the header's "best model -> ..."
+        models.append((want, (tmp_path / want).read_bytes()))
+    for path, data in models:
+        assert (tmp_path / path).read_bytes() == data
+    assert len({data for _, data in models}) == 3  # three runs, three models
+
+
+def test_overwrite_replaces_the_whole_run(tmp_path, text_file):
+    """--overwrite: every file of the old run goes (its checkpoint, step log and health rows
+    too, which the new run does not write), the new run's files come; never a mix."""
+    out = tmp_path / "run" / "model.safetensors"
+    old = plan_of(text_file, out, steps=4, eval_every=2, health_every=1, checkpoint_every=2,
+                  log_csv=str(out.parent / "steps.csv"))
+    assert execute(old).reason == COMPLETE
+    names = set(_run_files(out.parent))
+    assert {"model.safetensors", "history.csv", "loss.png", "checkpoint.safetensors",
+            "health.jsonl", "steps.csv"} <= names, names
+    old_model = out.read_bytes()
+    toml = tmp_path / "overwrite.toml"
+    toml.write_text("overwrite = true\n")
+    plan = RunPlan.from_toml(toml, data=[str(text_file)], out=str(out), **TINY, steps=2,
+                             eval_every=1, seed=7)
+    assert plan.overwrite is True
+    assert execute(plan).reason == COMPLETE
+    assert set(_run_files(out.parent)) == {"model.safetensors", "history.csv", "loss.png"}
+    assert out.read_bytes() != old_model
+    assert [int(r["step"]) for r in history(out.parent / "history.csv")] == [0, 1]
+    with pytest.raises(ValueError, match="--overwrite starts a new run"):
+        RunPlan.from_options({"resume": str(out.parent / "x.safetensors"), "overwrite": True})

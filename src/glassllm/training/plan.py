@@ -172,12 +172,12 @@ def _plan_without_data(opts: dict, given: dict, comm, initial) -> tuple[RunPlan,
     """(plan, data sources): the plan's settings, paths, threads and resume, outputs checked
     (rank 0); no corpus or config yet (they need the data)."""
     from ..formats import checkpoint
+    if opts["resume"] is not None and opts["overwrite"]:
+        raise ValueError("--overwrite starts a new run over an old one; --resume continues "
+                         "one: give one")
     resume = checkpoint.load_checkpoint(opts["resume"]) if opts["resume"] is not None else None
     saved = runfiles.resolve_saved_paths(_resumed_extra(resume, opts["resume"]), opts["resume"]) \
         if resume is not None else {}
-    if resume is not None and opts["overwrite"]:
-        raise ValueError("--overwrite starts a new run over an old one; --resume continues "
-                         "one: give one")
     # A resumed run keeps writing where the interrupted one did, unless told otherwise; a new
     # run without --out never lands on an earlier run's files (runs/2/, runs/3/...).
     out = first_given(opts["out"], saved.get("out"),
