@@ -371,3 +371,18 @@ def test_overwrite_replaces_the_whole_run(tmp_path, text_file):
     assert [int(r["step"]) for r in history(out.parent / "history.csv")] == [0, 1]
     with pytest.raises(ValueError, match="--overwrite starts a new run"):
         RunPlan.from_options({"resume": str(out.parent / "x.safetensors"), "overwrite": True})
+
+
+def test_serve_logs_steps_beside_the_numbered_folder(tmp_path, text_file, monkeypatch):
+    """--serve's per-step CSV goes beside the model the run writes: runs/2/steps.csv for a
+    second run without --out, never runs/steps.csv of the first run."""
+    monkeypatch.chdir(tmp_path)
+    options = {"data": [str(text_file)], **TINY, "steps": 2, "eval_every": 1, "serve": True}
+    first = RunPlan.from_options(options)
+    assert first.settings.log_csv == str(tmp_path / "runs" / "steps.csv")
+    assert execute(first).reason == COMPLETE
+    second = RunPlan.from_options(options)
+    assert second.paths["model"] == os.path.join("runs", "2", "model.safetensors")
+    assert second.settings.log_csv == str(tmp_path / "runs" / "2" / "steps.csv")
+    again = RunPlan.from_options({**options, "overwrite": True})  # replaces runs/ itself
+    assert again.settings.log_csv == str(tmp_path / "runs" / "steps.csv")
