@@ -6,6 +6,7 @@ and the plan's builders (options, TOML, checkpoint) against the CLI's parser.
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -326,6 +327,14 @@ def test_a_new_run_into_another_runs_folder_is_refused_naming_its_files(tmp_path
                                          r"\.safetensors\).*or continue it with --resume "):
         plan_of(text_file, stopped / "model.safetensors", steps=3)
     assert _run_files(stopped) == {"checkpoint.safetensors": b"an interrupted run's checkpoint"}
+    # an existing --log-csv elsewhere is another run's step log too; a new folder alone would
+    # not free it, and the message says so
+    log = tmp_path / "steps.csv"
+    log.write_text("step,lr,loss\n")
+    with pytest.raises(ValueError, match=r"\(" + re.escape(str(log)) + r"\); give --out in a "
+                                         r"new folder \(and new --checkpoint/--log-csv paths\)"):
+        plan_of(text_file, tmp_path / "fresh" / "model.safetensors", log_csv=str(log))
+    assert log.read_text() == "step,lr,loss\n"
 
 
 def test_without_out_a_second_run_goes_to_a_numbered_folder(tmp_path, text_file, monkeypatch):

@@ -74,7 +74,8 @@ def execute(plan, on_event=None, around=None) -> RunResult:
 
     Raises:
         glassllm.training.lock.OutputLocked: another run holds an output (nothing written).
-        OSError: an output's lock or folder cannot be made; history.csv not writable at the end.
+        OSError: an output's lock or folder cannot be made; an old run's file cannot be
+            removed (plan.overwrite); history.csv not writable at the end.
         ValueError: an output is another's lock file. Other errors (a bug) propagate.
     """
     from . import distributed

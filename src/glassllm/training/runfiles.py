@@ -5,7 +5,9 @@ checkpoint (`checkpoint.safetensors`), its history (`history.csv`) and loss plot
 (`loss.png`); the per-step CSV (`--log-csv`) may go anywhere. `run_paths` names them,
 `check_output_paths` (from `glassllm.formats.paths`) refuses, before any training, every path
 that would fail or do harm later, `make_parent_dirs` creates what is missing, and
-`write_history_csv` / `write_plot` write the end products. `glassllm.training.lock.lock_outputs`
+`write_history_csv` / `write_plot` write the end products. A new run never writes over
+another run's files (`check_no_other_run`; without --out, `free_default_out` picks runs/2/,
+runs/3/...), unless told to replace that run (`remove_other_run_files`, --overwrite). `glassllm.training.lock.lock_outputs`
 keeps two runs off the same paths.
 
 A Python user of `glassllm.train.Trainer` gets the same files with the same calls:
@@ -91,9 +93,13 @@ def check_no_other_run(paths: dict, out_label: str = "--out") -> None:
     run_dir = os.path.dirname(os.fspath(paths["model"])) or "."
     ckpt = [p for p in found if os.path.basename(p) == "checkpoint.safetensors"]
     resume = f"; or continue it with --resume {ckpt[0]}" if ckpt else ""
+    # a --checkpoint or --log-csv elsewhere: a new folder alone would not free it
+    elsewhere = " (and new --checkpoint/--log-csv paths)" if any(
+        not same_file(os.path.dirname(os.path.abspath(p)), os.path.abspath(run_dir))
+        for p in found) else ""
     raise ValueError(f"{out_label} {paths['model']}: {run_dir} holds another run's files "
-                     f"({', '.join(found)}); give --out in a new folder, or --overwrite to "
-                     f"replace that whole run{resume}")
+                     f"({', '.join(found)}); give --out in a new folder{elsewhere}, or "
+                     f"--overwrite to replace that whole run{resume}")
 
 
 def free_default_out(base: str = DEFAULT_OUT) -> str:
