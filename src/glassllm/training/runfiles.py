@@ -7,8 +7,8 @@ checkpoint (`checkpoint.safetensors`), its history (`history.csv`) and loss plot
 that would fail or do harm later, `make_parent_dirs` creates what is missing, and
 `write_history_csv` / `write_plot` write the end products. A new run never writes over
 another run's files (`check_no_other_run`; without --out, `free_default_out` picks runs/2/,
-runs/3/...), unless told to replace that run (`remove_other_run_files`, --overwrite). `glassllm.training.lock.lock_outputs`
-keeps two runs off the same paths.
+runs/3/...), unless told to replace that run (`remove_other_run_files`, --overwrite).
+`glassllm.training.lock.lock_outputs` keeps two runs off the same paths.
 
 A Python user of `glassllm.train.Trainer` gets the same files with the same calls:
 
