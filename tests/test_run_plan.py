@@ -395,3 +395,19 @@ def test_serve_logs_steps_beside_the_numbered_folder(tmp_path, text_file, monkey
     assert second.settings.log_csv == str(tmp_path / "runs" / "2" / "steps.csv")
     again = RunPlan.from_options({**options, "overwrite": True})  # replaces runs/ itself
     assert again.settings.log_csv == str(tmp_path / "runs" / "steps.csv")
+
+
+def test_overwrite_never_removes_the_runs_own_data(tmp_path):
+    """A data file named like a run's file (steps.csv) beside --out is the run's input, not
+    another run's file: not refused, and --overwrite keeps it."""
+    out = tmp_path / "run" / "model.safetensors"
+    out.parent.mkdir()
+    data = out.parent / "steps.csv"
+    data.write_text("The quick brown fox jumps over the lazy dog.\n" * 60)
+    options = {"data": [str(data)], "out": str(out), **TINY, "steps": 2, "eval_every": 1}
+    assert execute(RunPlan.from_options(options)).reason == COMPLETE
+    assert execute(RunPlan.from_options({**options, "overwrite": True})).reason == COMPLETE
+    assert data.read_text() == "The quick brown fox jumps over the lazy dog.\n" * 60
+    with pytest.raises(ValueError, match=r"holds another run's files \([^)]*history\.csv"):
+        RunPlan.from_options(options)
+    assert data.exists()

@@ -122,6 +122,12 @@ class RunPlan:
                 "health.jsonl (next to --out)": self.settings.health_log,
                 "loss.png (next to --out)": p["plot"]}
 
+    def inputs(self) -> list[str]:
+        """The files the run reads (its data, --init-from): never removed or counted as
+        another run's files, whatever their names."""
+        found = self.corpus.input_files() if self.corpus is not None else []
+        return found + ([self.init_from] if self.init_from is not None else [])
+
     @classmethod
     def from_options(cls, options, comm=None, on_event=None) -> "RunPlan":
         """The plan of `glassllm train` with these options (a mapping or an object with
@@ -235,7 +241,7 @@ def _load_data(plan: RunPlan, sources, opts: dict, tokenizer, on_event) -> None:
         runfiles.check_output_paths(plan.outputs, inputs=corpus.input_files(),
                                     data_dirs=plan.data_dirs)
         if plan.resume is None and not plan.overwrite:  # a new run never eats an old one
-            runfiles.check_no_other_run(plan.paths)
+            runfiles.check_no_other_run(plan.paths, keep=plan.inputs())
     if plan.resume is not None:
         check_same_data(plan.resume.data, corpus.train, corpus.val,
                         where=f"--resume {opts['resume']}")

@@ -105,7 +105,7 @@ def lock_outputs(plan, held: contextlib.ExitStack, emit) -> None:
     runfiles.lock_run_outputs(plan.outputs.values(), held, emit)
     if plan.overwrite and plan.resume is None:
         # the whole old run goes before the first write: never a folder of two runs' files
-        runfiles.remove_other_run_files(plan.paths)
+        runfiles.remove_other_run_files(plan.paths, keep=plan.inputs())
 
 
 def _execute_held(plan, emit, late) -> RunResult:

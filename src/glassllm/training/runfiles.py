@@ -56,13 +56,15 @@ STEP_LOG_NAME = "steps.csv"
 DEFAULT_OUT = os.path.join("runs", "model.safetensors")
 
 
-def other_run_files(paths: dict) -> list[str]:
+def other_run_files(paths: dict, keep=()) -> list[str]:
     """The files already at a new run's paths or in its folder that a run writes: the model
     file, checkpoint.safetensors, history.csv, health.jsonl, loss.png and steps.csv beside it,
     and the run's own --checkpoint and --log-csv wherever they are. Named as the user named
     the model (relative stays relative), sorted, each once.
 
     paths: `run_paths` of the new run ({"model", "checkpoint", "log_csv", ...}).
+    keep: paths that are never another run's files (`same_file`): the run's own inputs, its
+        data and --init-from, whatever they are named (a text file called steps.csv).
     """
     run_dir = os.path.dirname(os.fspath(paths["model"]))
     candidates = [paths["model"], *(os.path.join(run_dir, n)
@@ -72,12 +74,13 @@ def other_run_files(paths: dict) -> list[str]:
     found = {}
     for path in candidates:
         # lexists: a dangling link at a run's path is still a file the run would replace
-        if path is not None and os.path.lexists(path):
+        if path is not None and os.path.lexists(path) and \
+                not any(same_file(path, k) for k in keep):
             found.setdefault(os.path.abspath(path), os.fspath(path))
     return sorted(found.values())
 
 
-def check_no_other_run(paths: dict, out_label: str = "--out") -> None:
+def check_no_other_run(paths: dict, keep=(), out_label: str = "--out") -> None:
     """Refuse a new run whose paths or folder hold another run's files (`other_run_files`):
     a second run would replace that run's model, history and plot, and leave its checkpoint,
     step log and health beside its own files, one folder read as one run made of two. A
@@ -87,7 +90,7 @@ def check_no_other_run(paths: dict, out_label: str = "--out") -> None:
     Raises:
         ValueError: one line naming the files and the two ways on (--out NEW, --overwrite).
     """
-    found = other_run_files(paths)
+    found = other_run_files(paths, keep)
     if not found:
         return
     run_dir = os.path.dirname(os.fspath(paths["model"])) or "."
@@ -120,16 +123,16 @@ def free_default_out(base: str = DEFAULT_OUT) -> str:
     return os.path.join(folder, str(n), name)
 
 
-def remove_other_run_files(paths: dict) -> list[str]:
-    """Remove the files of the run a new one replaces (`other_run_files`; --overwrite), after
-    its locks are taken and before its first write: the folder then holds the new run's files
-    only, never a mix of two runs. Returns the paths removed.
+def remove_other_run_files(paths: dict, keep=()) -> list[str]:
+    """Remove the files of the run a new one replaces (`other_run_files`, `keep` left;
+    --overwrite), after its locks are taken and before its first write: the folder then holds
+    the new run's files only, never a mix of two runs. Returns the paths removed.
 
     Raises:
         OSError: a file cannot be removed, naming it.
     """
     removed = []
-    for path in other_run_files(paths):
+    for path in other_run_files(paths, keep):
         try:
             os.remove(path)
         except FileNotFoundError:  # gone since it was listed: nothing to remove
