@@ -374,8 +374,12 @@ def test_overwrite_replaces_the_whole_run(tmp_path, text_file):
     plan = RunPlan.from_toml(toml, data=[str(text_file)], out=str(out), **TINY, steps=2,
                              eval_every=1, seed=7)
     assert plan.overwrite is True
-    assert execute(plan).reason == COMPLETE
+    seen = []
+    assert execute(plan, seen.append).reason == COMPLETE
     assert set(_run_files(out.parent)) == {"model.safetensors", "history.csv", "loss.png"}
+    replaced = [e for e in seen if isinstance(e, events.RunReplaced)]
+    assert sorted(os.path.basename(p) for p in replaced[0].paths) == sorted(names)
+    assert kinds_before(seen, events.RunBegins) == ["RunReplaced"]  # before the first write
     assert out.read_bytes() != old_model
     assert [int(r["step"]) for r in history(out.parent / "history.csv")] == [0, 1]
     with pytest.raises(ValueError, match="--overwrite starts a new run"):

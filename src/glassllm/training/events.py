@@ -127,6 +127,13 @@ class TemporaryRemoved:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunReplaced:
+    """The files of the run this one replaces (`overwrite`) were removed, `paths`, before its
+    first write."""
+    paths: tuple
+
+
+@dataclasses.dataclass(frozen=True)
 class RunBegins:
     """The run is about to train (the writing rank): the model's config and parameter count,
     the corpus (`Corpus`), the settings, the number of ranks, the best model's path, the thread
