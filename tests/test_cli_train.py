@@ -766,7 +766,7 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_files(tmp_path, text
     assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before
     assert main([*args, "--seed", "1", "--overwrite"]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if "--overwrite" in line]
-    assert notes == ["note: --overwrite: removed the replaced run's files ("
+    assert notes == ["note: --overwrite: deleted the replaced run's files ("
                      + ", ".join(str(out.parent / n) for n in sorted(before)) + ")"]
     after = {p.name: p.read_bytes() for p in out.parent.iterdir()}
     assert set(after) == {"model.safetensors", "history.csv", "loss.png"}

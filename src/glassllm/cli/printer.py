@@ -59,7 +59,7 @@ class TrainPrinter:
 
     @show.register
     def _(self, e: ev.RunReplaced) -> None:
-        _err(f"note: --overwrite: removed the replaced run's files ({', '.join(e.paths)})")
+        _err(f"note: --overwrite: deleted the replaced run's files ({', '.join(e.paths)})")
 
     @show.register
     def _(self, e: ev.RunBegins) -> None:
