@@ -7,11 +7,14 @@ Fixtures (not autouse, so other test files are unaffected):
     shared_data: `shared_data("gpt2", "merges.txt")`, the path of a file of the workspace's
         data directory (see `shared_data_path`).
 
-The workspace's data directory (real corpora, the GPT-2 tokenizer files, llama2.c's model)
-is `../shared/data` beside the checkout, i.e. `<repository>/../shared/data`, or the
-directory the environment variable GLASSLLM_SHARED_DATA names. Every test that reads it goes
-through `shared_data_path`, which skips the test with a clear reason when a file is missing,
-and fails it instead when CI=true: on CI no data-dependent test may skip silently.
+The data the tests read (real corpora, the GPT-2 tokenizer files, llama2.c's model) is found
+in, in this order (`data_dirs`): the folder GLASSLLM_DATA names; the workspace's data directory,
+`../shared/data` beside the checkout (`<repository>/../shared/data`); the checkout's `data/`,
+where README.md's "Get the data" downloads it (there llama2.c's two files lie directly in
+`data/`, not in `llama2c/`: README_NAMES). GLASSLLM_SHARED_DATA names the one directory to
+read instead of all three. Every test that reads data goes through `shared_data_path`, which
+skips the test naming every path it looked at when a file is missing, and fails it instead
+when CI=true: on CI no data-dependent test may skip silently.
 """
 from __future__ import annotations
 
@@ -31,12 +34,29 @@ REPO = Path(__file__).resolve().parents[1]
 # this variable (tests/test_fast_default.py) and with threads pinned where a test needs them.
 os.environ.setdefault("GLASSLLM_THREADS", "1")
 SHARED_DATA_ENV = "GLASSLLM_SHARED_DATA"
+DATA_ENV = "GLASSLLM_DATA"  # a data/ folder as README.md's "Get the data" fills it, anywhere
+# The workspace's names of the files README.md's "Get the data" saves under other names:
+# name -> (the path returned, the file that must exist), relative to data/. llama2.c's model
+# and tokenizer lie directly in data/; the workspace keeps them in llama2c/ beside run.c.
+README_NAMES = {"llama2c/stories260K.bin": ("stories260K.bin", "stories260K.bin"),
+                "llama2c/tok512.bin": ("tok512.bin", "tok512.bin"),
+                "llama2c": (".", "stories260K.bin")}
 
 
 def shared_data_dir() -> Path:
-    """The data directory: $GLASSLLM_SHARED_DATA if set, else <repository>/../shared/data."""
+    """The workspace's data directory: $GLASSLLM_SHARED_DATA if set, else
+    <repository>/../shared/data."""
     override = os.environ.get(SHARED_DATA_ENV)
     return Path(override) if override else REPO.parent / "shared" / "data"
+
+
+def data_dirs() -> list[Path]:
+    """Where `shared_data_path` looks, in order: $GLASSLLM_SHARED_DATA alone if set; else
+    $GLASSLLM_DATA (if set), <repository>/../shared/data and <repository>/data."""
+    if os.environ.get(SHARED_DATA_ENV):
+        return [shared_data_dir()]
+    chosen = [Path(os.environ[DATA_ENV])] if os.environ.get(DATA_ENV) else []
+    return list(dict.fromkeys([*chosen, shared_data_dir(), REPO / "data"]))
 
 
 def in_ci() -> bool:
@@ -72,16 +92,25 @@ def require_mkl() -> None:
 
 
 def shared_data_path(*parts: str) -> Path:
-    """The path of a file or directory in the data directory, checked to exist.
+    """The path of a file or directory of the data (`parts` as the workspace names it, e.g.
+    "llama2c", "stories260K.bin"), in the first of `data_dirs` that has it, under the
+    workspace's name or README.md's (README_NAMES).
 
-    Missing: the test is skipped, naming the path and how to provide it; with CI=true it
-    fails (pytest's Failed) instead.
+    Missing: the test is skipped, naming every path looked at and how to provide the data;
+    with CI=true it fails (pytest's Failed) instead.
     """
-    path = shared_data_dir().joinpath(*parts)
-    if not path.exists():
-        skip_or_fail(f"{path} is missing (the workspace data, ../shared/data beside the "
-                     f"checkout, see its README.md; or set {SHARED_DATA_ENV})")
-    return path
+    name = "/".join(parts)
+    names = [(name, name)] + ([README_NAMES[name]] if name in README_NAMES else [])
+    looked = []
+    for folder in data_dirs():
+        for returned, checked in names:
+            if (folder / checked).exists():
+                return folder / returned
+            looked.append(str(folder / checked))
+    skip_or_fail(f"{name} is missing: looked at {', '.join(looked)} (the workspace data, "
+                 f"../shared/data beside the checkout, see its README.md; or the checkout's "
+                 f"data/ of README.md's \"Get the data\"; or set {DATA_ENV} to such a data/ "
+                 f"folder)")
 
 from glassllm import Tensor
 

@@ -80,3 +80,45 @@ def test_no_test_finds_the_data_on_its_own():
                      r"""|os\.path\.join\([^\n]*["']shared["']""", text):  # os.path's form too
             offenders.append(source.name)
     assert offenders == []
+
+
+def test_the_readmes_data_folder_is_found_by_glassllm_data(tmp_path, monkeypatch):
+    """After README.md's "Get the data" (files in data/, llama2.c's two directly there), the
+    data tests read them: GLASSLLM_DATA names that folder, first of every place."""
+    monkeypatch.delenv(SHARED_DATA_ENV, raising=False)
+    monkeypatch.setenv(conftest.DATA_ENV, str(tmp_path))
+    for name in ("stories260K.bin", "tok512.bin", "tinyshakespeare.txt", "gpt2/merges.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    assert shared_data_path("llama2c", "stories260K.bin") == tmp_path / "stories260K.bin"
+    assert shared_data_path("llama2c", "tok512.bin") == tmp_path / "tok512.bin"
+    assert shared_data_path("llama2c") == tmp_path  # the folder of both
+    assert shared_data_path("tinyshakespeare.txt") == tmp_path / "tinyshakespeare.txt"
+    assert shared_data_path("gpt2", "merges.txt") == tmp_path / "gpt2" / "merges.txt"
+    assert conftest.data_dirs()[0] == tmp_path
+
+
+def test_the_checkouts_data_folder_is_found_and_a_skip_names_every_place(tmp_path, monkeypatch):
+    """A clone with no ../shared/data: the data tests read the clone's data/; a file found
+    nowhere skips naming each path looked at (and fails under CI=true)."""
+    clone = tmp_path / "clone"
+    (clone / "data" / "gpt2").mkdir(parents=True)
+    (clone / "data" / "stories260K.bin").write_bytes(b"x")
+    (clone / "data" / "gpt2" / "vocab.json").write_bytes(b"{}")
+    monkeypatch.setattr(conftest, "REPO", clone)
+    monkeypatch.delenv(SHARED_DATA_ENV, raising=False)
+    monkeypatch.delenv(conftest.DATA_ENV, raising=False)
+    assert conftest.data_dirs() == [tmp_path / "shared" / "data", clone / "data"]
+    assert shared_data_path("llama2c", "stories260K.bin") == clone / "data" / "stories260K.bin"
+    assert shared_data_path("gpt2", "vocab.json") == clone / "data" / "gpt2" / "vocab.json"
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        shared_data_path("llama2c", "tok512.bin")
+    reason = str(skipped.value)
+    for place in (tmp_path / "shared" / "data" / "llama2c" / "tok512.bin",
+                  clone / "data" / "llama2c" / "tok512.bin", clone / "data" / "tok512.bin"):
+        assert str(place) in reason, reason
+    assert conftest.DATA_ENV in reason
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="tok512.bin is missing.*CI=true"):
+        shared_data_path("llama2c", "tok512.bin")

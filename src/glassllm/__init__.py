@@ -15,7 +15,11 @@ is built:
 - `glassllm.training`: the Trainer, its safety belts, data, MPI, locks;
 - `glassllm.cli`: the `glassllm` command.
 """
-from . import _moved
+# First thing, before NumPy: in the `glassllm` command a Ctrl-C during these imports is one line
+# and exit 130, not Python's traceback (glassllm._startup; glassllm.cli.main takes over).
+from . import _startup
+_startup.guard()
+from . import _moved  # noqa: E402
 from .model import Config, GlassLM
 from .tensor import Tensor, no_grad
 # After the glass: autocast installs its rounding into `kernels.matmul`, and the engine

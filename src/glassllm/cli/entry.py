@@ -10,6 +10,7 @@ import errno
 import os
 import sys
 
+from .. import _startup
 from .common import UsageError, one_line
 
 
@@ -42,15 +43,20 @@ def main(argv: list[str] | None = None) -> int:
         # rank killed without a word is still named (glassllm.training.launch).
         return launch.supervise([sys.executable, "-m", "glassllm.cli", *sys.argv[1:]])
     try:  # building the parser imports numpy and the library: Ctrl-C often lands here
+        _startup.release()  # until here a Ctrl-C was glassllm._startup's: one line, exit 130
         parser = build_parser()
+        args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
+        from ..engine.blas import BlasError
+        from ..lens.interpret import AttributionError
+        from .. import kernels
+        from ..training import stopping
     except KeyboardInterrupt:
-        print("\nglassllm: interrupted", file=sys.stderr, flush=True)
+        print(_startup.LINE, file=sys.stderr, flush=True)
         return launch.interrupted_exit(130)  # under mpiexec: never leave the others waiting
-    args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line
-    from ..engine.blas import BlasError
-    from ..lens.interpret import AttributionError
-    from .. import kernels
-    from ..training import stopping
+    except SystemExit:  # --help, --version, a usage error: the interpreter exits now
+        if argv is None:
+            _startup.guard()
+        raise
     try:
         # SIGTERM and SIGHUP unwind every command as Ctrl-C does (its temporary files
         # removed, one line, exit 128 + N) instead of ending it where it stands
@@ -70,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if argv is None:  # the process's own command: it exits now, a late stop changes nothing
             stopping.ignore_further_stops()
+            _startup.guard()  # a Ctrl-C while the interpreter exits: one line too
 
 
 def _print_paths_as_given() -> None:

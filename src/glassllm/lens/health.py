@@ -57,11 +57,46 @@ _TANH_SATURATED = 0.97
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
+def readable_repr(event) -> str:
+    """The repr of an event (a dataclass) a person reads: `Stepped(step=3, loss=5.524, ...)`.
+
+    Floats to 4 significant digits (nats, learning rates; 1000 and above as integers:
+    tokens/second, seconds), inside dicts and lists too; a list of over 8 items as its
+    length (a summary's history: `history=[2000 items]`). The fields' values are unchanged:
+    `dataclasses.astuple` / attribute access give the floats exact."""
+    fields = ", ".join(f"{f.name}={_readable(getattr(event, f.name))}"
+                       for f in dataclasses.fields(event) if f.repr)
+    return f"{type(event).__name__}({fields})"
+
+
+def _readable(value) -> str:
+    if isinstance(value, (float, np.floating)):
+        x = float(value)
+        if not math.isfinite(x):
+            return repr(x)
+        if abs(x) >= 1000:
+            return f"{x:.0f}"
+        text = f"{x:.4g}"
+        return text if any(c in text for c in ".e") else text + ".0"  # 1.0, not the int 1
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_readable(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        if len(value) > 8:
+            return f"[{len(value)} items]"
+        inner = ", ".join(_readable(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' * (len(value) == 1)})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and \
+            type(value).__repr__ is readable_repr:
+        return readable_repr(value)
+    return repr(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class HealthChecked:
     """A health row was measured (and written): `row` as in health.jsonl."""
     step: int
     row: dict
+    __repr__ = readable_repr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +104,7 @@ class HealthWarning:
     """Something left its healthy range: `message` is one line."""
     step: int
     message: str
+    __repr__ = readable_repr
 
 
 def _norm(a: np.ndarray) -> float:

@@ -95,6 +95,13 @@ class BPETokenizer:
                 raise ValueError(f"BPETokenizer: token {token!r} (id {i}) is not byte-level; "
                                  "only byte-level BPE tokenizers are supported") from None
 
+    def __repr__(self) -> str:
+        """`BPETokenizer(vocab_size=50257, merges=50000, eot_token='<|endoftext|>')`: merges
+        counts the tokens of two or more bytes (in byte-level BPE, one per merge rule)."""
+        merges = sum(len(b) > 1 for b in self._id_bytes)
+        return (f"BPETokenizer(vocab_size={self.vocab_size}, merges={merges}, "
+                f"eot_token={self.eot_token!r})")
+
     # -- building ----------------------------------------------------------------------------
 
     @staticmethod

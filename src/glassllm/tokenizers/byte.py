@@ -21,6 +21,9 @@ class ByteTokenizer:
     eot_id = 256
     bos_id = None  # no begin-of-sequence token: unconditional samples start from eot_id
 
+    def __repr__(self) -> str:
+        return f"ByteTokenizer(vocab_size={self.vocab_size})"
+
     def encode(self, text: str) -> np.ndarray:
         """str -> uint16 ids of its UTF-8 bytes (no end-of-text added).
 

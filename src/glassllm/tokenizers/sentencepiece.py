@@ -101,6 +101,10 @@ class SentencePieceTokenizer:
         self._bytes_after_bos = [b[1:] if b.startswith(b" ") else b for b in self._bytes]
         self._tok = self._hf_tokenizer()
 
+    def __repr__(self) -> str:
+        return (f"SentencePieceTokenizer(vocab_size={self.vocab_size}, "
+                f"bos_id={self.bos_id}, eot_id={self.eot_id})")
+
     def _check_vocabulary(self) -> None:
         if self.vocab_size < SP_BYTE_OFFSET + 256:
             raise ValueError(f"SentencePieceTokenizer: {self.vocab_size} pieces; at least 259 "

@@ -59,6 +59,13 @@ class HFTokenizer:
         self._id_dtype = np.uint16 if self.vocab_size <= 65536 else np.uint32
         self._id_bytes = self._byte_table()
 
+    def __repr__(self) -> str:
+        """`HFTokenizer(vocab_size=32000, model='BPE', eot_id=2, bos_id=1)`: `model` is the
+        tokenizer.json's model type (BPE, Unigram, WordPiece, WordLevel)."""
+        return (f"HFTokenizer(vocab_size={self.vocab_size}, "
+                f"model={type(self._tok.model).__name__!r}, eot_id={self.eot_id}, "
+                f"bos_id={self.bos_id})")
+
     def _special(self, given, names, what):
         if given is not None:
             given = int(given)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..lens.health import HealthChecked, HealthWarning  # noqa: F401 (a run's events too)
+from ..lens.health import readable_repr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,3 +175,12 @@ class LoopEnded:
 class PlotFailed:
     """loss.png was not drawn (the run's results are saved): "<png> not written: <error>"."""
     message: str
+
+
+# print(event) in a notebook or a loop over `Trainer.run()`: rounded floats, not
+# train_loss=5.5240302085876465 (lens.health.readable_repr); dataclass keeps a __repr__ set here
+for _event in [value for value in list(globals().values())
+               if isinstance(value, type) and dataclasses.is_dataclass(value)
+               and value.__module__ == __name__]:
+    _event.__repr__ = readable_repr
+del _event
