@@ -100,8 +100,9 @@ class Finished:
 # ------------------------------------------------------------------ the run around the loop
 # What `glassllm.training.run.execute` (and `RunPlan`'s building) reports besides the loop's
 # events: the notes and warnings the library never prints. In order: `CorpusNote`s while the
-# data is read; `LockTakenOver` and `TemporaryRemoved` when the outputs are locked; on the
-# writing rank `RunBegins`, any `WarmupOutlastsRun` and `LoopBegins`; the loop's events;
+# data is read; `LockTakenOver`, `TemporaryRemoved` and `RunReplaced` (--overwrite) when the
+# outputs are locked; on the writing rank `RunBegins`, any `WarmupOutlastsRun` and
+# `LoopBegins`; the loop's events;
 # `LoopEnded` once the loop has returned or raised, before the run's files are written;
 # `PlotFailed` if loss.png could not be drawn.
 
