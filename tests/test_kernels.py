@@ -161,6 +161,7 @@ def small_slices(monkeypatch):
     """The pool cuts even these small arrays into many slices, on two threads."""
     monkeypatch.setattr(parallel, "SLICE_ELEMENTS", 512)
     monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 1024)
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 1024)  # (the compiled forms' rule)
     saved = parallel.get_num_threads()
     parallel.set_num_threads(2)
     yield

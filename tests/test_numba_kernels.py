@@ -144,6 +144,7 @@ def small_slices(monkeypatch):
     """The pool cuts even these small arrays into many slices, on two threads."""
     monkeypatch.setattr(parallel, "SLICE_ELEMENTS", 64)
     monkeypatch.setattr(parallel, "MIN_PARALLEL_ELEMENTS", 128)
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 128)  # (the compiled forms' rule)
     saved = parallel.get_num_threads()
     parallel.set_num_threads(2)
     yield
@@ -153,6 +154,37 @@ def small_slices(monkeypatch):
 @pytest.mark.parametrize("name", NAMES)
 def test_compiled_form_equals_reference_on_many_slices_and_two_threads(name, small_slices):
     compare(name, np.float32, 33, 17)
+
+
+@pytest.mark.parametrize("C", [511, 512, 513, 2048, 5000])
+@pytest.mark.parametrize("name", ["cross_entropy", "cross_entropy_overwrite"])
+def test_compiled_cross_entropy_equals_reference_on_short_and_long_rows(name, C):
+    """Rows up to SUM_BLOCK classes keep their exps and a row scale (the normalizing pass in
+    the backward), longer ones the online normalizer's probabilities (scale 1): both equal
+    the reference, one block and several (ONLINE_BLOCK 2048)."""
+    compare(name, np.float32, 3, C)
+
+
+@pytest.mark.parametrize("C", [17, 600])
+def test_compiled_cross_entropy_saves_the_probabilities_up_to_a_row_scale(C):
+    rng = np.random.default_rng(C)
+    z, t = rand(rng, 9, C, scale=3.0), rng.integers(0, C, 9)
+    exps, checked, row_scale = compiled.cross_entropy_forward(z.copy(), t)[1]
+    np.testing.assert_allclose(exps * row_scale[:, None], F.softmax_rows(z), rtol=2e-6,
+                               atol=1e-9)
+    assert (row_scale == 1.0).all() == (C > 512)
+
+
+def test_compiled_cross_entropy_backward_after_numba_is_switched_off(monkeypatch):
+    """The forward's (exps, targets, row scale) still give the reference gradient when the
+    backward finds no kernels (the NumPy form after the normalizing pass)."""
+    rng = np.random.default_rng(5)
+    z, t = rand(rng, 6, 11, scale=3.0), rng.integers(0, 11, 6)
+    _, saved = compiled.cross_entropy_forward(z.copy(), t)
+    monkeypatch.setattr(jit, "kernels", lambda: None)
+    (dz,) = compiled.cross_entropy_backward(np.float32(2), saved)
+    (want,) = F.cross_entropy_backward(np.float32(2), F.cross_entropy_forward(z, t)[1])
+    assert_close(dz, want, 2e-6, "gradient", floor=1.0)
 
 
 def test_compiled_forms_are_the_registered_fast_forms():

@@ -29,9 +29,11 @@ def threads():
     """Restore the thread count (and slice sizes) after the test."""
     before = parallel.get_num_threads()
     size, minimum = parallel.SLICE_ELEMENTS, parallel.MIN_PARALLEL_ELEMENTS
+    min_bytes = parallel.MIN_PARALLEL_BYTES
     yield
     parallel.set_num_threads(before)
     parallel.SLICE_ELEMENTS, parallel.MIN_PARALLEL_ELEMENTS = size, minimum
+    parallel.MIN_PARALLEL_BYTES = min_bytes
 
 
 @pytest.mark.parametrize("n_rows,row_size", [(0, 5), (1, 3), (7, 1), (1000, 300), (3, 10**6)])
@@ -54,6 +56,43 @@ def test_large_work_is_split_evenly_over_threads():
     slices = parallel.row_slices(2048, 384, n_threads=2)
     sizes = {s.stop - s.start for s in slices}
     assert len(slices) % 2 == 0 and len(sizes) == 1
+
+
+@pytest.mark.parametrize("work_bytes,expect_pool", [(0, True), (4, False), (64, True)])
+def test_work_below_the_byte_threshold_runs_on_the_calling_thread(work_bytes, expect_pool,
+                                                                   threads, pool_calls):
+    """A caller that says what its work costs runs on the pool only from MIN_PARALLEL_BYTES
+    up (2**17 elements: 512 KiB at 4 bytes, 8 MiB at 64); one that does not, from
+    MIN_PARALLEL_ELEMENTS up. Every row is run once either way."""
+    parallel.set_num_threads(2)
+    parallel.MIN_PARALLEL_BYTES = 1 << 20
+    hits = np.zeros(1 << 10, dtype=int)
+
+    def fn(rows):
+        hits[rows] += 1
+
+    parallel.for_slices(fn, 1 << 10, 1 << 7, work_bytes=work_bytes)
+    assert (hits == 1).all()
+    assert bool(pool_calls) == expect_pool
+
+
+def test_sized_work_is_cut_the_same_whether_or_not_the_pool_runs_it(threads):
+    """balanced=False: the slices (and so the norms' per-slice partial sums of dw) depend on
+    the size alone, not on the thread count nor on the byte threshold."""
+    cuts = []
+    for n_threads, min_bytes in [(1, 1 << 40), (2, 1 << 40), (2, 1), (3, 1)]:
+        parallel.set_num_threads(n_threads)
+        parallel.MIN_PARALLEL_BYTES = min_bytes
+        seen = []
+        lock = threading.Lock()
+
+        def fn(rows):
+            with lock:
+                seen.append((rows.start, rows.stop))
+
+        parallel.for_slices(fn, 3000, 384, balanced=False, work_bytes=12)
+        cuts.append(sorted(seen))
+    assert all(c == cuts[0] for c in cuts) and len(cuts[0]) == 5  # 3000 x 384 / 2**18 -> 5
 
 
 def test_errors_in_a_slice_reach_the_caller(threads):
@@ -148,6 +187,7 @@ def test_a_training_step_gives_identical_bits_on_one_and_two_threads(family, thr
                  n_kv_heads=2 if family == "llama" else None, max_len=80, family=family)
     # force many slices, and the pool, on this small model
     parallel.SLICE_ELEMENTS, parallel.MIN_PARALLEL_ELEMENTS = 512, 1024
+    parallel.MIN_PARALLEL_BYTES = 4096
     one = _train_step(cfg, 1)
     assert not pool_calls
     two = _train_step(cfg, 2)
@@ -176,6 +216,7 @@ def test_odd_shapes_give_identical_bits_on_one_and_two_threads_with_mkl(family, 
         cfg = Config(vocab_size=91, d_model=40, n_layers=1, n_heads=5,
                      n_kv_heads=5 if family == "llama" else None, max_len=70, family=family)
         parallel.SLICE_ELEMENTS, parallel.MIN_PARALLEL_ELEMENTS = 512, 1024
+        parallel.MIN_PARALLEL_BYTES = 4096
         one, two = _train_step(cfg, 1, (5, 67)), _train_step(cfg, 2, (5, 67))
     finally:
         blas._requested, blas._use = saved

@@ -52,22 +52,37 @@ def _rows(a):
     return np.ascontiguousarray(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]))
 
 
-def _for_rows(kernel, arguments, n_rows, row_size):
+# What an element of a pass bound by its arithmetic costs against one bound by memory, in
+# `parallel.for_slices`' work_bytes. One thread, warm, per byte touched (bench/kernel_speed.py's
+# kernels at 256-8192 rows, the project's 2-core EPYC): the cross-entropy backward 11 ps, GELU
+# and SwiGLU backward 13, softmax backward 17, AdamW 19 (counted as memory); SwiGLU forward 33,
+# the norms 40, GELU forward 48, RoPE 52, softmax and cross-entropy forward 61-64 (arithmetic:
+# exp, tanh, the norms' division, RoPE's table reads and pair shuffles). 8 (the ratio rounded
+# up) puts each pass's switch to the pool near the one-thread time where the pool starts to
+# gain (`parallel.MIN_PARALLEL_BYTES`).
+ARITHMETIC = 8
+
+
+def _for_rows(kernel, arguments, n_rows, row_size, arrays, arithmetic=False, itemsize=4):
     """kernel(*arguments(rows)) over slices of rows on the pool's threads (the slice function
-    named after the kernel, for profiles)."""
+    named after the kernel, for profiles); `arrays` of the (n_rows, row_size) shape read or
+    written (each counted once per read or write), the pass bound by its `arithmetic` or by
+    memory: on the pool only where that work outweighs the hand-off."""
     def rows(r):
         kernel(*arguments(r))
 
     rows.__qualname__ = f"{kernel.__name__}.rows"
-    parallel.for_slices(rows, n_rows, row_size)
+    work = arrays * itemsize * (ARITHMETIC if arithmetic else 1)
+    parallel.for_slices(rows, n_rows, row_size, work_bytes=work)
 
 
-def _each_slice(kernel, arrays, *scalars):
+def _each_slice(kernel, arrays, *scalars, arithmetic=False):
     """kernel(*(a[rows] for a in arrays), *scalars) over slices of the first array's rows, on
-    the pool's threads."""
+    the pool's threads (each array read or written once)."""
     n, c = arrays[0].shape
 
-    _for_rows(kernel, lambda r: [a[r] for a in arrays] + list(scalars), n, c)
+    _for_rows(kernel, lambda r: [a[r] for a in arrays] + list(scalars), n, c, len(arrays),
+              arithmetic, arrays[0].itemsize)
 
 
 # --------------------------------------------------------------------------- norms
@@ -80,7 +95,8 @@ def rms_norm_forward(x, weight, eps):
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     n, c = x2.shape
     eps = float(eps)
-    _for_rows(k.rms_norm_forward, lambda r: (x2[r], weight, eps, y[r], xhat[r], rstd[r]), n, c)
+    _for_rows(k.rms_norm_forward, lambda r: (x2[r], weight, eps, y[r], xhat[r], rstd[r]), n, c,
+              3, True, x2.itemsize)
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
@@ -105,7 +121,8 @@ def _norm_backward(dy, xhat, rstd, weight, centred):
         partial[r.start] = dw, db
 
     rows.__qualname__ = "norm_backward.rows"
-    parallel.for_slices(rows, n, c, balanced=False)
+    parallel.for_slices(rows, n, c, balanced=False,  # dy, xhat in; dx out
+                        work_bytes=3 * ARITHMETIC * dy2.itemsize)
     blocks = [partial[start] for start in sorted(partial)]
     dw = sum((w for w, _ in blocks), np.zeros(c)).astype(dy2.dtype)
     db = sum((b for _, b in blocks), np.zeros(c)).astype(dy2.dtype) if centred else None
@@ -126,7 +143,8 @@ def layer_norm_forward(x, weight, bias, eps):
     rstd = np.empty((x2.shape[0], 1), dtype=x2.dtype)
     eps = float(eps)
     _for_rows(k.layer_norm_forward,
-              lambda r: (x2[r], weight, bias, eps, y[r], xhat[r], rstd[r]), *x2.shape)
+              lambda r: (x2[r], weight, bias, eps, y[r], xhat[r], rstd[r]), *x2.shape,
+              3, True, x2.itemsize)
     return y.reshape(x.shape), (xhat, rstd, weight)
 
 
@@ -142,7 +160,7 @@ def swiglu_forward(gate, up):
         return ops.swiglu_forward(gate, up)
     g, u = _rows(gate), _rows(up)
     s, y = buffers.empty_like(g), buffers.empty_like(g)
-    _each_slice(k.swiglu_forward, (g, u, s, y))
+    _each_slice(k.swiglu_forward, (g, u, s, y), arithmetic=True)  # exp
     return y.reshape(gate.shape), (g, u, s)
 
 
@@ -164,7 +182,8 @@ def gelu_forward(x):
     x2 = _rows(x)
     s, y = buffers.empty_like(x2), buffers.empty_like(x2)
     n, c = x2.shape
-    _for_rows(k.gelu_forward, lambda r: (x2[r], F.GELU_C, s[r], y[r]), n, c)
+    _for_rows(k.gelu_forward, lambda r: (x2[r], F.GELU_C, s[r], y[r]), n, c, 3, True,
+              x2.itemsize)  # tanh
     return y.reshape(x.shape), (x2, s)
 
 
@@ -175,7 +194,8 @@ def gelu_backward(dy, saved):
         return ops.gelu_backward(dy, saved)
     dy2 = _rows(dy)
     dx = buffers.empty_like(x2)
-    _for_rows(k.gelu_backward, lambda r: (dy2[r], x2[r], s[r], F.GELU_C, dx[r]), *x2.shape)
+    _for_rows(k.gelu_backward, lambda r: (dy2[r], x2[r], s[r], F.GELU_C, dx[r]), *x2.shape,
+              4, False, x2.itemsize)
     return (dx.reshape(dy.shape),)
 
 
@@ -188,7 +208,8 @@ def _rope(x, cos, sin, sign):
     x3 = np.ascontiguousarray(x).reshape(B * T, H, D)
     y3 = buffers.empty_like(x3)
     cos, sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
-    _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D)
+    _for_rows(k.rope, lambda r: (x3[r], cos, sin, r.start, sign, y3[r]), B * T, H * D, 2,
+              True, x3.itemsize)
     return y3.reshape(B, T, H, D)
 
 
@@ -219,7 +240,7 @@ def softmax_rows_inplace(x):
     if k is None:
         return ops.softmax_rows_inplace(x)
     x2 = ops._rows(x)
-    _for_rows(k.softmax_rows_inplace, lambda r: (x2[r],), *x2.shape)
+    _for_rows(k.softmax_rows_inplace, lambda r: (x2[r],), *x2.shape, 2, True, x2.itemsize)
     return x
 
 
@@ -229,7 +250,8 @@ def softmax_backward_inplace(dp, p):
     if k is None or not _fits((p, dp.shape)):
         return ops.softmax_backward_inplace(dp, p)
     d2, p2 = ops._rows(dp), ops._rows(p)
-    _for_rows(k.softmax_backward_inplace, lambda r: (d2[r], p2[r]), *d2.shape)
+    _for_rows(k.softmax_backward_inplace, lambda r: (d2[r], p2[r]), *d2.shape, 3, False,
+              d2.itemsize)
     return dp
 
 
@@ -239,41 +261,61 @@ softmax_forward, softmax_backward = ops.softmax_pair(softmax_rows_inplace,
 
 # --------------------------------------------------------------------------- loss
 def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
+    """`ops.cross_entropy_forward`, saving (exps, targets, row_scale) for the backward:
+    exps * row_scale[:, None] are the probabilities (exps in logits' own buffer with
+    overwrite_logits; see the kernel for why the rows are left unnormalized)."""
     k = _kernels(logits)
     if k is None or not logits.flags.c_contiguous:
         return ops.cross_entropy_forward(logits, targets, overwrite_logits)
     t = _checked_targets(targets, *logits.shape)
-    probs = logits if overwrite_logits else buffers.empty_like(logits)
-    shifted = np.empty(logits.shape[0], dtype=logits.dtype)
-    row_sum = np.ones(logits.shape[0])  # (rows of V = 0 are skipped by the kernel)
+    exps = logits if overwrite_logits else buffers.empty_like(logits)
+    N = logits.shape[0]
+    # each row's shifted target logit, sum of exps and scale, in one array (one allocation:
+    # see `numba_kernels.cross_entropy_total` on what each small NumPy call costs)
+    stats = np.ones((3, N))  # (rows of V = 0 are skipped by the kernel)
+    shifted, row_sum, row_scale = stats
     _for_rows(k.cross_entropy_forward,
-              lambda r: (logits[r], t[r], probs[r], shifted[r], row_sum[r]), *logits.shape)
-    logprob = (shifted - np.log(row_sum)).astype(logits.dtype)  # as the kernel stored it once
-    return np.asarray(-logprob.mean(), dtype=logits.dtype), (probs, t)
+              lambda r: (logits[r], t[r], exps[r], shifted[r], row_sum[r], row_scale[r]),
+              *logits.shape, 2, True, logits.itemsize)  # exp-bound
+    loss = -k.cross_entropy_total(stats) / N if N else np.nan  # (the mean of no rows)
+    return np.asarray(loss, dtype=logits.dtype), (exps, t, row_scale)
 
 
 def _checked_targets(targets, N, V):
     """targets as N int64 in [0, V): NumPy's indexing rules, which the reference follows (a
     negative target counts from the end; one outside [-V, V) is an IndexError), checked
     here because the compiled loops index without bounds checks (`functional.cross_entropy`
-    checks its callers' ids; these forms are also called directly)."""
-    t = np.asarray(targets, dtype=np.int64)
+    checks its callers' ids; these forms are also called directly). One pass for the range
+    (NumPy's min and max: two, and 10 us of the forward's 265 at 2048 rows)."""
+    t = np.ascontiguousarray(targets, dtype=np.int64)
     if t.shape != (N,):
         raise ValueError(f"cross_entropy: targets of shape {t.shape} for {N} rows of logits")
-    if t.size and (t.min() < -V or t.max() >= V):
+    if not t.size:
+        return t
+    lo, hi = jit.kernels().targets_range(t)
+    if lo < -V or hi >= V:
         bad = t[(t < -V) | (t >= V)][0]
         raise IndexError(f"cross_entropy: target {bad} is out of bounds for {V} classes")
-    return np.ascontiguousarray(np.where(t < 0, t + V, t))
+    return np.where(t < 0, t + V, t) if lo < 0 else t
 
 
 def cross_entropy_backward(dloss, saved):
-    dz, targets = saved  # the probabilities' buffer, reused (the backward runs once)
-    k = _kernels(dz)
-    if k is None:
-        return ops.cross_entropy_backward(dloss, saved)
-    t = _checked_targets(targets, *dz.shape)
-    scale = float(dloss) / len(targets)
-    _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], scale), *dz.shape)
+    """dz = (probabilities - onehot(targets)) * dloss / N in the saved buffer, from this
+    module's forward (exps, checked targets, row_scale) or `ops`' (probabilities, targets)."""
+    k = _kernels(saved[0])
+    if len(saved) == 3:  # this module's forward
+        dz, t, row_scale = saved
+        if k is None:  # (numba switched off in between) the probabilities, then NumPy's form
+            dz *= row_scale.astype(dz.dtype)[:, None]
+            return ops.cross_entropy_backward(dloss, (dz, t))
+    else:
+        dz, targets = saved
+        if k is None:
+            return ops.cross_entropy_backward(dloss, saved)
+        t, row_scale = _checked_targets(targets, *dz.shape), np.ones(len(dz))
+    scale = float(dloss) / len(t)
+    _for_rows(k.cross_entropy_backward, lambda r: (dz[r], t[r], row_scale[r], scale),
+              *dz.shape, 2, False, dz.itemsize)
     return (dz,)
 
 
@@ -289,7 +331,7 @@ def adamw_update(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step) -> No
     lr, beta1, beta2, eps, decay = map(float, (lr, beta1, beta2, eps, weight_decay))
     c1, c2 = 1.0 - beta1 ** step, 1.0 - beta2 ** step  # as the reference computes them
     _for_rows(k.adamw_update, lambda r: (pf[r], gf[r], mf[r], vf[r], lr, beta1, beta2, eps,
-                                         decay, c1, c2), p.size, 1)
+                                         decay, c1, c2), p.size, 1, 7, False, p.itemsize)
 
 
 FAST_FORMS = [

@@ -23,8 +23,9 @@ Conventions shared by every kernel here:
   the documented order, deterministic on one machine; inf and NaN kept. The softmax's and
   cross-entropy's exp passes (`_jit_exp`) also allow FMA contraction and sum in the row's
   dtype per SUM_BLOCK elements (then float64): they are bound by exp's arithmetic;
-- one row kernel per formula (`_rms_norm_row`, `_swiglu_row`, `_rope_row`, `_softmax_row`),
-  called by the (N, C) kernels of the training forms and by the decoding step alike.
+- one row kernel per formula (`_rms_norm_row`, `_swiglu_row`, `_rope_row`, `_softmax_row`
+  and its first half `_exp_row`), called by the (N, C) kernels of the training forms and by
+  the decoding step alike.
 """
 from __future__ import annotations
 
@@ -155,6 +156,16 @@ def _exp_block(x, m, y):
     return total
 
 
+@njit(cache=disk_cache(), nogil=True, error_model="numpy", inline="always")
+def _exp_row(x, y):
+    """y = exp(x - max(x)) of a non-empty row of at most SUM_BLOCK elements (y may be x);
+    returns (max, sum of y in float64)."""
+    m = x.dtype.type(_row_max(x))
+    if x.ctypes.data == y.ctypes.data:
+        return m, np.float64(_exp_sum_inplace(x, m))
+    return m, np.float64(_exp_sum(x, m, y))
+
+
 # inlined into its callers by numba (not left to LLVM, which kept it a call: its long-row
 # path makes it big): 20% of the cross-entropy forward's time at rows of 256 was that call
 @njit(cache=disk_cache(), nogil=True, error_model="numpy", inline="always")
@@ -168,11 +179,7 @@ def _softmax_row(x, y, block_max):
     pass over y, in cache, scales each block by exp(m_block - m) / d. One exp per element."""
     C = x.shape[0]
     if C <= SUM_BLOCK:  # one block (the attention's rows): no slices, no rescaling
-        m = x.dtype.type(_row_max(x))
-        if x.ctypes.data == y.ctypes.data:
-            d = np.float64(_exp_sum_inplace(x, m))
-        else:
-            d = np.float64(_exp_sum(x, m, y))
+        m, d = _exp_row(x, y)
         s = y.dtype.type(1.0 / d)
         for j in range(C):
             y[j] = y[j] * s
@@ -393,32 +400,66 @@ def softmax_backward_inplace(dp, p):
 
 # --------------------------------------------------------------------------- loss
 @_jit
-def cross_entropy_forward(z, targets, probs, shifted_target, row_sum):
-    """probs = softmax(z) per row (may be z's own buffer), from the online normalizer's max
-    and sum (`_softmax_row`: one read of the logits); shifted_target[i] = z[i, targets[i]] -
-    max, row_sum[i] = sum(exp(z - max)) (float64): the caller takes log softmax(z)[i, t] =
-    shifted_target - log(row_sum) with NumPy's vector log (libm's, per row, cost 15% here)."""
+def cross_entropy_forward(z, targets, exps, shifted_target, row_sum, row_scale):
+    """exps[i] * row_scale[i] = softmax(z[i]) (exps may be z's own buffer): rows of at most
+    SUM_BLOCK classes keep exp(z - max), row_scale = 1 / sum -- the normalizing pass is left
+    to the backward, which scales every element anyway (one pass over the row less, as llm.c's
+    fused classifier writes the gradient in the forward); longer rows come out normalized
+    (`_softmax_row`: one read of the logits), row_scale = 1. shifted_target[i] = z[i,
+    targets[i]] - max, row_sum[i] = sum(exp(z - max)) (float64): the caller takes log
+    softmax(z)[i, t] = shifted_target - log(row_sum) with NumPy's vector log (libm's, per
+    row, cost 15% here)."""
     N, V = z.shape
     slots = _block_slots(V)
     for i in range(N if V else 0):
-        target_logit = z[i, targets[i]]  # read before probs (maybe z) is written
-        m, d = _softmax_row(z[i], probs[i], slots)
+        target_logit = z[i, targets[i]]  # read before exps (maybe z) is written
+        if V <= SUM_BLOCK:
+            m, d = _exp_row(z[i], exps[i])
+            row_scale[i] = 1.0 / d
+        else:
+            m, d = _softmax_row(z[i], exps[i], slots)
+            row_scale[i] = 1.0
         shifted_target[i] = target_logit - m
         row_sum[i] = d
 
 
 @_jit
-def cross_entropy_backward(probs, targets, scale):
-    """probs <- (probs - onehot(targets)) * scale, in place: the logits' gradient."""
-    N, V = probs.shape
-    sc = probs.dtype.type(scale)
+def cross_entropy_backward(exps, targets, row_scale, scale):
+    """exps <- (exps * row_scale - onehot(targets)) * scale per row, in place: the logits'
+    gradient (row_scale 1: exps are the probabilities already)."""
+    N, V = exps.shape
+    one = exps.dtype.type(1.0)
     for i in range(N):
-        row = probs[i]
+        row = exps[i]
         t = targets[i]
-        p_t = row[t] - probs.dtype.type(1.0)  # the target's entry, before the row is scaled
+        p_t = row[t] * exps.dtype.type(row_scale[i])  # the target's probability
+        sc = exps.dtype.type(scale * row_scale[i])
         for j in range(V):  # no branch in the loop: it vectorizes
             row[j] = row[j] * sc
-        row[t] = p_t * sc
+        row[t] = (p_t - one) * exps.dtype.type(scale)
+
+
+@_jit
+def cross_entropy_total(stats):
+    """sum over rows of log softmax(z)[i, target] = shifted_target - log(row_sum), in float64,
+    in row order (stats: `cross_entropy_forward`'s (3, N) float64 rows). One call for what
+    took five NumPy calls: after a pass over memory evicts the interpreter's and NumPy's code
+    and data from the caches, each small NumPy call cost 30-50 us (bench/kernel_speed.py's
+    setting, where the loss's log and mean were 80 us of the forward's 0.39 ms)."""
+    total = 0.0
+    for i in range(stats.shape[1]):
+        total += stats[0, i] - math.log(stats[1, i])
+    return total
+
+
+@_jit
+def targets_range(t):
+    """(min, max) of a non-empty int64 vector, in one pass."""
+    lo = hi = t[0]
+    for j in range(1, t.shape[0]):
+        lo = min(lo, t[j])
+        hi = max(hi, t[j])
+    return lo, hi
 
 
 # --------------------------------------------------------------------------- optimizer

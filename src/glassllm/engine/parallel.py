@@ -45,8 +45,21 @@ from .. import amp
 # stay in cache.
 SLICE_ELEMENTS = 1 << 18
 # Work smaller than this runs on the calling thread alone; from here up it is split evenly
-# over the threads (half of a 64K-element softmax still outweighs the hand-off).
+# over the threads (half of a 64K-element softmax still outweighs the hand-off). For callers
+# that do not say what their work costs (the NumPy forms).
 MIN_PARALLEL_ELEMENTS = 1 << 16
+# The same for callers that say what each element's work costs (`for_slices`' work_bytes:
+# the compiled kernels, in bytes read and written, the passes bound by arithmetic -- exp,
+# tanh, a division -- weighted by `engine.compiled.ARITHMETIC`): below this a call runs on the
+# calling thread. Measured on bench/kernel_speed.py's kernels at 256 to 8192 rows on the
+# project's 2-core EPYC, one and two threads interleaved, best of 30 rounds: a hand-off to
+# the pool costs 15-25 us (an empty slice function: 1-4 us on the calling thread); at 8192
+# rows the second thread gained 1.4x on the cross-entropy backward (bound by memory) and
+# 1.5-1.6x on the exp-bound passes (cross-entropy forward, SwiGLU forward). So a call gains
+# from the pool once its one-thread time passes ~60-70 us: the cross-entropy backward (a
+# scale in place) took 45 us at 4 MiB and 89 us at 8 MiB touched, its forward 86 us at 1 MiB.
+# (Another program used one core part of the time; best-of-30 keeps the quiet rounds.)
+MIN_PARALLEL_BYTES = 8 << 20
 
 _num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
     else (os.cpu_count() or 1)
@@ -330,34 +343,44 @@ def _run_as_worker(fn, parts, low):
 
 def row_slices(n_rows: int, row_size: int, n_threads: int = 1) -> list[slice]:
     """Consecutive slices covering range(n_rows): about SLICE_ELEMENTS elements each, and, for
-    work of at least MIN_PARALLEL_ELEMENTS, a multiple of n_threads slices of equal size, so
-    every thread gets the same share."""
+    n_threads > 1, a multiple of n_threads slices of equal size, so every thread gets the
+    same share (`for_slices` passes n_threads > 1 only for work it runs on the pool)."""
     if n_rows <= 0:
         return []
     total = n_rows * row_size
     n_slices = max(1, -(-total // SLICE_ELEMENTS))
-    if n_threads > 1 and total >= MIN_PARALLEL_ELEMENTS:
+    if n_threads > 1:
         n_slices = -(-n_slices // n_threads) * n_threads
     n_slices = min(n_slices, max(1, n_rows))
     rows = -(-n_rows // n_slices)
     return [slice(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
 
 
+def _worth_splitting(total: int, work_bytes: float) -> bool:
+    """Whether `total` elements of work (work_bytes each; 0: not said) gain from the pool."""
+    if work_bytes:
+        return total * work_bytes >= MIN_PARALLEL_BYTES
+    return total >= MIN_PARALLEL_ELEMENTS
+
+
 def for_slices(fn: Callable[[slice], None], n_rows: int, row_size: int,
-               balanced: bool = True) -> None:
+               balanced: bool = True, work_bytes: float = 0) -> None:
     """Call fn(rows) for row slices covering range(n_rows) (see `row_slices`), in parallel.
 
-    Runs serially when one thread is configured, when the work is small, or when called from
-    inside a worker. Exceptions raised by fn propagate to the caller. balanced=False cuts the
-    slices by SLICE_ELEMENTS alone, the same on any thread count: for per-slice partial sums,
-    whose total must not depend on how many threads there are.
+    Runs serially when one thread is configured, when the work is small (under
+    MIN_PARALLEL_BYTES touched when `work_bytes`, the bytes each of the n_rows x row_size
+    elements' work reads and writes, is given; else under MIN_PARALLEL_ELEMENTS elements),
+    or when called from inside a worker. Exceptions raised by fn propagate to the caller.
+    balanced=False cuts the slices by SLICE_ELEMENTS alone, the same on any thread count and
+    whether or not the pool runs them: for per-slice partial sums, whose total must not depend
+    on how many threads there are.
     """
     if _first_use is not None:
         _check_first_use()
     if _revisit is not None and _monotonic() >= _revisit_at:
         _maybe_revisit()
     total = n_rows * row_size
-    parallel = (_num_threads > 1 and total >= MIN_PARALLEL_ELEMENTS
+    parallel = (_num_threads > 1 and _worth_splitting(total, work_bytes)
                 and not getattr(_in_worker, "active", False))
     if not parallel and total <= SLICE_ELEMENTS:  # one slice: skip the bookkeeping (decoding)
         if n_rows:
