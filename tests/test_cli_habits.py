@@ -103,7 +103,7 @@ def test_warning_when_steps_end_before_the_warmup(tmp_path, text_file, capsys):
                           "learning rate climbs to 0.0012, 40% of --lr 0.003, and never "
                           "decays; give --warmup below --steps"]
     code, _, err = train(capsys, *args, "--steps", 4, "--warmup", 4, "--out",
-                         tmp_path / "n.safetensors")
+                         tmp_path / "n" / "n.safetensors")  # a run's own folder
     assert code == 0 and notes(err) == []
 
 

@@ -393,14 +393,17 @@ def test_gpt2_default_kv_heads_follow_the_family(tmp_path, text_file, capsys):
     args = ["train", "--data", str(text_file), "--d-model", "16", "--n-layers", "1",
             "--n-heads", "4", "--seq-len", "16", "--batch-size", "2", "--eval-batches", "1",
             "--steps", "1"]
-    assert main([*args, "--family", "gpt2", "--out", str(tmp_path / "g.st")]) == 0
-    assert files.load(tmp_path / "g.st").cfg.n_kv_heads == 4
-    assert main([*args, "--out", str(tmp_path / "l.st")]) == 0  # llama keeps GQA, 2 KV heads
-    assert files.load(tmp_path / "l.st").cfg.n_kv_heads == 2
-    assert main([*args, "--n-heads", "1", "--out", str(tmp_path / "one.st")]) == 0
-    assert files.load(tmp_path / "one.st").cfg.n_kv_heads == 1
+    # one folder per run: a folder holding another run's files is refused
+    assert main([*args, "--family", "gpt2", "--out", str(tmp_path / "g" / "g.st")]) == 0
+    assert files.load(tmp_path / "g" / "g.st").cfg.n_kv_heads == 4
+    # llama keeps GQA, 2 KV heads
+    assert main([*args, "--out", str(tmp_path / "l" / "l.st")]) == 0
+    assert files.load(tmp_path / "l" / "l.st").cfg.n_kv_heads == 2
+    assert main([*args, "--n-heads", "1", "--out", str(tmp_path / "one" / "one.st")]) == 0
+    assert files.load(tmp_path / "one" / "one.st").cfg.n_kv_heads == 1
     capsys.readouterr()
-    rc = main([*args, "--family", "gpt2", "--n-kv-heads", "2", "--out", str(tmp_path / "x.st")])
+    rc = main([*args, "--family", "gpt2", "--n-kv-heads", "2", "--out",
+               str(tmp_path / "x" / "x.st")])
     assert rc == 2 and "--family gpt2 has no grouped-query attention" in capsys.readouterr().err
 
 
@@ -737,3 +740,64 @@ def test_the_run_files_are_named_as_the_user_named_the_model(tmp_path, monkeypat
     out = capsys.readouterr().out
     assert "history: r/history.csv" in out and str(tmp_path) not in out
     assert (tmp_path / "r" / "history.csv").is_file()
+
+
+# ------------------------------------------------------------------ runs never overwrite runs
+def test_a_second_run_on_the_same_out_is_refused_naming_the_files(tmp_path, text_file, capsys):
+    """`train --out X` twice replaced the first run's model, history and plot; now the second
+    is refused in one line naming them and the ways on, exit 2, nothing changed; with
+    --overwrite it runs and the folder holds its files only."""
+    out = tmp_path / "run" / "model.safetensors"
+    args = ["train", "--data", str(text_file), "--out", str(out), *TINY, "--steps", "2",
+            "--eval-every", "1"]
+    assert main([*args, "--checkpoint-every", "1", "--log-csv",
+                 str(out.parent / "steps.csv")]) == 0
+    before = {p.name: p.read_bytes() for p in out.parent.iterdir()}
+    assert set(before) == {"model.safetensors", "history.csv", "loss.png",
+                           "checkpoint.safetensors", "steps.csv"}
+    capsys.readouterr()
+    assert main([*args, "--seed", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for name in before:
+        assert str(out.parent / name) in err[0]
+    assert "give --out in a new folder, or --overwrite" in err[0]
+    assert f"--resume {out.parent / 'checkpoint.safetensors'}" in err[0]
+    assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before
+    assert main([*args, "--seed", "1", "--overwrite"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--overwrite" in line]
+    assert notes == ["note: --overwrite: deleted the replaced run's files ("
+                     + ", ".join(str(out.parent / n) for n in sorted(before)) + ")"]
+    after = {p.name: p.read_bytes() for p in out.parent.iterdir()}
+    assert set(after) == {"model.safetensors", "history.csv", "loss.png"}
+    assert after["model.safetensors"] != before["model.safetensors"]
+    assert main(["train", "--resume", str(out.parent / "x.safetensors"), "--overwrite"]) == 2
+    assert "--overwrite starts a new run" in capsys.readouterr().err
+
+
+def test_the_readme_sequence_keeps_both_models(tmp_path, monkeypatch, capsys):
+    """The README's commands in order: `glassllm train`, `glassllm train --data ... --steps N`,
+    then `glassllm generate --model runs/model.safetensors`. The second run replaced the first
+    model, and generate sampled the second run's data; now the second goes to runs/2/ (said in
+    its header) and the first model is there byte for byte."""
+    monkeypatch.chdir(tmp_path)
+    shakespeare = tmp_path / "tiny.txt"
+    shakespeare.write_text("To be, or not to be, that is the question.\n" * 80)
+    small = [*TINY, "--eval-every", "1", "--eval-batches", "1"]
+    assert main(["train", *small, "--steps", "2"]) == 0
+    first = (tmp_path / "runs" / "model.safetensors").read_bytes()
+    first_history = (tmp_path / "runs" / "history.csv").read_bytes()
+    assert "best model -> " + os.path.join("runs", "model.safetensors") in \
+        capsys.readouterr().out
+    assert main(["train", "--data", str(shakespeare), "--steps", "3", *small]) == 0
+    assert "best model -> " + os.path.join("runs", "2", "model.safetensors") in \
+        capsys.readouterr().out
+    assert (tmp_path / "runs" / "model.safetensors").read_bytes() == first
+    assert (tmp_path / "runs" / "history.csv").read_bytes() == first_history
+    assert len(read_csv(tmp_path / "runs" / "2" / "history.csv")) == 3
+    second = files.load(tmp_path / "runs" / "2" / "model.safetensors")
+    assert second.cfg.d_model == 16
+    assert main(["generate", "--model", os.path.join("runs", "model.safetensors"), "--prompt",
+                 "import os", "--seed", "0", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("import os")
+    assert (tmp_path / "runs" / "model.safetensors").read_bytes() == first

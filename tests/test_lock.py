@@ -105,9 +105,12 @@ def test_two_concurrent_train_runs_on_one_out(tmp_path, text_file):
         while not (log.exists() and len(log.read_text().splitlines()) > 3):
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
             time.sleep(0.05)
+        # --overwrite: without it the first run's files are refused before the lock is
+        # tried; with it, the lock still keeps a running run's files from being replaced
         second = subprocess.run(
             [sys.executable, "-m", "glassllm.cli", "train", "--data", str(text_file), *TINY,
-             "--steps", "5", "--out", str(out), "--log-csv", str(tmp_path / "other.csv")],
+             "--steps", "5", "--out", str(out), "--log-csv", str(tmp_path / "other.csv"),
+             "--overwrite"],
             capture_output=True, text=True, env=ENV, timeout=120)
         assert second.returncode == 2, second.stderr
         assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr
@@ -195,10 +198,12 @@ def test_temporaries_of_a_killed_run_are_removed_by_the_next_run(tmp_path, text_
     fresh = tmp_path / ".model.safetensors.00000000cafe.tmp"
     fresh.write_bytes(b"x")
     assert leftover_temporaries(out) == [str(fresh)]
-    again = subprocess.run(  # the lock was released cleanly: no dead holder, no sweep
+    # the lock was released cleanly: no dead holder, no sweep (--overwrite: the folder now
+    # holds the run above, which this one replaces)
+    again = subprocess.run(
         [sys.executable, "-m", "glassllm.cli", "train", "--data", str(text_file), *TINY,
-         "--steps", "2", "--out", str(out)], capture_output=True, text=True, env=ENV,
-        timeout=120)
+         "--steps", "2", "--out", str(out), "--overwrite"], capture_output=True, text=True,
+        env=ENV, timeout=120)
     assert again.returncode == 0 and fresh.exists() and "removed" not in again.stderr
 
 

@@ -159,7 +159,9 @@ def test_a_locked_output_is_refused_and_nothing_is_overwritten(tmp_path, text_fi
     try:
         seen = []
         with pytest.raises(OutputLocked) as info:
-            execute(plan_of(text_file, out, steps=3), seen.append)
+            # --overwrite: a folder of another run's files is otherwise refused before the
+            # lock is tried; even told to overwrite, a run in progress keeps its files
+            execute(plan_of(text_file, out, steps=3, overwrite=True), seen.append)
         message = str(info.value)
         assert f"in use by another glassllm run (pid {holder.pid}" in message
         assert info.value.filename == str(history_csv)
@@ -355,3 +357,125 @@ def test_a_resume_whose_data_moved_says_to_give_data(tmp_path, text_file):
     assert str(info.value) == (f"input not found: {text_file} (the data --resume {ckpt} was "
                                f"trained on; if it moved, give its new path with --data)")
     assert RunPlan.from_checkpoint(ckpt, data=[str(moved)]).resume.step == 2
+
+
+# ------------------------------------------------------------------ runs never overwrite runs
+def _run_files(folder) -> dict:
+    """{name: bytes} of every file in a run folder (lock files aside: a run leaves none)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_new_run_into_another_runs_folder_is_refused_naming_its_files(tmp_path, text_file):
+    """A second run with the same --out replaced the first one's model, history and plot;
+    now it is refused before any work, the files named, the two ways on given, nothing
+    changed. A folder of an interrupted run (a checkpoint alone) is refused too, and the
+    message says how to continue it."""
+    out = tmp_path / "run" / "model.safetensors"
+    assert execute(plan_of(text_file, out, steps=2, eval_every=1)).reason == COMPLETE
+    before = _run_files(out.parent)
+    assert set(before) == {"model.safetensors", "history.csv", "loss.png"}
+    with pytest.raises(ValueError) as info:
+        plan_of(text_file, out, steps=3)
+    message = str(info.value)
+    assert "\n" not in message
+    for name in before:
+        assert str(out.parent / name) in message
+    assert "--out in a new folder" in message and "--overwrite" in message
+    assert "--resume" not in message  # nothing to resume: no checkpoint
+    assert _run_files(out.parent) == before
+    # an interrupted run's folder: its checkpoint there, refused, --resume named
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "checkpoint.safetensors").write_bytes(b"an interrupted run's checkpoint")
+    with pytest.raises(ValueError, match=r"holds another run's files \(.*checkpoint"
+                                         r"\.safetensors\).*or continue it with --resume "):
+        plan_of(text_file, stopped / "model.safetensors", steps=3)
+    assert _run_files(stopped) == {"checkpoint.safetensors": b"an interrupted run's checkpoint"}
+    # an existing --log-csv elsewhere is another run's step log too; a new folder alone would
+    # not free it, and the message says so
+    log = tmp_path / "steps.csv"
+    log.write_text("step,lr,loss\n")
+    with pytest.raises(ValueError, match=r"\(" + re.escape(str(log)) + r"\); give --out in a "
+                                         r"new folder \(and new --checkpoint/--log-csv paths\)"):
+        plan_of(text_file, tmp_path / "fresh" / "model.safetensors", log_csv=str(log))
+    assert log.read_text() == "step,lr,loss\n"
+
+
+def test_without_out_a_second_run_goes_to_a_numbered_folder(tmp_path, text_file, monkeypatch):
+    """No --out: the first run writes runs/model.safetensors, the second runs/2/..., the
+    third runs/3/...; each model kept byte for byte."""
+    monkeypatch.chdir(tmp_path)
+    options = {"data": [str(text_file)], **TINY, "steps": 2, "eval_every": 1}
+    models = []
+    for n, seed in ((1, 0), (2, 1), (3, 2)):
+        plan = RunPlan.from_options({**options, "seed": seed})
+        want = os.path.join("runs", "model.safetensors") if n == 1 else \
+            os.path.join("runs", str(n), "model.safetensors")
+        assert plan.paths["model"] == want
+        seen = []
+        assert execute(plan, seen.append).reason == COMPLETE
+        begins = [e for e in seen if isinstance(e, events.RunBegins)]
+        assert begins[0].model_path == want  # the header's "best model -> ..."
+        models.append((want, (tmp_path / want).read_bytes()))
+    for path, data in models:
+        assert (tmp_path / path).read_bytes() == data
+    assert len({data for _, data in models}) == 3  # three runs, three models
+
+
+def test_overwrite_replaces_the_whole_run(tmp_path, text_file):
+    """--overwrite: every file of the old run goes (its checkpoint, step log and health rows
+    too, which the new run does not write), the new run's files come; never a mix."""
+    out = tmp_path / "run" / "model.safetensors"
+    old = plan_of(text_file, out, steps=4, eval_every=2, health_every=1, checkpoint_every=2,
+                  log_csv=str(out.parent / "steps.csv"))
+    assert execute(old).reason == COMPLETE
+    names = set(_run_files(out.parent))
+    assert {"model.safetensors", "history.csv", "loss.png", "checkpoint.safetensors",
+            "health.jsonl", "steps.csv"} <= names, names
+    old_model = out.read_bytes()
+    toml = tmp_path / "overwrite.toml"
+    toml.write_text("overwrite = true\n")
+    plan = RunPlan.from_toml(toml, data=[str(text_file)], out=str(out), **TINY, steps=2,
+                             eval_every=1, seed=7)
+    assert plan.overwrite is True
+    seen = []
+    assert execute(plan, seen.append).reason == COMPLETE
+    assert set(_run_files(out.parent)) == {"model.safetensors", "history.csv", "loss.png"}
+    replaced = [e for e in seen if isinstance(e, events.RunReplaced)]
+    assert sorted(os.path.basename(p) for p in replaced[0].paths) == sorted(names)
+    assert kinds_before(seen, events.RunBegins) == ["RunReplaced"]  # before the first write
+    assert out.read_bytes() != old_model
+    assert [int(r["step"]) for r in history(out.parent / "history.csv")] == [0, 1]
+    with pytest.raises(ValueError, match="--overwrite starts a new run"):
+        RunPlan.from_options({"resume": str(out.parent / "x.safetensors"), "overwrite": True})
+
+
+def test_serve_logs_steps_beside_the_numbered_folder(tmp_path, text_file, monkeypatch):
+    """--serve's per-step CSV goes beside the model the run writes: runs/2/steps.csv for a
+    second run without --out, never runs/steps.csv of the first run."""
+    monkeypatch.chdir(tmp_path)
+    options = {"data": [str(text_file)], **TINY, "steps": 2, "eval_every": 1, "serve": True}
+    first = RunPlan.from_options(options)
+    assert first.settings.log_csv == str(tmp_path / "runs" / "steps.csv")
+    assert execute(first).reason == COMPLETE
+    second = RunPlan.from_options(options)
+    assert second.paths["model"] == os.path.join("runs", "2", "model.safetensors")
+    assert second.settings.log_csv == str(tmp_path / "runs" / "2" / "steps.csv")
+    again = RunPlan.from_options({**options, "overwrite": True})  # replaces runs/ itself
+    assert again.settings.log_csv == str(tmp_path / "runs" / "steps.csv")
+
+
+def test_overwrite_never_removes_the_runs_own_data(tmp_path):
+    """A data file named like a run's file (steps.csv) beside --out is the run's input, not
+    another run's file: not refused, and --overwrite keeps it."""
+    out = tmp_path / "run" / "model.safetensors"
+    out.parent.mkdir()
+    data = out.parent / "steps.csv"
+    data.write_text("The quick brown fox jumps over the lazy dog.\n" * 60)
+    options = {"data": [str(data)], "out": str(out), **TINY, "steps": 2, "eval_every": 1}
+    assert execute(RunPlan.from_options(options)).reason == COMPLETE
+    assert execute(RunPlan.from_options({**options, "overwrite": True})).reason == COMPLETE
+    assert data.read_text() == "The quick brown fox jumps over the lazy dog.\n" * 60
+    with pytest.raises(ValueError, match=r"holds another run's files \([^)]*history\.csv"):
+        RunPlan.from_options(options)
+    assert data.exists()

@@ -202,8 +202,9 @@ def test_the_process_command_ignores_stop_signals_once_it_has_returned(tmp_path,
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # the same --out again: the first run replaced, as a user now asks for it
     assert main(["train", "--data", str(text_file), "--steps", "2", "--out", str(out),
-                 *TINY]) == 0
+                 "--overwrite", *TINY]) == 0
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 

@@ -58,6 +58,10 @@ class TrainPrinter:
         _err(f"note: removed {e.path}, a temporary file left by that run")
 
     @show.register
+    def _(self, e: ev.RunReplaced) -> None:
+        _err(f"note: --overwrite: deleted the replaced run's files ({', '.join(e.paths)})")
+
+    @show.register
     def _(self, e: ev.RunBegins) -> None:
         cfg, s = e.config, e.settings
         print(f"glassllm train: {cfg.family} model, d_model {cfg.d_model}, {cfg.n_layers} "

@@ -6,8 +6,6 @@ The run itself (locks, temporaries, history, plot, the exit reason) is the libra
 """
 from __future__ import annotations
 
-import os
-
 from .common import FAMILIES, UsageError, non_negative_int
 
 
@@ -28,9 +26,17 @@ def add_train(sub) -> None:
                         f".py files, first {STDLIB_CORPUS_BYTES >> 20} MiB")
     p.add_argument("--out", default=None, metavar="PATH",
                    help="best model file (default runs/model.safetensors, or the resumed "
-                        "run's); its directory also gets history.csv, loss.png and "
-                        "checkpoint.safetensors. Locked while the run lasts: a second run on "
-                        "the same paths is refused")
+                        "run's; when runs/ holds an earlier run, runs/2/model.safetensors, "
+                        "runs/3/..., printed); its directory also gets history.csv, loss.png "
+                        "and checkpoint.safetensors. A folder holding another run's files "
+                        "(an interrupted one's too) is refused: give a new --out, "
+                        "--overwrite, or --resume its checkpoint. Locked while the run lasts: "
+                        "a second run on the same paths is refused")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run at --out (default runs/model.safetensors): all of "
+                        "its files (model, history.csv, loss.png, checkpoint, step log, "
+                        "health.jsonl) are removed when this run starts, so the folder never "
+                        "mixes two runs; not with --resume")
     _add_model_flags(p)
     _add_training_flags(p)
     _add_output_flags(p)
@@ -220,16 +226,14 @@ def _apply_config_file(args) -> None:
 
 
 def _train_serve_defaults(args) -> None:
-    """With --serve: aiohttp must be there (before any work), and a new run logs every step
-    to steps.csv beside --out (a resumed run keeps its own --log-csv)."""
+    """With --serve: aiohttp must be there (before any work). A new run then logs every step
+    to steps.csv beside --out (a resumed run keeps its own --log-csv): the plan's default."""
     if not getattr(args, "serve", False):
         return
     import importlib.util
     if importlib.util.find_spec("aiohttp") is None:
         raise UsageError("--serve needs aiohttp: pip install 'glassllm[serve]'")
-    if args.log_csv is None and args.resume is None:
-        out = args.out or os.path.join("runs", "model.safetensors")
-        args.log_csv = os.path.join(os.path.dirname(out), "steps.csv")
+    # steps.csv beside --out is the plan's default with serve (RunPlan.from_options)
 
 
 def _choose_threads(comm, requested):

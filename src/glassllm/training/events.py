@@ -100,8 +100,9 @@ class Finished:
 # ------------------------------------------------------------------ the run around the loop
 # What `glassllm.training.run.execute` (and `RunPlan`'s building) reports besides the loop's
 # events: the notes and warnings the library never prints. In order: `CorpusNote`s while the
-# data is read; `LockTakenOver` and `TemporaryRemoved` when the outputs are locked; on the
-# writing rank `RunBegins`, any `WarmupOutlastsRun` and `LoopBegins`; the loop's events;
+# data is read; `LockTakenOver`, `TemporaryRemoved` and `RunReplaced` (--overwrite) when the
+# outputs are locked; on the writing rank `RunBegins`, any `WarmupOutlastsRun` and
+# `LoopBegins`; the loop's events;
 # `LoopEnded` once the loop has returned or raised, before the run's files are written;
 # `PlotFailed` if loss.png could not be drawn.
 
@@ -125,6 +126,13 @@ class TemporaryRemoved:
     """`path`, a temporary file left beside an output by the run whose lock was taken over
     (killed outright, it never cleaned up), was removed."""
     path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReplaced:
+    """The files of the run this one replaces (`overwrite`) were removed, `paths`, before its
+    first write."""
+    paths: tuple
 
 
 @dataclasses.dataclass(frozen=True)

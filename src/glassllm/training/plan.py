@@ -63,7 +63,7 @@ OPTIONS = {
     "precision": ("fp32", "fp16", "bf16"), "max_skip_rate": float,
     "max_consecutive_skips": int, "log_csv": str, "checkpoint_every": int,
     "health_every": int, "checkpoint": str, "resume": str, "threads": int,
-    "mpi_timeout": float, "serve": bool, "serve_port": int,
+    "mpi_timeout": float, "serve": bool, "serve_port": int, "overwrite": bool,
 }
 SMALL_FILE_BYTES = 16 << 20  # a prompt or a config file; /dev/zero must not fill memory
 
@@ -87,6 +87,9 @@ class RunPlan:
             its path. comm: the communicator (one process:
             `SerialCommunicator`); rank 0 alone writes. data_dirs: the data directories given
             (an output inside one is refused).
+        overwrite: a new run replaces the run whose files are at its paths (all of them
+            removed once the outputs are locked); False: such a run is refused, and without
+            --out the run goes to a new numbered folder (`runfiles.free_default_out`).
     """
     config: object
     settings: TrainSettings
@@ -100,6 +103,7 @@ class RunPlan:
     init_from: str | None = None
     comm: object = None
     data_dirs: list = dataclasses.field(default_factory=list)
+    overwrite: bool = False
 
     def __post_init__(self):
         if self.comm is None:
@@ -120,6 +124,12 @@ class RunPlan:
                 "history.csv (next to --out)": p["history_csv"],
                 "health.jsonl (next to --out)": self.settings.health_log,
                 "loss.png (next to --out)": p["plot"]}
+
+    def inputs(self) -> list[str]:
+        """The files the run reads (its data, --init-from): never removed or counted as
+        another run's files, whatever their names."""
+        found = self.corpus.input_files() if self.corpus is not None else []
+        return found + ([self.init_from] if self.init_from is not None else [])
 
     @classmethod
     def from_options(cls, options, comm=None, on_event=None) -> "RunPlan":
@@ -174,11 +184,20 @@ def _plan_without_data(opts: dict, given: dict, comm, initial) -> tuple[RunPlan,
     """(plan, data sources): the plan's settings, paths, threads and resume, outputs checked
     (rank 0); no corpus or config yet (they need the data)."""
     from ..formats import checkpoint
+    if opts["resume"] is not None and opts["overwrite"]:
+        raise ValueError("--overwrite starts a new run over an old one; --resume continues "
+                         "one: give one")
     resume = checkpoint.load_checkpoint(opts["resume"]) if opts["resume"] is not None else None
     saved = runfiles.resolve_saved_paths(_resumed_extra(resume, opts["resume"]), opts["resume"]) \
         if resume is not None else {}
-    # A resumed run keeps writing where the interrupted one did, unless told otherwise.
-    out = first_given(opts["out"], saved.get("out"), os.path.join("runs", "model.safetensors"))
+    # A resumed run keeps writing where the interrupted one did, unless told otherwise; a new
+    # run without --out never lands on an earlier run's files (runs/2/, runs/3/...).
+    out = first_given(opts["out"], saved.get("out"),
+                      runfiles.DEFAULT_OUT if opts["overwrite"] else None)
+    out = out if out is not None else runfiles.free_default_out()
+    if opts["serve"] and opts["log_csv"] is None and resume is None:
+        # --serve's live page reads per-step rows: steps.csv beside the model
+        opts = {**opts, "log_csv": os.path.join(os.path.dirname(out), runfiles.STEP_LOG_NAME)}
     threads = first_given(opts["threads"], saved.get("threads"))  # None: measure at start
     if resume is not None and resume.world_size != comm.size:
         how = train_command(resume.world_size) + (" (one process, no mpiexec)"
@@ -204,13 +223,15 @@ def _plan_without_data(opts: dict, given: dict, comm, initial) -> tuple[RunPlan,
                    threads=threads, threads_kept=opts["threads"] is None and threads is not None,
                    resume=resume, resume_path=opts["resume"], initial_model=initial,
                    init_from=opts["init_from"], comm=comm,
-                   data_dirs=[s for s in sources or () if os.path.isdir(s)]), sources
+                   data_dirs=[s for s in sources or () if os.path.isdir(s)],
+                   overwrite=bool(opts["overwrite"])), sources
 
 
 def _load_data(plan: RunPlan, sources, opts: dict, tokenizer, on_event) -> None:
     """plan.corpus from the data sources (None: the default corpus), every output checked
     against the paths before and after reading (rank 0): a bad path fails before any data is
-    read, an output that is a data file by another name (a link) once the files are known."""
+    read, an output that is a data file by another name (a link) once the files are known;
+    then a new run's folder holding another run's files (`runfiles.check_no_other_run`)."""
     from .batches import check_same_data
     from .corpus import load_corpus
     writer = plan.comm.rank == 0  # the one rank that writes
@@ -232,6 +253,8 @@ def _load_data(plan: RunPlan, sources, opts: dict, tokenizer, on_event) -> None:
     if writer:
         runfiles.check_output_paths(plan.outputs, inputs=corpus.input_files(),
                                     data_dirs=plan.data_dirs)
+        if plan.resume is None and not plan.overwrite:  # a new run never eats an old one
+            runfiles.check_no_other_run(plan.paths, keep=plan.inputs())
     if plan.resume is not None:
         check_same_data(plan.resume.data, corpus.train, corpus.val,
                         where=f"--resume {opts['resume']}")

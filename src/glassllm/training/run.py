@@ -21,7 +21,7 @@ import time
 
 from . import runfiles, stopping
 from .events import (Checkpointed, LoopBegins, LoopEnded, PlotFailed, RunBegins,
-                     WarmupOutlastsRun)
+                     RunReplaced, WarmupOutlastsRun)
 
 COMPLETE, INTERRUPTED, NON_FINITE = "complete", "interrupted", "non_finite"
 SKIP_RATE, RANKS_DISAGREE, WRITE_ERROR = "skip_rate", "ranks_disagree", "write_error"
@@ -75,7 +75,8 @@ def execute(plan, on_event=None, around=None) -> RunResult:
 
     Raises:
         glassllm.training.lock.OutputLocked: another run holds an output (nothing written).
-        OSError: an output's lock or folder cannot be made; history.csv not writable at the end.
+        OSError: an output's lock or folder cannot be made; an old run's file cannot be
+            removed (plan.overwrite); history.csv not writable at the end.
         ValueError: an output is another's lock file. Other errors (a bug) propagate.
     """
     from . import distributed
@@ -99,9 +100,16 @@ def execute(plan, on_event=None, around=None) -> RunResult:
 def lock_outputs(plan, held: contextlib.ExitStack, emit) -> None:
     """Make the outputs' folders and lock them until `held` closes; a lock left by a dead run
     is taken over (`LockTakenOver`) and its temporaries removed (`TemporaryRemoved`):
-    `runfiles.lock_run_outputs`."""
+    `runfiles.lock_run_outputs`. With `plan.overwrite`, the files of the run it replaces are
+    removed then (`runfiles.remove_other_run_files`), once no other run can be writing them,
+    and said (`RunReplaced`)."""
     runfiles.make_parent_dirs(plan.outputs.values())
     runfiles.lock_run_outputs(plan.outputs.values(), held, emit)
+    if plan.overwrite and plan.resume is None:
+        # the whole old run goes before the first write: never a folder of two runs' files
+        removed = runfiles.remove_other_run_files(plan.paths, keep=plan.inputs())
+        if removed:
+            emit(RunReplaced(tuple(removed)))
 
 
 def _execute_held(plan, emit, late) -> RunResult:

@@ -5,8 +5,10 @@ checkpoint (`checkpoint.safetensors`), its history (`history.csv`) and loss plot
 (`loss.png`); the per-step CSV (`--log-csv`) may go anywhere. `run_paths` names them,
 `check_output_paths` (from `glassllm.formats.paths`) refuses, before any training, every path
 that would fail or do harm later, `make_parent_dirs` creates what is missing, and
-`write_history_csv` / `write_plot` write the end products. `glassllm.training.lock.lock_outputs`
-keeps two runs off the same paths.
+`write_history_csv` / `write_plot` write the end products. A new run never writes over
+another run's files (`check_no_other_run`; without --out, `free_default_out` picks runs/2/,
+runs/3/...), unless told to replace that run (`remove_other_run_files`, --overwrite).
+`glassllm.training.lock.lock_outputs` keeps two runs off the same paths.
 
 A Python user of `glassllm.train.Trainer` gets the same files with the same calls:
 
@@ -49,6 +51,94 @@ def run_paths(model_path, checkpoint=None, log_csv=None) -> dict[str, str | None
 # The files `glassllm train` writes beside its model file (the model file's own name varies)
 RUN_FILE_NAMES = ("checkpoint.safetensors", "history.csv", "health.jsonl", "loss.png")
 SAVED_PATH_KEYS = ("out", "log_csv")  # output paths a checkpoint's extra records
+# The per-step CSV `glassllm train --serve` writes beside the model when --log-csv is not given
+STEP_LOG_NAME = "steps.csv"
+DEFAULT_OUT = os.path.join("runs", "model.safetensors")
+
+
+def other_run_files(paths: dict, keep=()) -> list[str]:
+    """The files already at a new run's paths or in its folder that a run writes: the model
+    file, checkpoint.safetensors, history.csv, health.jsonl, loss.png and steps.csv beside it,
+    and the run's own --checkpoint and --log-csv wherever they are. Named as the user named
+    the model (relative stays relative), sorted, each once.
+
+    paths: `run_paths` of the new run ({"model", "checkpoint", "log_csv", ...}).
+    keep: paths that are never another run's files (`same_file`): the run's own inputs, its
+        data and --init-from, whatever they are named (a text file called steps.csv).
+    """
+    run_dir = os.path.dirname(os.fspath(paths["model"]))
+    candidates = [paths["model"], *(os.path.join(run_dir, n)
+                                    for n in (*RUN_FILE_NAMES, STEP_LOG_NAME)),
+                  paths.get("checkpoint"), paths.get("log_csv"), paths.get("history_csv"),
+                  paths.get("health_jsonl"), paths.get("plot")]
+    found = {}
+    for path in candidates:
+        # lexists: a dangling link at a run's path is still a file the run would replace
+        if path is not None and os.path.lexists(path) and \
+                not any(same_file(path, k) for k in keep):
+            found.setdefault(os.path.abspath(path), os.fspath(path))
+    return sorted(found.values())
+
+
+def check_no_other_run(paths: dict, keep=(), out_label: str = "--out") -> None:
+    """Refuse a new run whose paths or folder hold another run's files (`other_run_files`):
+    a second run would replace that run's model, history and plot, and leave its checkpoint,
+    step log and health beside its own files, one folder read as one run made of two. A
+    folder of an interrupted run (its checkpoint there) is refused too: `--resume` continues
+    it, `--overwrite` replaces it.
+
+    Raises:
+        ValueError: one line naming the files and the two ways on (--out NEW, --overwrite).
+    """
+    found = other_run_files(paths, keep)
+    if not found:
+        return
+    run_dir = os.path.dirname(os.fspath(paths["model"])) or "."
+    ckpt = [p for p in found if os.path.basename(p) == "checkpoint.safetensors"]
+    resume = f"; or continue it with --resume {ckpt[0]}" if ckpt else ""
+    # a --checkpoint or --log-csv elsewhere: a new folder alone would not free it
+    elsewhere = " (and new --checkpoint/--log-csv paths)" if any(
+        not same_file(os.path.dirname(os.path.abspath(p)), os.path.abspath(run_dir))
+        for p in found) else ""
+    raise ValueError(f"{out_label} {paths['model']}: {run_dir} holds another run's files "
+                     f"({', '.join(found)}); give --out in a new folder{elsewhere}, or "
+                     f"--overwrite to replace that whole run{resume}")
+
+
+def free_default_out(base: str = DEFAULT_OUT) -> str:
+    """Where a new run writes when no --out is given: `base` (runs/model.safetensors) if its
+    folder holds no run's files, else the first free numbered folder beside it
+    (runs/2/model.safetensors, runs/3/...), so that a second run never replaces the first.
+    A folder whose run is still in progress (its model's lock file there, no file written
+    yet) is not free either."""
+    def taken(model: str) -> bool:
+        from .lock import lock_path
+        return bool(other_run_files(run_paths(model))) or os.path.lexists(lock_path(model))
+    if not taken(base):
+        return base
+    folder, name = os.path.split(base)
+    n = 2
+    while taken(os.path.join(folder, str(n), name)):
+        n += 1
+    return os.path.join(folder, str(n), name)
+
+
+def remove_other_run_files(paths: dict, keep=()) -> list[str]:
+    """Remove the files of the run a new one replaces (`other_run_files`, `keep` left;
+    --overwrite), after its locks are taken and before its first write: the folder then holds
+    the new run's files only, never a mix of two runs. Returns the paths removed.
+
+    Raises:
+        OSError: a file cannot be removed, naming it.
+    """
+    removed = []
+    for path in other_run_files(paths, keep):
+        try:
+            os.remove(path)
+        except FileNotFoundError:  # gone since it was listed: nothing to remove
+            continue
+        removed.append(path)
+    return removed
 
 
 def relative_paths(named: dict, checkpoint) -> dict:
