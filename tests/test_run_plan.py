@@ -307,7 +307,7 @@ def test_executing_a_fine_tune_plan_twice_starts_from_the_same_weights(tmp_path,
     plan = RunPlan.from_options({"data": [str(text_file)], "init_from": str(base),
                                  "out": str(tmp_path / "ft" / "model.safetensors"),
                                  "steps": 3, "seq_len": 16, "batch_size": 4,
-                                 "eval_batches": 2, "threads": 1})
+                                 "eval_batches": 2, "threads": 1, "overwrite": True})
     start = {n: p.data.copy() for n, p in plan.initial_model.named_parameters()}
     first, second = execute(plan), execute(plan)
     assert first.reason == second.reason == COMPLETE
@@ -479,3 +479,23 @@ def test_overwrite_never_removes_the_runs_own_data(tmp_path):
     with pytest.raises(ValueError, match=r"holds another run's files \([^)]*history\.csv"):
         RunPlan.from_options(options)
     assert data.exists()
+
+
+def test_a_second_execute_of_a_plan_does_not_replace_the_first_runs_files(tmp_path,
+                                                                           text_file):
+    """The "another run's files" check is made again under the locks: an earlier execute of
+    the same plan (or a run that wrote there after the plan was made) is not silently
+    replaced; overwrite=True replaces it."""
+    out = tmp_path / "run" / "model.safetensors"
+    plan = plan_of(text_file, out, steps=2)
+    assert execute(plan).reason == COMPLETE
+    before = _run_files(out.parent)
+    with pytest.raises(ValueError, match="holds another run's files"):
+        execute(plan)
+    assert _run_files(out.parent) == before
+    later = plan_of(text_file, tmp_path / "later" / "model.safetensors", steps=2)
+    assert execute(plan_of(text_file, later.paths["model"], steps=3)).reason == COMPLETE
+    with pytest.raises(ValueError, match="holds another run's files"):
+        execute(later)  # planned before the other run wrote there
+    again = plan_of(text_file, out, steps=2, overwrite=True)
+    assert execute(again).reason == COMPLETE and execute(again).reason == COMPLETE

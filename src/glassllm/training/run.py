@@ -77,7 +77,10 @@ def execute(plan, on_event=None, around=None) -> RunResult:
         glassllm.training.lock.OutputLocked: another run holds an output (nothing written).
         OSError: an output's lock or folder cannot be made; an old run's file cannot be
             removed (plan.overwrite); history.csv not writable at the end.
-        ValueError: an output is another's lock file. Other errors (a bug) propagate.
+        ValueError: an output is another's lock file; a new run's folder holds another run's
+            files by the time it is locked (written since the plan was made, or by an earlier
+            execute of this plan: give the plan overwrite=True to replace them). Other errors
+            (a bug) propagate.
     """
     from . import distributed
     emit = on_event if on_event is not None else (lambda event: None)
@@ -110,6 +113,10 @@ def lock_outputs(plan, held: contextlib.ExitStack, emit) -> None:
         removed = runfiles.remove_other_run_files(plan.paths, keep=plan.inputs())
         if removed:
             emit(RunReplaced(tuple(removed)))
+    elif plan.resume is None:
+        # checked again under the locks: a run that wrote there since the plan was made (in
+        # another process, or an earlier execute of this same plan) is not replaced either
+        runfiles.check_no_other_run(plan.paths, keep=plan.inputs())
 
 
 def _execute_held(plan, emit, late) -> RunResult:
