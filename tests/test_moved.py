@@ -158,3 +158,11 @@ def test_two_imports_in_flight_each_get_their_own_module_spec_back():
         assert module_b is safety and safety.__spec__.name == "glassllm.training.safety"
     finally:
         files.__spec__, safety.__spec__ = own
+
+
+def test_the_cli_still_names_the_default_training_model():
+    """`glassllm.cli.TRAIN_MODEL_DEFAULTS` (the old cli.py's) is the run plan's table."""
+    from glassllm import cli
+    from glassllm.training import plan
+    assert cli.TRAIN_MODEL_DEFAULTS is plan.TRAIN_MODEL_DEFAULTS
+    assert cli.TRAIN_MODEL_DEFAULTS["d_model"] == 128

@@ -36,3 +36,12 @@ __all__ = ["main", "build_parser", "version", "UsageError", "SUBCOMMANDS", "FAMI
            "add_prepare", "run_prepare", "add_plot", "run_plot", "add_convert", "run_convert",
            "add_inspect", "run_inspect", "add_serve", "run_serve", "_error_report",
            "_print_paths_as_given", "_choose_threads", "_serve_model"]
+
+
+def __getattr__(name: str):
+    """The old `glassllm.cli.TRAIN_MODEL_DEFAULTS`, now `glassllm.training.plan`'s (read on
+    first use: importing the training package at start would slow every command's start)."""
+    if name == "TRAIN_MODEL_DEFAULTS":
+        from ..training.plan import TRAIN_MODEL_DEFAULTS
+        return TRAIN_MODEL_DEFAULTS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
