@@ -327,7 +327,9 @@ def test_the_supervisor_passes_sigterm_and_sighup_on_to_its_child():
     for number in (signal.SIGTERM, signal.SIGHUP):
         proc = subprocess.Popen([sys.executable, "-c", supervisor], stdout=subprocess.PIPE,
                                 text=True, env={**os.environ, "PMI_SIZE": "2",
-                                                "PMI_RANK": "0"})
+                                                "PMI_RANK": "0"},
+                                # under `nohup` SIGHUP comes ignored, and stays ignored
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(number)  # to the supervisor alone
         assert proc.wait(timeout=30) == 128 + number

@@ -32,10 +32,19 @@ def text_file(tmp_path):
     return path
 
 
+def hup_at_default():
+    """For a child about to exec: SIGHUP at its default action. A test run started under
+    `nohup` (or by a CI runner that ignores it) hands an ignored SIGHUP to its children, and
+    glassllm rightly keeps an ignored signal ignored (nohup's meaning), so a test that sends
+    SIGHUP must give its child the default first."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def start_train(args, log, rows=8, command=None):
     """Start `glassllm train ARGS` and return it once its step log has `rows` rows."""
     proc = subprocess.Popen(command or [sys.executable, "-m", "glassllm.cli", "train", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=hup_at_default)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if log.exists() and len(log.read_text().splitlines()) > rows:
