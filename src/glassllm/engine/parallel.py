@@ -60,6 +60,15 @@ MIN_PARALLEL_ELEMENTS = 1 << 16
 # scale in place) took 45 us at 4 MiB and 89 us at 8 MiB touched, its forward 86 us at 1 MiB.
 # (Another program used one core part of the time; best-of-30 keeps the quiet rounds.)
 MIN_PARALLEL_BYTES = 8 << 20
+# How long a thread of a hand-off spins (without the GIL, on a flag) before it blocks on a
+# lock: the worker waiting for its next task, the caller waiting for the worker's share. An S
+# training step hands out ~140 tasks back to back, a few to a few hundred microseconds apart;
+# a thread woken from a blocking wait (a futex) took a median ~35 us per hand-off here, a
+# spinning one sees the flag within a microsecond. 100 us covers most gaps between two ops
+# and costs a core at most that long after the last one. Spinning only while the thread
+# count is above 1 (`set_num_threads`; the governor in `glassllm.engine.cpu` lowers it when
+# another program takes a core), and a spinning thread stops at once when it drops to 1.
+SPIN_SECONDS = 100e-6
 
 _num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
     else (os.cpu_count() or 1)
@@ -70,6 +79,12 @@ _in_worker = threading.local()
 # One caller at a time hands work to the pool; a second thread calling in meanwhile (a user's
 # own threads) runs its slices itself rather than wait.
 _dispatch = threading.Lock()
+# [0]: how many iterations a waiting thread spins (SPIN_SECONDS at the speed measured when the
+# spin was compiled); 0 while one thread is configured or where numba does not load. Read by
+# the spinning threads on every iteration, so a change takes effect at once.
+_spin_control = np.zeros(1, np.int64)
+_spin_iterations = 0
+_spin = None  # the compiled spin (`_build_spin`), False where numba does not load
 
 
 # Called once, before the first work this module splits or sizes (`glassllm.engine.cpu`
@@ -155,6 +170,7 @@ def set_num_threads(n: int) -> None:
     if int(n) < 1:
         raise ValueError(f"set_num_threads: need n >= 1, got {n}")
     _num_threads = int(n)
+    _spin_control[0] = _spin_iterations if _num_threads > 1 else 0
 
 
 def split_matmuls() -> bool:
@@ -171,16 +187,75 @@ def set_split_matmuls(on: bool) -> None:
     _split_matmuls = bool(on)
 
 
+def _build_spin() -> None:
+    """Compile the spin (numba, `@njit(nogil=True)`: it must not hold the GIL, which the thread
+    it waits for needs) and measure its speed, so SPIN_SECONDS becomes a count of iterations.
+    Without numba (or with GLASSLLM_NUMBA=0) nothing spins: the hand-off blocks as before."""
+    global _spin, _spin_iterations
+    from . import jit
+    if jit.kernels() is None:
+        _spin = False
+        return
+    spin = _compile_spin(jit.disk_cache())
+    flags, control = np.zeros(1, np.int64), np.array([1 << 16], np.int64)
+    spin(flags, 0, 0, control)  # compiled (or loaded from the cache) before the timing
+    start = time.perf_counter()
+    spin(flags, 0, 0, control)
+    per_iteration = max((time.perf_counter() - start) / control[0], 1e-10)
+    _spin_iterations = max(1, int(SPIN_SECONDS / per_iteration))
+    _spin_control[0] = _spin_iterations if _num_threads > 1 else 0
+    _spin = spin
+
+
+def _compile_spin(cache: bool):
+    """spin(flags, index, value, control) -> bool: wait while flags[index] == value, for at
+    most control[0] iterations (re-read on each); True if the flag changed. The loads are
+    atomic (acquire), so the compiler keeps them inside the loop."""
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def load_acquire(typingctx, array, index):
+        def codegen(context, builder, signature, args):
+            array_type = signature.args[0]
+            view = context.make_array(array_type)(context, builder, args[0])
+            pointer = cgutils.get_item_pointer(context, builder, array_type, view, [args[1]],
+                                               wraparound=False)
+            return builder.load_atomic(pointer, "acquire", 8)
+        return types.int64(array, index), codegen
+
+    @njit(cache=cache, nogil=True)
+    def spin(flags, index, value, control):
+        i = 0
+        while load_acquire(flags, index) == value:
+            i += 1
+            if i >= load_acquire(control, 0):
+                return False
+        return True
+
+    return spin
+
+
+def _spin_while(flags: np.ndarray, index: int, value: int) -> None:
+    """Spin while flags[index] == value (see SPIN_SECONDS); returns at once when spinning is
+    off. Only a hint: the caller then checks its state and blocks if need be."""
+    spin = _spin
+    if spin and _spin_control[0]:
+        spin(flags, index, value, _spin_control)
+
+
 class _Task:
     """One hand-off: fn on a list of slices. The worker marks it `taken` when it starts and
     `done` (with `error`, the exception it raised, if any) when it has finished."""
 
-    __slots__ = ("fn", "parts", "low", "taken", "done", "error")
+    __slots__ = ("fn", "parts", "low", "taken", "done", "error", "mark")
 
     def __init__(self, fn, parts, low):
         self.fn, self.parts, self.low = fn, parts, low
         self.taken = self.done = False
         self.error = None
+        self.mark = 0  # the worker's done count when this task was handed over
 
 
 class _Worker:
@@ -194,19 +269,26 @@ class _Worker:
     often a lock was released, and `_done` is only a wake-up: the worker releases it unless it
     is already released (a wake-up an interrupted caller never took), and the caller re-checks
     `done` after every wake-up. A lost count can then cost a spurious wake-up, never a task
-    reported done before it ran, a deadlock, or a "release unlocked lock"."""
+    reported done before it ran, a deadlock, or a "release unlocked lock".
+
+    Before blocking on a lock, both sides spin a little (`_spin_while`, SPIN_SECONDS) on
+    `_flags`: [0] counts the tasks handed over, [1] the tasks done. The flags are only hints,
+    written after the state they announce: the locks and `done` decide, as above."""
 
     def __init__(self, name: str):
         self._go, self._done = threading.Lock(), threading.Lock()
         self._go.acquire()
         self._done.acquire()
         self._task = None
+        self._flags = np.zeros(2, np.int64)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while True:
-            self._go.acquire()
+            if not self._go.acquire(blocking=False):
+                _spin_while(self._flags, 0, self._flags[0])
+                self._go.acquire()
             task = self._task
             if task is None:  # stop()
                 return
@@ -217,6 +299,7 @@ class _Worker:
                 self.keep_for_caller(task, error)
             task.fn = task.parts = None  # no reference to the work's arrays while parked
             task.done = True
+            self._flags[1] += 1
             del task
             if self._done.locked():  # only this thread releases it: no race with the check
                 self._done.release()
@@ -231,11 +314,15 @@ class _Worker:
         previous = self._task
         if previous is not None and not previous.done and self.will_run(previous):
             self.wait(previous)  # left running by an interrupted caller: one task at a time
+        task.mark = self._flags[1]
         self._task = task
         self._go.release()
+        self._flags[0] += 1
 
     def wait(self, task: _Task) -> None:
         """Block until `task` has run (interruptible: call again after a KeyboardInterrupt)."""
+        if not task.done:
+            _spin_while(self._flags, 1, task.mark)
         while not task.done:
             self._done.acquire()
 
@@ -267,6 +354,8 @@ def _get_pool(workers: int) -> list:
     # Threads do not survive fork(): a child starts a pool of its own.
     if _pool is None or _pool_pid != os.getpid():
         _pool, _pool_pid = [], os.getpid()
+    if _spin is None:
+        _build_spin()
     want = max(workers, _num_threads - 1)
     while len(_pool) > want:
         _pool.pop().stop()
