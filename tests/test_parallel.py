@@ -533,3 +533,92 @@ def test_ctrl_c_at_random_moments_never_breaks_the_pool():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Error" not in done.stderr, done.stderr
     assert int(done.stdout) > 100  # really interrupted, many times
+
+
+def _spin_ready():
+    """The compiled spin, built as the pool's first hand-off builds it (skips without numba)."""
+    if parallel._spin is None:
+        parallel._build_spin()
+    if not parallel._spin:
+        pytest.skip("numba does not load here: nothing spins")
+    return parallel._spin
+
+
+def test_the_spin_sees_a_flag_another_thread_sets_and_gives_up_after_its_count():
+    spin = _spin_ready()
+    flags, control = np.zeros(2, np.int64), np.array([1000], np.int64)
+    assert spin(flags, 1, 0, control) is False  # never set: 1000 iterations, then False
+    assert spin(flags, 1, 5, control) is True   # already differs
+    control[0] = 1 << 62  # would spin for years: only the flag can end it
+
+    def set_flag():
+        flags[1] = 7  # from Python, holding the GIL: the spin must not hold it
+
+    setter = threading.Timer(0.02, set_flag)
+    setter.start()
+    assert spin(flags, 1, 0, control) is True
+    setter.join()
+    assert flags[1] == 7
+
+
+def test_spinning_is_on_only_above_one_thread_and_stops_at_once_when_the_count_drops(
+        threads, monkeypatch):
+    _spin_ready()
+    assert parallel._spin_iterations >= 1
+    parallel.set_num_threads(2)
+    assert parallel._spin_control[0] == parallel._spin_iterations
+    parallel.set_num_threads(1)
+    assert parallel._spin_control[0] == 0
+    # A thread spinning (as a parked worker does) when the governor lowers the count: it must
+    # stop then, not after its count. Give it one that would last for years.
+    monkeypatch.setattr(parallel, "_spin_iterations", 1 << 62)
+    parallel.set_num_threads(2)
+    flags = np.zeros(2, np.int64)
+    spinner = threading.Thread(target=parallel._spin_while, args=(flags, 0, 0), daemon=True)
+    spinner.start()
+    spinner.join(0.05)
+    assert spinner.is_alive()
+    parallel.set_num_threads(1)
+    spinner.join(2.0)
+    assert not spinner.is_alive()
+
+
+def test_without_numba_nothing_spins_and_the_pool_still_hands_off(threads, monkeypatch):
+    from glassllm.engine import jit
+    monkeypatch.setattr(jit, "kernels", lambda: None)
+    monkeypatch.setattr(parallel, "_spin", None)
+    monkeypatch.setattr(parallel, "_spin_iterations", 0)
+    control = parallel._spin_control[0]
+    try:
+        parallel._build_spin()
+        assert parallel._spin is False and parallel._spin_control[0] == 0
+        parallel.set_num_threads(2)
+        assert parallel._spin_control[0] == 0
+        out = np.zeros(1 << 20, np.float32)
+
+        def fn(rows):
+            out[rows] = np.arange(rows.start, rows.stop, dtype=np.float32)
+
+        for _ in range(50):  # hands off (and blocks) every time
+            parallel.for_slices(fn, 1 << 20, 1, work_bytes=64)
+        np.testing.assert_array_equal(out, np.arange(1 << 20, dtype=np.float32))
+    finally:
+        parallel._spin_control[0] = control
+
+
+def test_many_back_to_back_hand_offs_with_the_spin_give_the_one_thread_bits(threads):
+    _spin_ready()
+    x = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)
+    outs = {}
+    for n in (1, 2, 3):
+        parallel.set_num_threads(n)
+        out = np.zeros_like(x)
+
+        def fn(rows, out=out):
+            out[rows] = np.exp(x[rows]) * np.float32(1.5) + out[rows]
+
+        for _ in range(200):  # hand-offs a few microseconds apart: each side meets the spin
+            parallel.for_slices(fn, 512, 1024, work_bytes=64)
+        outs[n] = out
+    np.testing.assert_array_equal(outs[1], outs[2])
+    np.testing.assert_array_equal(outs[1], outs[3])
