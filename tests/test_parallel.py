@@ -547,8 +547,8 @@ def _spin_ready():
 def test_the_spin_sees_a_flag_another_thread_sets_and_gives_up_after_its_count():
     spin = _spin_ready()
     flags, control = np.zeros(2, np.int64), np.array([1000], np.int64)
-    assert spin(flags, 1, 0, control) is False  # never set: 1000 iterations, then False
-    assert spin(flags, 1, 5, control) is True   # already differs
+    assert spin(flags, -1, 1, 0, control) is False  # never set: 1000 iterations, then False
+    assert spin(flags, -1, 1, 5, control) is True   # already differs
     control[0] = 1 << 62  # would spin for years: only the flag can end it
 
     def set_flag():
@@ -556,7 +556,7 @@ def test_the_spin_sees_a_flag_another_thread_sets_and_gives_up_after_its_count()
 
     setter = threading.Timer(0.02, set_flag)
     setter.start()
-    assert spin(flags, 1, 0, control) is True
+    assert spin(flags, -1, 1, 0, control) is True
     setter.join()
     assert flags[1] == 7
 

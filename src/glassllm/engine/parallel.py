@@ -188,61 +188,37 @@ def set_split_matmuls(on: bool) -> None:
 
 
 def _build_spin() -> None:
-    """Compile the spin (numba, `@njit(nogil=True)`: it must not hold the GIL, which the thread
-    it waits for needs) and measure its speed, so SPIN_SECONDS becomes a count of iterations.
-    Without numba (or with GLASSLLM_NUMBA=0) nothing spins: the hand-off blocks as before."""
+    """Take the compiled spin (`glassllm.engine.numba_kernels.spin`, `nogil`: it must not hold
+    the GIL, which the thread it waits for needs) and measure its speed, so SPIN_SECONDS
+    becomes a count of iterations. Without numba (or with GLASSLLM_NUMBA=0) nothing spins:
+    the hand-off blocks on its locks alone."""
     global _spin, _spin_iterations
     from . import jit
-    if jit.kernels() is None:
+    compiled = jit.kernels()
+    if compiled is None:
         _spin = False
         return
-    spin = _compile_spin(jit.disk_cache())
+    spin = compiled.spin
     flags, control = np.zeros(1, np.int64), np.array([1 << 16], np.int64)
-    spin(flags, 0, 0, control)  # compiled (or loaded from the cache) before the timing
+    spin(flags, -1, 0, 0, control)  # compiled (or loaded from the cache) before the timing
     start = time.perf_counter()
-    spin(flags, 0, 0, control)
+    spin(flags, -1, 0, 0, control)
     per_iteration = max((time.perf_counter() - start) / control[0], 1e-10)
     _spin_iterations = max(1, int(SPIN_SECONDS / per_iteration))
     _spin_control[0] = _spin_iterations if _num_threads > 1 else 0
     _spin = spin
 
 
-def _compile_spin(cache: bool):
-    """spin(flags, index, value, control) -> bool: wait while flags[index] == value, for at
-    most control[0] iterations (re-read on each); True if the flag changed. The loads are
-    atomic (acquire), so the compiler keeps them inside the loop."""
-    from numba import njit, types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def load_acquire(typingctx, array, index):
-        def codegen(context, builder, signature, args):
-            array_type = signature.args[0]
-            view = context.make_array(array_type)(context, builder, args[0])
-            pointer = cgutils.get_item_pointer(context, builder, array_type, view, [args[1]],
-                                               wraparound=False)
-            return builder.load_atomic(pointer, "acquire", 8)
-        return types.int64(array, index), codegen
-
-    @njit(cache=cache, nogil=True)
-    def spin(flags, index, value, control):
-        i = 0
-        while load_acquire(flags, index) == value:
-            i += 1
-            if i >= load_acquire(control, 0):
-                return False
-        return True
-
-    return spin
-
-
-def _spin_while(flags: np.ndarray, index: int, value: int) -> None:
+def _spin_while(flags: np.ndarray, index: int, value: int, signal: int = -1) -> None:
     """Spin while flags[index] == value (see SPIN_SECONDS); returns at once when spinning is
-    off. Only a hint: the caller then checks its state and blocks if need be."""
+    off. Only a hint: the caller then checks its state and blocks if need be. signal >= 0:
+    first count flags[signal] up, after the GIL is let go (whoever waits for that flag then
+    finds the GIL free)."""
     spin = _spin
     if spin and _spin_control[0]:
-        spin(flags, index, value, _spin_control)
+        spin(flags, signal, index, value, _spin_control)
+    elif signal >= 0:
+        flags[signal] += 1
 
 
 class _Task:
@@ -286,9 +262,7 @@ class _Worker:
 
     def _loop(self) -> None:
         while True:
-            if not self._go.acquire(blocking=False):
-                _spin_while(self._flags, 0, self._flags[0])
-                self._go.acquire()
+            self._go.acquire()  # after the first task, mostly released during the spin below
             task = self._task
             if task is None:  # stop()
                 return
@@ -299,10 +273,12 @@ class _Worker:
                 self.keep_for_caller(task, error)
             task.fn = task.parts = None  # no reference to the work's arrays while parked
             task.done = True
-            self._flags[1] += 1
             del task
             if self._done.locked():  # only this thread releases it: no race with the check
                 self._done.release()
+            # Count the task done on the flag once the GIL is let go (a caller spinning on it
+            # then finds the GIL free), and spin for the next task.
+            _spin_while(self._flags, 0, self._flags[0], signal=1)
 
     @staticmethod
     def keep_for_caller(task: _Task, error: BaseException) -> None:
