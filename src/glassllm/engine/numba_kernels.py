@@ -33,8 +33,7 @@ import math
 
 import numpy as np
 from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from .jit import disk_cache  # False where numba has nowhere to write its cache (see jit)
 
@@ -610,46 +609,3 @@ def decode_step(token, pos, emb, head, tied, rows, final_norm, attention_norms, 
             logits[v] = s
     else:
         _mv(logits, h, head, rows)
-
-
-# --- the pool's spin (`glassllm.engine.parallel`, SPIN_SECONDS) -------------------------
-# Not an op: a thread of a hand-off waiting on a flag without the GIL. The flag's loads and
-# stores are atomic (acquire/release) so that LLVM keeps them inside the loop and orders them.
-
-@intrinsic
-def _load_acquire(typingctx, array, index):
-    def codegen(context, builder, signature, args):
-        array_type = signature.args[0]
-        view = context.make_array(array_type)(context, builder, args[0])
-        pointer = cgutils.get_item_pointer(context, builder, array_type, view, [args[1]],
-                                           wraparound=False)
-        return builder.load_atomic(pointer, "acquire", 8)
-    return types.int64(array, index), codegen
-
-
-@intrinsic
-def _store_release(typingctx, array, index, value):
-    def codegen(context, builder, signature, args):
-        array_type = signature.args[0]
-        view = context.make_array(array_type)(context, builder, args[0])
-        pointer = cgutils.get_item_pointer(context, builder, array_type, view, [args[1]],
-                                           wraparound=False)
-        builder.store_atomic(args[2], pointer, "release", 8)
-        return context.get_dummy_value()
-    return types.void(array, index, value), codegen
-
-
-@njit(cache=disk_cache(), nogil=True)
-def spin(flags, signal, index, value, control):
-    """Count flags[signal] up (signal >= 0; done without the GIL, so a thread waiting for that
-    flag finds the GIL free), then wait while flags[index] == value, for at most control[0]
-    iterations (re-read on each: setting it to 0 ends every spin at once). flags, control:
-    int64 arrays. Returns True if the flag changed, False after the count."""
-    if signal >= 0:
-        _store_release(flags, signal, _load_acquire(flags, signal) + 1)
-    i = 0
-    while _load_acquire(flags, index) == value:
-        i += 1
-        if i >= _load_acquire(control, 0):
-            return False
-    return True

@@ -60,15 +60,6 @@ MIN_PARALLEL_ELEMENTS = 1 << 16
 # scale in place) took 45 us at 4 MiB and 89 us at 8 MiB touched, its forward 86 us at 1 MiB.
 # (Another program used one core part of the time; best-of-30 keeps the quiet rounds.)
 MIN_PARALLEL_BYTES = 8 << 20
-# How long a thread of a hand-off spins (without the GIL, on a flag) before it blocks on a
-# lock: the worker waiting for its next task, the caller waiting for the worker's share. An S
-# training step hands out ~140 tasks back to back, a few to a few hundred microseconds apart;
-# a thread woken from a blocking wait (a futex) took a median ~35 us per hand-off here, a
-# spinning one sees the flag within a microsecond. 100 us covers most gaps between two ops
-# and costs a core at most that long after the last one. Spinning only while the thread
-# count is above 1 (`set_num_threads`; the governor in `glassllm.engine.cpu` lowers it when
-# another program takes a core), and a spinning thread stops at once when it drops to 1.
-SPIN_SECONDS = 100e-6
 
 _num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
     else (os.cpu_count() or 1)
@@ -79,12 +70,6 @@ _in_worker = threading.local()
 # One caller at a time hands work to the pool; a second thread calling in meanwhile (a user's
 # own threads) runs its slices itself rather than wait.
 _dispatch = threading.Lock()
-# [0]: how many iterations a waiting thread spins (SPIN_SECONDS at the speed measured when the
-# spin was compiled); 0 while one thread is configured or where numba does not load. Read by
-# the spinning threads on every iteration, so a change takes effect at once.
-_spin_control = np.zeros(1, np.int64)
-_spin_iterations = 0
-_spin = None  # the compiled spin (`_build_spin`), False where numba does not load
 
 
 # Called once, before the first work this module splits or sizes (`glassllm.engine.cpu`
@@ -170,7 +155,6 @@ def set_num_threads(n: int) -> None:
     if int(n) < 1:
         raise ValueError(f"set_num_threads: need n >= 1, got {n}")
     _num_threads = int(n)
-    _spin_control[0] = _spin_iterations if _num_threads > 1 else 0
 
 
 def split_matmuls() -> bool:
@@ -187,51 +171,16 @@ def set_split_matmuls(on: bool) -> None:
     _split_matmuls = bool(on)
 
 
-def _build_spin() -> None:
-    """Take the compiled spin (`glassllm.engine.numba_kernels.spin`, `nogil`: it must not hold
-    the GIL, which the thread it waits for needs) and measure its speed, so SPIN_SECONDS
-    becomes a count of iterations. Without numba (or with GLASSLLM_NUMBA=0) nothing spins:
-    the hand-off blocks on its locks alone."""
-    global _spin, _spin_iterations
-    from . import jit
-    compiled = jit.kernels()
-    if compiled is None:
-        _spin = False
-        return
-    spin = compiled.spin
-    flags, control = np.zeros(1, np.int64), np.array([1 << 16], np.int64)
-    spin(flags, -1, 0, 0, control)  # compiled (or loaded from the cache) before the timing
-    start = time.perf_counter()
-    spin(flags, -1, 0, 0, control)
-    per_iteration = max((time.perf_counter() - start) / control[0], 1e-10)
-    _spin_iterations = max(1, int(SPIN_SECONDS / per_iteration))
-    _spin_control[0] = _spin_iterations if _num_threads > 1 else 0
-    _spin = spin
-
-
-def _spin_while(flags: np.ndarray, index: int, value: int, signal: int = -1) -> None:
-    """Spin while flags[index] == value (see SPIN_SECONDS); returns at once when spinning is
-    off. Only a hint: the caller then checks its state and blocks if need be. signal >= 0:
-    first count flags[signal] up, after the GIL is let go (whoever waits for that flag then
-    finds the GIL free)."""
-    spin = _spin
-    if spin and _spin_control[0]:
-        spin(flags, signal, index, value, _spin_control)
-    elif signal >= 0:
-        flags[signal] += 1
-
-
 class _Task:
     """One hand-off: fn on a list of slices. The worker marks it `taken` when it starts and
     `done` (with `error`, the exception it raised, if any) when it has finished."""
 
-    __slots__ = ("fn", "parts", "low", "taken", "done", "error", "mark")
+    __slots__ = ("fn", "parts", "low", "taken", "done", "error")
 
     def __init__(self, fn, parts, low):
         self.fn, self.parts, self.low = fn, parts, low
         self.taken = self.done = False
         self.error = None
-        self.mark = 0  # the worker's done count when this task was handed over
 
 
 class _Worker:
@@ -245,24 +194,19 @@ class _Worker:
     often a lock was released, and `_done` is only a wake-up: the worker releases it unless it
     is already released (a wake-up an interrupted caller never took), and the caller re-checks
     `done` after every wake-up. A lost count can then cost a spurious wake-up, never a task
-    reported done before it ran, a deadlock, or a "release unlocked lock".
-
-    Before blocking on a lock, both sides spin a little (`_spin_while`, SPIN_SECONDS) on
-    `_flags`: [0] counts the tasks handed over, [1] the tasks done. The flags are only hints,
-    written after the state they announce: the locks and `done` decide, as above."""
+    reported done before it ran, a deadlock, or a "release unlocked lock"."""
 
     def __init__(self, name: str):
         self._go, self._done = threading.Lock(), threading.Lock()
         self._go.acquire()
         self._done.acquire()
         self._task = None
-        self._flags = np.zeros(2, np.int64)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while True:
-            self._go.acquire()  # after the first task, mostly released during the spin below
+            self._go.acquire()
             task = self._task
             if task is None:  # stop()
                 return
@@ -276,9 +220,6 @@ class _Worker:
             del task
             if self._done.locked():  # only this thread releases it: no race with the check
                 self._done.release()
-            # Count the task done on the flag once the GIL is let go (a caller spinning on it
-            # then finds the GIL free), and spin for the next task.
-            _spin_while(self._flags, 0, self._flags[0], signal=1)
 
     @staticmethod
     def keep_for_caller(task: _Task, error: BaseException) -> None:
@@ -290,15 +231,11 @@ class _Worker:
         previous = self._task
         if previous is not None and not previous.done and self.will_run(previous):
             self.wait(previous)  # left running by an interrupted caller: one task at a time
-        task.mark = self._flags[1]
         self._task = task
         self._go.release()
-        self._flags[0] += 1
 
     def wait(self, task: _Task) -> None:
         """Block until `task` has run (interruptible: call again after a KeyboardInterrupt)."""
-        if not task.done:
-            _spin_while(self._flags, 1, task.mark)
         while not task.done:
             self._done.acquire()
 
@@ -330,8 +267,6 @@ def _get_pool(workers: int) -> list:
     # Threads do not survive fork(): a child starts a pool of its own.
     if _pool is None or _pool_pid != os.getpid():
         _pool, _pool_pid = [], os.getpid()
-    if _spin is None:
-        _build_spin()
     want = max(workers, _num_threads - 1)
     while len(_pool) > want:
         _pool.pop().stop()
