@@ -39,7 +39,8 @@ import time
 
 from glassllm.engine import cpu, parallel
 
-DEFAULT_STEPS = {"S64": 60, "S": 40, "M": 14, "L": 6}
+# enough steps that the idle side too has 20 or more after hog + settle (an S step ~0.1 s)
+DEFAULT_STEPS = {"S64": 150, "S": 100, "M": 16, "L": 6}
 HOG = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
 
 
@@ -120,7 +121,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", choices=list(common.CONFIGS),
                         default=["S", "M"])
-    parser.add_argument("--steps", type=int, help="steps per process (default: S 40, M 14)")
+    parser.add_argument("--steps", type=int, help="steps per process (default: S 100, M 16)")
     parser.add_argument("--hog", type=float, default=2.0, help="seconds the hog spins")
     parser.add_argument("--settle", type=float, default=3.0,
                         help="seconds after the hog before the steps that count")

@@ -331,3 +331,34 @@ def test_the_supervisor_passes_sigterm_and_sighup_on_to_its_child():
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(number)  # to the supervisor alone
         assert proc.wait(timeout=30) == 128 + number
+
+
+def test_the_supervisor_passes_on_a_signal_the_kernel_gave_another_thread():
+    """A process-directed SIGTERM may be handed to any thread (NumPy's BLAS threads among
+    them); its Python handler runs only when the main thread runs Python code, so a supervisor
+    blocked in one waitpid never passed it on (the child slept its 60 s: seen once under CI
+    load). Here a thread of the supervisor receives it, by pthread_kill."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    child = ("import signal, sys, time; "
+             "signal.signal(signal.SIGTERM, lambda n, f: sys.exit(128 + n)); "
+             "print('ready', flush=True); time.sleep(60)")
+    supervisor = ("import signal, sys, threading, time; from glassllm.training import launch; "
+                  "threading.Thread(target=lambda: (sys.stdin.readline(), signal.pthread_kill("
+                  "threading.get_ident(), signal.SIGTERM)), daemon=True).start(); "
+                  f"sys.exit(launch.supervise([sys.executable, '-c', {child!r}]))")
+    proc = subprocess.Popen([sys.executable, "-c", supervisor], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PMI_SIZE": "2", "PMI_RANK": "0"})
+    assert proc.stdout.readline() == "ready\n"
+    started = time.monotonic()
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    try:
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    assert time.monotonic() - started < 5

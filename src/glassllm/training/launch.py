@@ -72,20 +72,20 @@ def supervise(command: list[str]) -> int:
     rank, size = launcher_rank(), launcher_size()
     # The launcher signals the whole process group: the child gets Ctrl-C itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    child = subprocess.Popen(command, env={**os.environ, SUPERVISED: "1"}, close_fds=False,
-                             preexec_fn=_child_setup())
     # SIGTERM / SIGHUP sent to this process alone are passed on (the child stops as for
     # Ctrl-C; glassllm.training.stopping); sent to the group, the child gets them twice, which
-    # it counts once.
+    # it counts once. Installed before the child starts: one arriving in between is passed on
+    # once it has.
+    child, early = [], []
     for number in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
-            signal.signal(number, lambda signum, frame: child.send_signal(signum))
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - wait() retries on EINTR itself
-            continue
+            signal.signal(number, lambda signum, frame: child[0].send_signal(signum)
+                          if child else early.append(signum))
+    child.append(subprocess.Popen(command, env={**os.environ, SUPERVISED: "1"},
+                                  close_fds=False, preexec_fn=_child_setup()))
+    for signum in early:
+        child[0].send_signal(signum)
+    code = _wait(child[0])
     if code >= 0:
         return code
     number = -code
@@ -101,15 +101,26 @@ def supervise(command: list[str]) -> int:
         cause = f"{what} outside the training loop (while starting or ending)"
     else:
         cause = f"`kill -{number}`, the out-of-memory killer or a crash"
-    print(f"glassllm: {who} (pid {child.pid} on {socket.gethostname()}) was killed by {name} "
-          f"(signal {number}): {cause}; the launcher ends the other ranks", file=sys.stderr,
-          flush=True)
+    print(f"glassllm: {who} (pid {child[0].pid} on {socket.gethostname()}) was killed by "
+          f"{name} (signal {number}): {cause}; the launcher ends the other ranks",
+          file=sys.stderr, flush=True)
     time.sleep(0.5)  # let the launcher forward that line before it learns of the exit
     # End by the same signal, not with an exit code: hydra ends the job when a process it
     # started dies by a signal, even before MPI_Init, but waits forever for the others when
     # one exits with a code before MPI_Init (seen: Ctrl-C during start-up hung the job).
     _end_by_signal(number)
     return 128 + number  # a signal whose default action does not end a process
+
+
+def _wait(child) -> int:
+    """The child's exit status. Waited for in short slices: a signal the kernel hands to
+    another thread of this process (NumPy's BLAS threads) runs its Python handler only when
+    the main thread runs Python code, never inside one blocking waitpid."""
+    while True:
+        try:
+            return child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def interrupted_exit(code: int = 130, signum: int | None = None) -> int:
