@@ -36,6 +36,11 @@ from .trace import Edit, run_with_cache
 LN2 = math.log(2.0)
 
 
+class Cancelled(Exception):
+    """A long analysis (`patching_sweep`) stopped between two of its steps because its
+    `should_stop` said so: there is no partial result."""
+
+
 class AttributionError(AssertionError):
     """A decomposition whose parts do not add up to what the model computed."""
 
@@ -474,7 +479,8 @@ SWEEP_TARGETS = ("residual_in", "residual_mid", "residual_out", "attention.outpu
 
 
 def patching_sweep(model: GlassLM, clean_ids, corrupted_ids, metric: Callable,
-                   target: str = "residual_in", per_position: bool = True) -> Sweep:
+                   target: str = "residual_in", per_position: bool = True,
+                   should_stop: Callable[[], bool] | None = None) -> Sweep:
     """Patch the clean run's `blocks.{layer}.<target>` into the corrupted run, one cell at a
     time, and record metric(logits) per cell.
 
@@ -482,6 +488,12 @@ def patching_sweep(model: GlassLM, clean_ids, corrupted_ids, metric: Callable,
     "attention.head_output" layer x position x head (n_layers, T, n_heads), or layer x head
     (n_layers, n_heads) with per_position=False; other targets with per_position=False give
     (n_layers,). clean_ids, corrupted_ids: (B, T) of the same shape. Costs one forward per cell.
+    should_stop: asked before each cell; when it returns True the sweep ends by raising
+    `Cancelled` (a caller whose reader went away: `glassllm serve`).
+
+    Raises:
+        ValueError: an unknown target, or ids of different shapes.
+        Cancelled: should_stop() returned True.
     """
     if target not in SWEEP_TARGETS:
         raise ValueError(f"target must be one of {SWEEP_TARGETS}, got {target!r}")
@@ -497,6 +509,9 @@ def patching_sweep(model: GlassLM, clean_ids, corrupted_ids, metric: Callable,
     shape = (cfg.n_layers,) + ((T,) if per_position else ()) + ((cfg.n_heads,) if heads else ())
     values = np.zeros(shape)
     for cell in np.ndindex(*shape):
+        if should_stop is not None and should_stop():
+            raise Cancelled(f"patching sweep stopped after {np.ravel_multi_index(cell, shape)} "
+                            f"of {values.size} cells")
         layer = cell[0]
         rest = list(cell[1:])
         index = [slice(None), rest.pop(0) if per_position else slice(None)]

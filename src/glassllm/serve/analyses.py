@@ -193,12 +193,12 @@ def check_patching(loaded, T: int, target: str, limits: Limits) -> None:
 
 
 def patching(loaded, clean: np.ndarray, corrupted: np.ndarray, target: str, correct, wrong,
-             position: int) -> dict:
+             position: int, should_stop=None) -> dict:
     """Activation patching (`interpret.patching_sweep`) of the clean run's `target` into the
     corrupted run, one cell at a time: layer x position (layer x head for head_output), the
     metric the logit difference correct - wrong at `position` (`interpret.logit_difference`;
     defaults: the clean run's top guess there, and the corrupted run's top guess other
-    than that one)."""
+    than that one). should_stop: asked between cells (`interpret.Cancelled` when it says so)."""
     model = loaded.model
     if correct is None or wrong is None:
         logits_clean, _ = run_with_cache(model, clean, names=["logits"])
@@ -211,7 +211,8 @@ def patching(loaded, clean: np.ndarray, corrupted: np.ndarray, target: str, corr
     sweep = interpret.patching_sweep(model, clean[None, :], corrupted[None, :],
                                      interpret.logit_difference(correct, wrong, position),
                                      target=target,
-                                     per_position=target != "attention.head_output")
+                                     per_position=target != "attention.head_output",
+                                     should_stop=should_stop)
     same = sweep.clean == sweep.corrupted
     return dict(values=rounded(sweep.values), axes=list(sweep.axes),
                 normalised=None if same else rounded(sweep.normalised()),

@@ -6,13 +6,20 @@ Every request passes `guard` first: the Host, Origin and session-token checks
 (`glassllm.serve.security`, 403), then its handler, whose refusals and errors all become a
 4xx/5xx with `{"error": "one line"}` -- never a traceback page, never a dead server. Inputs are
 checked, and the cost of the work against `Limits`, before any work starts. The work itself
-(the library's analyses) runs in worker threads, each model's under its lock
-(`glassllm.serve.models`), so the server keeps answering while an analysis runs.
+(the library's analyses) runs in worker threads (`glassllm.serve.work`): the page, /api/info
+and the training poll on a quick lane of their own, each model's work in its turn and under
+its lock, cancelled when its client goes away -- so the server keeps answering while an
+analysis runs, and no client can hold it.
+
+Every model answer echoes what it answers: `model` (the name it resolved to), `prompt`, and the
+client's own `request` id when one was sent, so a page can draw only the answer to its latest
+request. Connections: one idle (nothing sent, or only part of its headers) is closed after
+`Limits.idle_seconds`; a body must arrive within `Limits.body_seconds`; a refused request
+(403) closes its connection.
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import json
 import secrets
@@ -26,7 +33,7 @@ from aiohttp import web
 
 from ..checks import check_int
 from ..generate import Sampling
-from ..lens.interpret import AttributionError
+from ..lens.interpret import AttributionError, Cancelled
 from ..lens.trace import TraceTooLarge
 from . import analyses
 from .fields import (RequestError, get_choice, get_int, get_list, get_real, get_str,
@@ -37,18 +44,20 @@ from .models import ModelStore, encode_prompt
 from .page import CSP, render
 from .run import RunWatcher
 from .security import Gate, new_token
+from .work import Lanes
 
 SERVER = web.AppKey("server", object)
 SAMPLE_TOKENS = 200  # most tokens of a training page sample
 
 
 class Server:
-    """What the handlers share: the models, the run, the limits, the gate, the workers.
+    """What the handlers share: the models, the run, the limits, the gate, the lanes.
 
     Args:
         store: the models (`ModelStore`). run_dir: the training run to watch (None: none).
         limits: `Limits`. token: the session token (default: a fresh one).
-        bind: the address the server binds (for the Host check). workers: worker threads.
+        bind: the address the server binds (for the Host check). workers: threads of the model
+            lane (`Lanes`).
     """
 
     def __init__(self, store: ModelStore, run_dir: str | None = None,
@@ -57,16 +66,10 @@ class Server:
         self.store, self.limits = store, limits
         self.watcher = RunWatcher(run_dir) if run_dir is not None else None
         self.gate = Gate(token or new_token(), port=0, bind=bind)
-        self.executor = concurrent.futures.ThreadPoolExecutor(
-            workers, thread_name_prefix="glassllm-serve")
+        self.lanes = Lanes(workers, limits.client_requests)
         self.url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-
-    async def call(self, fn, *args):
-        """fn(*args) in a worker thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
 
     def stop(self) -> None:
         """Stop the server (from any thread)."""
@@ -74,9 +77,12 @@ class Server:
             self._loop.call_soon_threadsafe(self._stop.set)
 
     def info(self) -> dict:
-        """What the page starts from (GET /api/info): the model, the run, the limits."""
+        """What the page starts from (GET /api/info): the model, the run, the limits;
+        `default_model`, what a request with no model name answers about (None: the --model
+        one, else the run's newest model file)."""
         main = self.store.main
         return dict(model=None if main is None else main.describe(),
+                    default_model=None if main is not None else self.store.newest_model(),
                     run=None if self.watcher is None else self.watcher.run_dir,
                     run_models=self.store.run_models(), limits=self.limits.to_dict(),
                     targets=list(analyses.PATCH_TARGETS))
@@ -94,10 +100,14 @@ async def guard(request: web.Request, handler):
     server = request.app[SERVER]
     reason = server.gate.refusal(request.headers, request.query.get("token"))
     if reason is not None:
-        return error(403, reason)
+        refused = error(403, reason)
+        refused.force_close()  # no connection is held without the token
+        return refused
     try:
         return await handler(request)
     except RequestError as e:
+        if e.status == 408:  # a body too slow: answered, then the connection closed
+            return await _closing(request, error(e.status, str(e)))
         return error(e.status, str(e))
     except web.HTTPException as e:  # aiohttp's own: 404, 405, 413 (body too large)
         if e.status < 400:
@@ -109,6 +119,8 @@ async def guard(request: web.Request, handler):
         return error(422, f"self-check failed: {e}")
     except TraceTooLarge as e:
         return error(413, str(e))
+    except Cancelled:  # the client is gone (nobody reads this), or the server is stopping
+        return error(503, "stopped: the server is stopping, or the request was cancelled")
     except ValueError as e:  # the library refusing an input the checks let through
         return error(400, str(e))
     except (ConnectionResetError, asyncio.CancelledError):
@@ -116,6 +128,17 @@ async def guard(request: web.Request, handler):
     except Exception as e:  # noqa: BLE001 -- a bug: say it in one line, log it, keep serving
         traceback.print_exc(file=sys.stderr)
         return error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+async def _closing(request: web.Request, response: web.Response) -> web.Response:
+    """Send `response`, then close the connection at once (not waiting for the rest of a
+    body that is not coming)."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    if request.protocol is not None:
+        request.protocol.force_close()
+    return response
 
 
 async def _security_headers(request, response) -> None:
@@ -135,7 +158,22 @@ async def _body(request: web.Request, allowed: tuple[str, ...]) -> dict:
     if request.content_length is not None and request.content_length > limit:
         raise RequestError(f"the body is {request.content_length:,} bytes, over the server's "
                            f"limit of {limit:,}", status=413)
-    return json_body(await request.read(), allowed)
+    seconds = request.app[SERVER].limits.body_seconds
+    try:
+        raw = await asyncio.wait_for(request.read(), seconds)
+    except asyncio.TimeoutError:
+        raise RequestError(f"the body did not arrive within {seconds:g} s", status=408) \
+            from None
+    return json_body(raw, allowed)
+
+
+def _request_id(body: dict):
+    """The client's own id of this request (echoed as `request`), or None."""
+    value = body.get("request")
+    if value is None or isinstance(value, int) and not isinstance(value, bool) and \
+            abs(value) < 2 ** 53:
+        return value
+    return get_str(body, "request", 100)
 
 
 # --------------------------------------------------------------------------- request pieces
@@ -198,30 +236,37 @@ def _k(server: Server, body: dict, default: int = 5) -> int:
 async def page(request: web.Request) -> web.Response:
     server = request.app[SERVER]
     nonce = secrets.token_urlsafe(16)
-    html = render(await server.call(server.info), nonce)
+    html = render(await server.lanes.quick(server.info), nonce)
     return web.Response(text=html, content_type="text/html",
                         headers={"Content-Security-Policy": CSP.format(nonce=nonce)})
 
 
 async def info(request: web.Request) -> web.Response:
     server = request.app[SERVER]
-    return _json(await server.call(server.info))
+    return _json(await server.lanes.quick(server.info))
 
 
 def _model_call(fields: tuple[str, ...], run_default: bool = False):
-    """Decorator: a model handler `job(server, loaded, body)` run in a worker thread, the body
-    read and checked for `fields` (+ "model") first. run_default: "model" absent means the
-    run's newest model file rather than the --model one."""
+    """Decorator: a model handler `job(server, loaded, body, should_stop)` run on the model
+    lane (`Lanes.model_work`: in the model's turn, under its lock, cancellable), the body read
+    and checked for `fields` (+ "model", "request") first. The answer echoes `model` (the name
+    it resolved to), `prompt` (when the call takes one) and `request`. run_default: "model"
+    absent means the run's newest model file rather than the --model one."""
     def wrap(job):
         async def handler(request: web.Request) -> web.Response:
             server = request.app[SERVER]
-            body = await _body(request, ("model",) + fields)
+            body = await _body(request, ("model", "request") + fields)
             name = get_str(body, "model", 1024, default="")
-
-            def work():
-                return job(server, server.store.get(_model_name(server, name, run_default)),
-                           body)
-            return _json(await server.call(work))
+            asked = _request_id(body)
+            with server.lanes.client(request.remote):
+                loaded = await server.lanes.load(
+                    server.store.get, _model_name(server, name, run_default))
+                answer = await server.lanes.model_work(
+                    loaded, lambda should_stop: job(server, loaded, body, should_stop))
+            answer.update(model=loaded.name, request=asked)
+            if "prompt" in fields:
+                answer["prompt"] = body.get("prompt") or ""
+            return _json(answer)
         handler.__doc__ = job.__doc__
         return handler
     return wrap
@@ -240,43 +285,41 @@ def _model_name(server, name: str, run_default: bool) -> str:
 
 
 @_model_call(("prompt",))
-def tokenize(server, loaded, body):
+def tokenize(server, loaded, body, should_stop):
     """POST /api/tokenize: the prompt's tokens as the model cuts them."""
     ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 0)
     return dict(model=loaded.name, ids=ids.tolist(), texts=[loaded.texts(i) for i in ids])
 
 
 @_model_call(("prompt", "k"))
-def analyze(server, loaded, body):
-    """POST /api/analyze: tokens, surprise, logit lens, head types, attention."""
+def analyze(server, loaded, body, should_stop):
+    """POST /api/analyze: tokens, surprise, logit lens, head types, attention; and
+    `model_info`, the model's description (as /api/info's `model`)."""
     k = _k(server, body)
     ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes))
     analyses.check_analysis(loaded, len(ids), server.limits)
-    with loaded.lock:
-        return analyses.analyze(loaded, ids, k, server.limits)
+    return dict(analyses.analyze(loaded, ids, k, server.limits), model_info=loaded.describe())
 
 
 @_model_call(("prompt", "layer"))
-def attention(server, loaded, body):
+def attention(server, loaded, body, should_stop):
     """POST /api/attention: the attention patterns of one layer (or all)."""
     layer = get_int(body, "layer", 0, loaded.model.cfg.n_layers - 1, default=None)
     ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
-    with loaded.lock:
-        return analyses.attention(loaded, ids, layer, server.limits)
+    return analyses.attention(loaded, ids, layer, server.limits)
 
 
 @_model_call(("prompt", "position", "token", "against"))
-def attribution(server, loaded, body):
+def attribution(server, loaded, body, should_stop):
     """POST /api/attribution: direct logit attribution at a position, self-checked."""
     ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
     position = _position(body, len(ids))
     token, against = (_token(loaded, body.get(n), n) for n in ("token", "against"))
-    with loaded.lock:
-        return analyses.attribution(loaded, ids, position, token, against, server.limits)
+    return analyses.attribution(loaded, ids, position, token, against, server.limits)
 
 
 @_model_call(("prompt", "heads", "mlps", "how", "position", "k"))
-def ablate(server, loaded, body):
+def ablate(server, loaded, body, should_stop):
     """POST /api/ablate: heads and MLPs zero- or mean-ablated: loss and next-token change."""
     cfg = loaded.model.cfg
     heads, mlps = _pairs(body, cfg), _mlps(body, cfg)
@@ -285,13 +328,13 @@ def ablate(server, loaded, body):
     ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes))
     position = _position(body, len(ids))
     analyses.check_ablation(loaded, len(ids), server.limits)
-    with loaded.lock:
-        return analyses.ablation(loaded, ids, heads, mlps, how, position, k)
+    return analyses.ablation(loaded, ids, heads, mlps, how, position, k)
 
 
 @_model_call(("clean", "corrupted", "target", "correct", "wrong", "position"))
-def patch(server, loaded, body):
-    """POST /api/patch: activation patching, clean into corrupted, one cell at a time."""
+def patch(server, loaded, body, should_stop):
+    """POST /api/patch: activation patching, clean into corrupted, one cell at a time (asking
+    `should_stop` between cells: a client that goes away stops it)."""
     target = get_choice(body, "target", analyses.PATCH_TARGETS, default="residual_in")
     limit = server.limits.prompt_bytes
     clean = _prompt_ids(server, loaded, get_str(body, "clean", limit), 1, "clean")
@@ -302,8 +345,8 @@ def patch(server, loaded, body):
     position = _position(body, len(clean))
     correct, wrong = (_token(loaded, body.get(n), n) for n in ("correct", "wrong"))
     analyses.check_patching(loaded, len(clean), target, server.limits)
-    with loaded.lock:
-        return analyses.patching(loaded, clean, corrupted, target, correct, wrong, position)
+    return analyses.patching(loaded, clean, corrupted, target, correct, wrong, position,
+                             should_stop=should_stop)
 
 
 def _sampling(body: dict, vocab: int) -> tuple[Sampling, int | None]:
@@ -315,108 +358,122 @@ def _sampling(body: dict, vocab: int) -> tuple[Sampling, int | None]:
 
 
 GENERATE_FIELDS = ("model", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
-                   "seed", "k")
+                   "seed", "k", "request")
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """POST /api/generate: tokens streamed as they are sampled, one JSON object per line.
 
-    The tokens are drawn in one worker thread, one `Generation.step` at a time under the
-    model's lock, and handed to this handler through a queue: the drawing never waits for the
-    network. A reader that goes away (the page's stop button) stops it at the next token."""
+    Each token is one piece of model work (`Lanes.model_work`: the model's turn, its lock, a
+    worker thread for the time of one step), written before the next is drawn: a stream holds
+    no thread between its tokens, and a reader that takes nothing stops the drawing (ended
+    after `Limits.write_seconds`). A reader that goes away (the page's stop button) stops it
+    at the next token, and so does the server stopping."""
     server = request.app[SERVER]
     body = await _body(request, GENERATE_FIELDS)
     name = get_str(body, "model", 1024, default="")
     prompt = get_str(body, "prompt", server.limits.prompt_bytes, default="")
     n = get_int(body, "max_new_tokens", 0, server.limits.max_new_tokens, default=50)
     k = _k(server, body)
+    asked = _request_id(body)
+    with server.lanes.client(request.remote):
+        loaded = await server.lanes.load(server.store.get, name)
 
-    def start():
-        loaded = server.store.get(name)
-        sampling, seed = _sampling(body, loaded.model.cfg.vocab_size)
-        return loaded, Generation(loaded, prompt, sampling, seed, k)
-    loaded, gen = await server.call(start)
-    loop, queue, stop = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
-
-    def produce() -> None:
-        end = dict(event="end", reason="length")
+        def start(should_stop):
+            sampling, seed = _sampling(body, loaded.model.cfg.vocab_size)
+            return Generation(loaded, prompt, sampling, seed, k)
+        gen = await server.lanes.model_work(loaded, start)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        first = dict(event="start", prompt_ids=gen.prompt_ids, model=loaded.name, request=asked,
+                     prompt_texts=[loaded.texts(i) for i in gen.prompt_ids])
         try:
-            for index in range(n):
-                if stop.is_set():
-                    return
-                with loaded.lock:
-                    token = gen.step()
-                loop.call_soon_threadsafe(queue.put_nowait, dict(event="token", index=index,
-                                                                 **token))
-                if token["stop"]:
-                    end["reason"] = "stop"
-                    break
-            end["text"] = gen.flush()
-        except ValueError as e:  # e.g. a model whose logits are NaN: said in the stream
-            end = dict(event="error", error=" ".join(str(e).split())[:500])
-        except Exception as e:  # noqa: BLE001 -- a bug: end the stream saying so, keep serving
-            traceback.print_exc(file=sys.stderr)
-            end = dict(event="error", error=f"internal error: {type(e).__name__}: {e}"[:500])
-        loop.call_soon_threadsafe(queue.put_nowait, end)
-
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
-    running = loop.run_in_executor(server.executor, produce)
-    try:
-        message = dict(event="start", prompt_ids=gen.prompt_ids,
-                       prompt_texts=[loaded.texts(i) for i in gen.prompt_ids])
-        while True:
-            await response.write((json.dumps(message, allow_nan=False) + "\n").encode())
-            if message["event"] in ("end", "error"):
-                break
-            message = await queue.get()
-    except (ConnectionError, asyncio.CancelledError):  # the reader went away
-        stop.set()
-        await asyncio.shield(running)
-        return response
-    finally:
-        stop.set()
+            await _send(server, request, response, first)
+            await _send(server, request, response, await _tokens(server, loaded, gen, n,
+                                                                 request, response))
+        except (ConnectionError, asyncio.TimeoutError):  # the reader went away, or stalled
+            if request.transport is not None:
+                request.transport.close()
+            return response
     await response.write_eof()
     return response
 
 
+async def _tokens(server, loaded, gen, n: int, request, response) -> dict:
+    """Draw and send up to n tokens; the stream's last message (end or error)."""
+    end = dict(event="end", reason="length")
+    try:
+        for index in range(n):
+            if server.lanes.stopping.is_set():
+                return dict(event="error", error="the server is stopping")
+            token = await server.lanes.model_work(loaded, lambda should_stop: gen.step())
+            await _send(server, request, response, dict(event="token", index=index, **token))
+            if token["stop"]:
+                end["reason"] = "stop"
+                break
+        end["text"] = gen.flush()
+    except Cancelled:
+        return dict(event="error", error="the server is stopping")
+    except ValueError as e:  # e.g. a model whose logits are NaN: said in the stream
+        return dict(event="error", error=" ".join(str(e).split())[:500])
+    except (ConnectionError, asyncio.TimeoutError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # noqa: BLE001 -- a bug: end the stream saying so, keep serving
+        traceback.print_exc(file=sys.stderr)
+        return dict(event="error", error=f"internal error: {type(e).__name__}: {e}"[:500])
+    return end
+
+
+async def _send(server, request, response, message: dict) -> None:
+    """One JSON line of a stream; asyncio.TimeoutError when the reader takes none of it for
+    `Limits.write_seconds`."""
+    data = (json.dumps(message, allow_nan=False) + "\n").encode()
+    await asyncio.wait_for(response.write(data), server.limits.write_seconds)
+
+
 async def run_state(request: web.Request) -> web.Response:
-    """GET /api/run?version=V: the training run's curves, health rows, warnings and models;
-    {"unchanged": true} when its files have not changed since version V."""
+    """GET /api/run: the training run's curves, health rows, warnings and models, on the
+    quick lane. ?after=CURSOR (the page's poll): only what came after the `cursor` of an
+    earlier answer (`RunWatcher.poll`; "" or a stale cursor: from the start), at most
+    `glassllm.serve.run.ANSWER_ROWS` rows of each file per answer (`more` says there is more).
+    ?version=V: {"unchanged": true} when its files have not changed since version V."""
     server = request.app[SERVER]
     if server.watcher is None:
         raise RequestError("this server watches no training run (start it with --run DIR)",
                            status=404)
-    given = request.query.get("version")
+    given, after = request.query.get("version"), request.query.get("after")
+    if after is not None and len(after) > 200:
+        raise RequestError("after must be the cursor of an earlier answer")
 
     def work():
         if given is not None and given == server.watcher.version():
             return dict(unchanged=True, version=given)
-        snap = server.watcher.snapshot()
+        snap = server.watcher.snapshot() if after is None else server.watcher.poll(after)
         snap["models"] = server.store.run_models()
         snap["newest_model"] = server.store.newest_model()
         return snap
-    return _json(await server.call(work))
+    return _json(await server.lanes.quick(work))
 
 
 @_model_call(("prompt", "max_new_tokens", "temperature", "seed"), run_default=True)
-def run_sample(server, loaded, body):
+def run_sample(server, loaded, body, should_stop):
     """POST /api/run/sample: a short sample from a model of the run (default: its newest
-    model file, the best so far)."""
+    model file, the best so far); `should_stop` asked between tokens."""
     prompt = get_str(body, "prompt", server.limits.prompt_bytes, default="")
     n = get_int(body, "max_new_tokens", 0, SAMPLE_TOKENS, default=100)
     sampling, seed = _sampling({k: body.get(k) for k in ("temperature", "seed")},
                                loaded.model.cfg.vocab_size)
-    with loaded.lock:
-        gen = Generation(loaded, prompt, sampling, 0 if seed is None else seed, 1)
-        pieces = []
-        for _ in range(n):
-            token = gen.step()
-            if token["stop"]:
-                break
-            pieces.append(token["text"])
-        pieces.append(gen.flush())
-    return dict(model=loaded.name, prompt=prompt, text="".join(pieces))
+    gen = Generation(loaded, prompt, sampling, 0 if seed is None else seed, 1)
+    pieces = []
+    for _ in range(n):
+        if should_stop():
+            raise Cancelled("the sample was stopped")
+        token = gen.step()
+        if token["stop"]:
+            break
+        pieces.append(token["text"])
+    pieces.append(gen.flush())
+    return dict(text="".join(pieces))
 
 
 def make_app(server: Server) -> web.Application:
@@ -445,7 +502,12 @@ def url_of(host: str, port: int, token: str) -> str:
 
 async def _serve(server: Server, host: str, port: int, announce) -> None:
     app = make_app(server)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    # handler_cancellation: a client that goes away cancels its handler, which stops its work
+    # (`glassllm.serve.work`); keepalive_timeout: aiohttp closes a connection with no request
+    # in progress after this long -- from its start too, so it also bounds the wait for headers
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
+                           handler_cancellation=True,
+                           keepalive_timeout=server.limits.idle_seconds)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -463,8 +525,10 @@ async def _serve(server: Server, host: str, port: int, announce) -> None:
     try:
         await server._stop.wait()
     finally:
+        # requests still running get 2 s (shutdown_timeout), then their handlers are
+        # cancelled: their work stops at its next checkpoint; anything left is told to stop
         await runner.cleanup()
-        server.executor.shutdown(wait=False, cancel_futures=True)
+        server.lanes.shutdown()
 
 
 def run(server: Server, host: str = "127.0.0.1", port: int = 0, announce=print,

@@ -16,7 +16,14 @@ class Limits:
     trace, `glassllm.lens.trace.estimate_bytes`, plus the logit lens' (L+1, T, V) float64
     arrays). attention_values: attention weights in one answer. patch_forwards: cells of one
     patching sweep times their tokens (each cell is one forward). max_new_tokens: one
-    generation. top_k: alternatives listed per position or step."""
+    generation. top_k: alternatives listed per position or step.
+
+    What one client may hold (`glassllm.serve.work`): client_requests: model requests (analyses,
+    sweeps, generation streams) of one client address in flight at once (429 past it).
+    idle_seconds: a connection with no request in progress -- one that has sent nothing, or
+    only part of its headers -- is closed after this long. body_seconds: the whole request
+    body must arrive within this (408). write_seconds: a stream whose reader takes none of it
+    for this long is ended."""
     body_bytes: int = 1 << 20
     prompt_bytes: int = 16 << 10
     memory_bytes: int = 512 << 20
@@ -24,6 +31,10 @@ class Limits:
     patch_forwards: int = 1 << 18
     max_new_tokens: int = 1024
     top_k: int = 20
+    client_requests: int = 16
+    idle_seconds: float = 5.0
+    body_seconds: float = 10.0
+    write_seconds: float = 30.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

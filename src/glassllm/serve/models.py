@@ -5,13 +5,15 @@ A request names a model by `model`: "" (or absent) for the --model one, else a f
 inside the run directory. That name is confined to the run directory (`run_file`): no
 absolute path, no "..", no link leading out, only a regular `.safetensors` file there.
 
-Analyses of one model are serialised: every piece of work on a `Loaded` runs under its lock
-(`Loaded.lock`, taken in the worker thread), so two tabs and a script at once each get the
-answer they would get alone. (A generation takes the lock once per token: other requests
-run between its tokens, never inside one.)
+Analyses of one model are serialised: every piece of work on a `Loaded` waits for its turn
+(`Loaded.turn`, a first-come first-served queue of the server's event loop, so no worker
+thread is held while waiting) and then runs under its lock (`Loaded.lock`, taken in the worker
+thread), so two tabs and a script at once each get the answer they would get alone. (A
+generation takes one turn per token: other requests run between its tokens, never inside one.)
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import os
@@ -28,13 +30,15 @@ _CACHED = 3  # run models kept loaded at once (the newest requests win)
 @dataclasses.dataclass
 class Loaded:
     """A model ready to analyse: `name` as requests give it ("" for --model), `label` for
-    people, its tokenizer (never None) and token texts, and the lock its work runs under."""
+    people, its tokenizer (never None) and token texts, the queue its work waits in (`turn`:
+    an asyncio.Lock, fair, bound to the server's loop at first use) and the lock it runs under."""
     name: str
     label: str
     model: GlassLM
     tokenizer: object
     texts: TokenTexts = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    turn: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
     def __post_init__(self):
         if self.texts is None:

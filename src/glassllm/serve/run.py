@@ -11,35 +11,46 @@ What `glassllm train` writes beside its model, and when:
 - history.csv at the end (and on Ctrl-C): every step's loss and lr, the validation losses;
 - the model file (the best so far, at each evaluation that improves) and checkpoints.
 
-`RunWatcher.snapshot()` reads them as they are at that moment and survives what a live run
-does to them: a file that does not exist yet, a last line still being written (dropped until
-complete), a run restarted (files replaced: read afresh) or resumed (steps written again: the
-last row of each step wins). A file that cannot be read is reported in `problems`, one line
-each, never raised. Reads are cached by (size, modification time): polling an idle run reads
-nothing.
+`RunWatcher` reads the two files written a row at a time (the per-step CSVs, health.jsonl)
+incrementally (`RowLog`): each poll reads only the bytes added since the last, at most
+`CHUNK_BYTES` of them, and at most `MAX_FILE_BYTES` of a file in all; history.csv (written
+whole) is read again when it changes, if not over `MAX_FILE_BYTES`. It survives what a live run
+does to them: a file that does not exist yet, a last line still being written (left until
+complete), a run restarted (a file replaced: read afresh) or resumed (steps written again: the
+rows from the first repeated step on are replaced). A row it cannot use -- not JSON, not an
+object with a finite numeric step, a field of the wrong type (`"warnings": 5`) -- is skipped and
+named in `problems`, one line each; a file that cannot be read likewise: nothing is raised.
+
+`RunWatcher.poll(cursor)` is what the page polls with: only the rows after those the cursor of
+its previous answer covers (`after=` in docs/serve.md), so a poll of a run of 30,000 steps
+sends the few new rows, not the whole history.
 """
 from __future__ import annotations
 
+import bisect
 import csv
-import io
+import json
 import math
 import os
+import secrets
+import threading
 
-from ..lens.health import BANDS, read_health
+from ..checks import check_real
+from ..lens.health import BANDS
 from ..lens.plots import read_history
 
-MAX_FILE_BYTES = 256 << 20  # a run file larger than this is not read (reported)
+MAX_FILE_BYTES = 256 << 20  # of a run file, at most this much is read (said in `problems`)
+CHUNK_BYTES = 16 << 20  # read by one poll from one file: the next poll goes on
+ANSWER_ROWS = {"steps": 20_000, "health": 1_000}  # rows of each file in one poll's answer
+MAX_PROBLEMS = 20  # named per file; past that counted
+_HEAD = 256  # bytes of a file's start kept to see it replaced
 _STEP_COLUMNS = {"step", "loss", "lr"}
+_HEALTH_NUMBERS = ("loss", "lr", "global_grad_norm", "clip_events", "skipped_steps")
+_HEALTH_GROUPS = ("params", "activations", "attention")
 
 
-def _complete_lines(path: str) -> str:
-    """The file's text up to its last newline (a row still being written is left out)."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"{path}: over {MAX_FILE_BYTES >> 20} MiB, not read")
-    end = data.rfind(b"\n")
-    return data[:end + 1].decode("utf-8", errors="replace")
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n:,} bytes"
 
 
 def _number(cell):
@@ -51,21 +62,167 @@ def _number(cell):
     return x if math.isfinite(x) else None
 
 
-def read_step_log(path: str) -> dict:
-    """A per-step CSV (columns step, lr, loss and optionally skipped / skip_reason) as
-    {"step", "loss", "lr"} lists (None where a cell is empty) plus "skips": [{step, reason}];
-    one row per step, the last written winning (a resumed run writes some steps again)."""
-    rows = {}
-    for row in csv.DictReader(io.StringIO(_complete_lines(path))):
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def health_row_problem(row) -> str | None:
+    """Why a parsed health.jsonl line cannot be shown (None: it can): not an object, no finite
+    numeric step, warnings not a list of strings, a panel group not an object of objects, a
+    number field neither a number nor null."""
+    if not isinstance(row, dict):
+        return f"not a JSON object but {type(row).__name__}"
+    try:
+        check_real(row.get("step"), "step")
+    except ValueError:
+        return "no finite numeric step"
+    warnings = row.get("warnings")
+    if warnings is not None and not (isinstance(warnings, list) and
+                                     all(isinstance(w, str) for w in warnings)):
+        return f"warnings must be a list of strings, got {json.dumps(warnings)[:40]}"
+    for group in _HEALTH_GROUPS:
+        value = row.get(group)
+        if value is not None and not (isinstance(value, dict) and
+                                      all(isinstance(v, dict) for v in value.values())):
+            return f"{group} must be an object of objects"
+    for key in _HEALTH_NUMBERS:
+        if row.get(key) is not None and not _is_number(row[key]):
+            return f"{key} must be a number, got {json.dumps(row[key])[:40]}"
+    return None
+
+
+class RowLog:
+    """One file written a row per line (kind "csv": a per-step CSV with a header; "jsonl":
+    health.jsonl), read incrementally: `refresh()` reads what was added. `rows` are
+    (step, value) in step order; `epoch` changes whenever they change other than by rows
+    appended (the file replaced, a resumed run writing steps again), so a reader holding the
+    first n rows of an epoch needs only rows[n:] while the epoch stays."""
+
+    def __init__(self, path: str, kind: str, next_epoch):
+        self.path, self.kind, self._next_epoch = path, kind, next_epoch
+        self.name = os.path.basename(path)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows, self.steps, self.problems = [], [], []
+        self.offset = self.line = self.dropped = 0
+        self.header, self.ino, self.head, self.full = None, None, b"", False
+        self.epoch = self._next_epoch()
+
+    def refresh(self) -> None:
+        """Read what the file gained since the last refresh (OSError: said in problems)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            if self.offset:
+                self._reset()
+            return
+        try:
+            with open(self.path, "rb") as f:
+                if st.st_ino != self.ino or st.st_size < self.offset or \
+                        f.read(len(self.head)) != self.head:
+                    self._reset()  # replaced: a run restarted
+                    self.ino = st.st_ino
+                if st.st_size > self.offset and not self.full:
+                    self._read(f, st.st_size)
+        except OSError as e:
+            self._problem(f"cannot be read: {' '.join(str(e).split())[:200]}")
+
+    def _read(self, f, size: int) -> None:
+        budget = min(CHUNK_BYTES, MAX_FILE_BYTES - self.offset)
+        if budget <= 0:
+            self.full = True
+            self._problem(f"over {_size(MAX_FILE_BYTES)}: the rows after are not read")
+            return
+        f.seek(self.offset)
+        data = f.read(min(budget, size - self.offset))
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) >= budget:  # one line longer than a whole chunk
+                self.full = True
+                self._problem(f"line {self.line + 1} is over {_size(budget)}: not read")
+            return  # else a row still being written
+        for raw in data[:end + 1].split(b"\n")[:-1]:
+            self.line += 1
+            self._line(raw)
+        self.offset += end + 1
+        if len(self.head) < _HEAD:
+            f.seek(0)
+            self.head = f.read(_HEAD)[:self.offset]
+
+    def _line(self, raw: bytes) -> None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self._problem(f"line {self.line} is not UTF-8 text; skipped")
+            return
+        if not text.strip():
+            return
+        if self.kind == "csv":
+            self._csv_line(text)
+            return
+        try:
+            row = json.loads(text, parse_constant=lambda _: None)
+        except (ValueError, RecursionError) as e:
+            self._problem(f"line {self.line} is not a JSON line ({str(e)[:60]}); skipped")
+            return
+        problem = health_row_problem(row)
+        if problem is not None:
+            self._problem(f"line {self.line}: {problem}; skipped")
+            return
+        self._add(float(row["step"]), row)
+
+    def _csv_line(self, text: str) -> None:
+        try:
+            cells = next(csv.reader([text]))
+        except (csv.Error, StopIteration):
+            self._problem(f"line {self.line} is not a CSV row; skipped")
+            return
+        if self.header is None:
+            self.header = [c.strip() for c in cells]
+            return
+        row = dict(zip(self.header, cells))
         step = _number(row.get("step"))
         if step is None:
-            continue
-        rows[int(step)] = row
-    steps = sorted(rows)
-    skips = [dict(step=s, reason=rows[s].get("skip_reason") or "skipped") for s in steps
-             if (rows[s].get("skipped") or "").strip().lower() in ("1", "true")]
-    return dict(step=steps, loss=[_number(rows[s].get("loss")) for s in steps],
-                lr=[_number(rows[s].get("lr")) for s in steps], skips=skips)
+            return
+        skipped = (row.get("skipped") or "").strip().lower() in ("1", "true")
+        self._add(int(step), (int(step), _number(row.get("loss")), _number(row.get("lr")),
+                              (row.get("skip_reason") or "skipped") if skipped else None))
+
+    def _add(self, step, row) -> None:
+        """Append a row; a step at or before the last one is a resumed run writing steps
+        again: the rows from it on are replaced (the last written wins)."""
+        if self.steps and step <= self.steps[-1]:
+            cut = bisect.bisect_left(self.steps, step)
+            del self.rows[cut:], self.steps[cut:]
+            self.epoch = self._next_epoch()
+        self.rows.append(row)
+        self.steps.append(step)
+
+    def _problem(self, message: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"{self.name}: {message}")
+        else:
+            self.dropped += 1
+
+    def all_problems(self) -> list[str]:
+        more = [f"{self.name}: {self.dropped} more problems"] if self.dropped else []
+        return self.problems + more
+
+
+def steps_view(rows) -> dict:
+    """Per-step rows -> {"step", "loss", "lr"} lists (None where a cell is empty) and
+    "skips": [{step, reason}]."""
+    return dict(step=[r[0] for r in rows], loss=[r[1] for r in rows], lr=[r[2] for r in rows],
+                skips=[dict(step=r[0], reason=r[3]) for r in rows if r[3] is not None])
+
+
+def warnings_of(health: list, steps: dict | None) -> list[dict]:
+    """The warnings of health rows (each row's list) and of skipped steps: [{step, message}]."""
+    found = [dict(step=row.get("step"), message=m) for row in health
+             for m in (row.get("warnings") or [])]
+    return found + [dict(step=s["step"], message=f"step {s['step']} skipped: {s['reason']}")
+                    for s in (steps or {}).get("skips", [])]
 
 
 def _history_lists(history: dict) -> dict:
@@ -74,32 +231,36 @@ def _history_lists(history: dict) -> dict:
             for k, values in history.items()}
 
 
+def _read_history_capped(path: str) -> dict:
+    size = os.path.getsize(path)
+    if size > MAX_FILE_BYTES:
+        raise ValueError(f"{_size(size)}, over {_size(MAX_FILE_BYTES)}: not read")
+    return _history_lists(read_history(path))
+
+
+def _cursor(text: str) -> tuple | None:
+    """An `after` cursor's numbers (watcher, steps epoch, steps rows, health epoch, health rows,
+    history key), or None when it is "" or not one."""
+    parts = text.split("-")
+    if len(parts) != 6 or not all(p.isdigit() and len(p) < 30 for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
 class RunWatcher:
-    """The files of one run directory (which may not exist yet)."""
+    """The files of one run directory (which may not exist yet); thread-safe."""
 
     def __init__(self, run_dir: str):
         self.run_dir = os.path.abspath(run_dir)
-        self._cache: dict[str, tuple] = {}
+        self._logs: dict[str, RowLog] = {}
+        self._history: tuple = (None, None, None)  # (stat key, value, problem)
+        self._epochs = 0
+        self._id = secrets.randbelow(1 << 40)  # a cursor of another server is not ours
+        self._lock = threading.Lock()
 
-    def _cached(self, name: str, read):
-        """read(path) of the run's file `name`, re-read only when its size or time changed;
-        (None, None) when it does not exist, (None, message) when it cannot be read."""
-        path = os.path.join(self.run_dir, name)
-        try:
-            st = os.stat(path)
-        except OSError:
-            self._cache.pop(name, None)
-            return None, None
-        key = (st.st_size, st.st_mtime_ns, st.st_ino)
-        hit = self._cache.get(name)
-        if hit is not None and hit[0] == key:
-            return hit[1], hit[2]
-        try:
-            value, problem = read(path), None
-        except (OSError, ValueError, csv.Error) as e:
-            value, problem = None, f"{name}: {' '.join(str(e).split())[:200]}"
-        self._cache[name] = (key, value, problem)
-        return value, problem
+    def _next_epoch(self) -> int:
+        self._epochs += 1
+        return self._epochs
 
     def step_logs(self) -> list[str]:
         """The CSVs of the run directory whose header has step, loss and lr (per-step logs),
@@ -112,7 +273,7 @@ class RunWatcher:
                     not entry.name.startswith(".") and entry.is_file():
                 try:
                     with open(entry.path, encoding="utf-8", errors="replace") as f:
-                        header = set(f.readline().strip().split(","))
+                        header = set(f.readline(4096).strip().split(","))
                 except OSError:
                     continue
                 if _STEP_COLUMNS <= header:
@@ -131,25 +292,79 @@ class RunWatcher:
                 parts.append(f"{entry.name}:{st.st_size}:{st.st_mtime_ns}")
         return str(hash(tuple(parts)) & 0xFFFFFFFFFFFF)
 
+    def _log(self, name: str, kind: str) -> RowLog:
+        if name not in self._logs:
+            self._logs[name] = RowLog(os.path.join(self.run_dir, name), kind, self._next_epoch)
+        return self._logs[name]
+
+    def _refresh(self) -> tuple[RowLog | None, RowLog, list[str]]:
+        """Every file read up to date: (the longest per-step log or None, health, problems)."""
+        names = self.step_logs()
+        for gone in [n for n in self._logs if n != "health.jsonl" and n not in names]:
+            del self._logs[gone]
+        logs = [self._log(n, "csv") for n in names]
+        health = self._log("health.jsonl", "jsonl")
+        for log in logs + [health]:
+            log.refresh()
+        self._refresh_history()
+        problems = [p for log in logs + [health] for p in log.all_problems()]
+        problems += [self._history[2]] if self._history[2] else []
+        steps = max(logs, key=lambda log: len(log.rows)) if logs else None
+        return steps, health, problems
+
+    def _refresh_history(self) -> None:
+        path = os.path.join(self.run_dir, "history.csv")
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._history = (None, None, None)
+            return
+        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if self._history[0] == key:
+            return
+        try:
+            value, problem = _read_history_capped(path), None
+        except (OSError, ValueError, csv.Error) as e:
+            value, problem = None, f"history.csv: {' '.join(str(e).split())[:200]}"
+        self._history = (key, value, problem)
+
     def snapshot(self) -> dict:
         """Everything the training page shows, as JSON-ready lists (see the module doc)."""
-        problems = []
-        history, p = self._cached("history.csv", lambda path: _history_lists(read_history(path)))
-        problems += [p] if p else []
-        logs = {}
-        for name in self.step_logs():
-            value, p = self._cached(name, read_step_log)
-            problems += [p] if p else []
-            if value is not None:
-                logs[name] = value
-        health, p = self._cached("health.jsonl", read_health)
-        problems += [p] if p else []
-        health = health or []
-        steps = max(logs.values(), key=lambda v: len(v["step"])) if logs else None
-        warnings = [dict(step=row.get("step"), message=str(m)) for row in health
-                    for m in (row.get("warnings") or []) if isinstance(m, str)]
-        warnings += [dict(step=s["step"], message=f"step {s['step']} skipped: {s['reason']}")
-                     for s in (steps or {}).get("skips", [])]
-        return dict(run_dir=self.run_dir, exists=os.path.isdir(self.run_dir),
-                    history=history, steps=steps, health=health, bands=BANDS,
-                    warnings=warnings, problems=problems, version=self.version())
+        with self._lock:
+            steps_log, health_log, problems = self._refresh()
+            steps = None if steps_log is None else steps_view(steps_log.rows)
+            health = list(health_log.rows)
+            return dict(run_dir=self.run_dir, exists=os.path.isdir(self.run_dir),
+                        history=self._history[1], steps=steps, health=health, bands=BANDS,
+                        warnings=warnings_of(health, steps), problems=problems,
+                        version=self.version())
+
+    def poll(self, after: str) -> dict:
+        """What came after the cursor `after` (that of an earlier answer; "" for the start):
+        the snapshot's keys, with `steps`, `health` and `warnings` holding only the rows after
+        it, `history` only when it changed (else absent); `incremental` (False: from the
+        start, the page drops what it has), `more` (rows left for the next poll), `cursor`."""
+        with self._lock:
+            steps_log, health_log, problems = self._refresh()
+            old = _cursor(after)
+            history_key = hash(self._history[0]) & 0xFFFFFFFFFF
+            steps_epoch = 0 if steps_log is None else steps_log.epoch
+            steps_rows = [] if steps_log is None else steps_log.rows
+            keep = old is not None and old[0] == self._id and old[1] == steps_epoch and \
+                old[2] <= len(steps_rows) and old[3] == health_log.epoch and \
+                old[4] <= len(health_log.rows)
+            s0, h0 = (old[2], old[4]) if keep else (0, 0)
+            s1 = min(len(steps_rows), s0 + ANSWER_ROWS["steps"])
+            h1 = min(len(health_log.rows), h0 + ANSWER_ROWS["health"])
+            steps = None if steps_log is None else steps_view(steps_rows[s0:s1])
+            health = health_log.rows[h0:h1]
+            answer = dict(run_dir=self.run_dir, exists=os.path.isdir(self.run_dir),
+                          steps=steps, steps_file=None if steps_log is None else steps_log.name,
+                          health=health, bands=BANDS, warnings=warnings_of(health, steps),
+                          problems=problems, version=self.version(), incremental=keep,
+                          more=s1 < len(steps_rows) or h1 < len(health_log.rows),
+                          cursor=f"{self._id}-{steps_epoch}-{s1}-{health_log.epoch}-{h1}-"
+                                 f"{history_key}")
+            if not keep or old[5] != history_key:
+                answer["history"] = self._history[1]
+            return answer

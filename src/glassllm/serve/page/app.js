@@ -6,8 +6,8 @@
 "use strict";
 const INFO = JSON.parse(document.getElementById("serve-data").textContent);
 const TOKEN = new URLSearchParams(location.search).get("token") || "";
-const state = {model: "", prompt: "", analysis: null, attention: {}, ablated: new Set(), runVersion: null,
-               sampleOf: null, generating: null};
+const state = {model: "", prompt: "", analysis: null, attention: {}, ablated: new Set(), runCursor: "",
+               sampleOf: null, generating: null, asked: {}};
 
 // ------------------------------------------------------------------ small helpers
 function hover(node, text) { node.addEventListener("mousemove", (ev) => showTip(ev, typeof text === "function" ? text() : text));
@@ -19,15 +19,34 @@ function status(text, isError) { $("status").textContent = text; $("status").cla
 function tokenField(text) { const t = text.trim(); if (t === "") return null;  // "#12" is an id, anything else text
   return /^#\d+$/.test(t) ? Number(t.slice(1)) : text; }
 
-async function api(path, body, signal) {
-  const init = {method: body === undefined ? "GET" : "POST", signal: signal,
+// opts: {signal (an AbortSignal), stream (true: the Response itself, for a stream of lines)}
+async function api(path, body, opts) {
+  opts = opts || {};
+  const init = {method: body === undefined ? "GET" : "POST", signal: opts.signal,
                 headers: {"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"}};
   if (body !== undefined) init.body = JSON.stringify(body);
   const r = await fetch(path, init);
   if (!r.ok) { let message = "HTTP " + r.status;
     try { message = (await r.json()).error || message; } catch (e) { /* not JSON */ }
     throw new Error(message); }
-  return signal ? r : r.json();
+  return opts.stream ? r : r.json();
+}
+// The answer to the latest request of a kind ("analyze", "patch", ...), or null for one that
+// is not the latest: a newer request of the kind aborts the older (the server then stops its
+// work), and an answer whose echoed `request` id is not the latest one is never drawn -- so an
+// analysis of a slow model arriving after that of a fast one picked since is dropped.
+async function latest(kind, path, body) {
+  const before = state.asked[kind];
+  if (before) before.controller.abort();
+  const mine = {id: kind + "-" + ((before ? before.n : 0) + 1), n: (before ? before.n : 0) + 1, controller: new AbortController()};
+  state.asked[kind] = mine;
+  try {
+    const r = await api(path, Object.assign({}, body, {request: mine.id}), {signal: mine.controller.signal});
+    return state.asked[kind] === mine && r.request === mine.id ? r : null;
+  } catch (e) {
+    if (e.name === "AbortError" || state.asked[kind] !== mine) return null;
+    throw e;
+  }
 }
 
 // ------------------------------------------------------------------ navigation
@@ -41,6 +60,7 @@ function show(name) {
 
 // ------------------------------------------------------------------ the model and the prompt
 function describe(m) {
+  if (!m && INFO.default_model) { $("meta").textContent = INFO.default_model + " (the run's newest model): loading..."; return; }
   if (!m) { $("meta").textContent = "no model yet" + (INFO.run ? " (the run has not saved one)" : ""); return; }
   const c = m.config;
   $("meta").textContent = (m.label || m.name) + ": " + c.family + " model, d_model " + c.d_model + ", " + c.n_layers +
@@ -59,8 +79,9 @@ async function analyze() {
   state.prompt = $("prompt").value; status("analysing...");
   const started = performance.now();
   try {
-    const a = await api("/api/analyze", {model: state.model, prompt: state.prompt, k: 5});
-    state.analysis = a; state.attention = {};
+    const a = await latest("analyze", "/api/analyze", {model: state.model, prompt: state.prompt, k: 5});
+    if (!a) return;  // a newer analysis was asked for
+    state.analysis = a; state.attention = {}; describe(a.model_info); document.body.dataset.model = a.model;
     (a.attention || []).forEach((layer, l) => { state.attention[l] = layer; });
     drawAll();
     status(a.tokens.ids.length + " tokens, mean surprise " + fmt(a.surprise.mean_nats) + " nats (" +
@@ -105,11 +126,12 @@ function headLabel(l, h) {
 function headScores(l, h) { const heads = state.analysis.heads;
   return Object.keys(heads).map((k) => k.replace(/_/g, "-") + " " + (heads[k].measurable ? fmt(heads[k].scores[l][h], 2) : "n/a")).join(", "); }
 async function layerAttention(l) {
-  if (!state.attention[l]) {
-    const r = await api("/api/attention", {model: state.model, prompt: state.prompt, layer: l});
-    state.attention[l] = r.attention[0];
+  const a = state.analysis, held = state.attention;
+  if (!held[l]) {  // asked for the analysis drawn: its model and prompt, kept with it
+    const r = await api("/api/attention", {model: a.model, prompt: a.prompt, layer: l});
+    held[l] = r.attention[0];
   }
-  return state.attention[l];
+  return held[l];
 }
 function drawPattern(canvas, rows, cell) {
   const T = rows.length, ctx = canvas.getContext("2d"); canvas.width = cell * T; canvas.height = cell * T;
@@ -211,7 +233,8 @@ async function runAttribution() {
                 token: tokenField($("attr-token").value), against: tokenField($("attr-against").value)};
   const check = $("attr-check");
   try {
-    const r = await api("/api/attribution", body);
+    const r = await latest("attribution", "/api/attribution", body);
+    if (!r) return;
     check.classList.remove("error");
     check.textContent = r.of + " of " + JSON.stringify(r.token_text) + (r.against === null ? "" : " minus " + JSON.stringify(r.against_text)) +
       " after position " + r.position + " = " + fmt(r.total, 4) + "; self-check " + r.self_check + " (residual error " + fmt(r.residual_error, 9) + ")";
@@ -241,11 +264,10 @@ function buildAblationGrid() {
 async function runAblation() {
   const heads = [], mlps = [];
   for (const key of state.ablated) { if (key[0] === "h") heads.push(key.slice(1).split(".").map(Number)); else mlps.push(+key.slice(1)); }
-  const asked = ++state.ablationAsked;
   try {
-    const r = await api("/api/ablate", {model: state.model, prompt: state.prompt, heads: heads, mlps: mlps,
-                                        how: $("abl-how").value, position: +$("abl-pos").value, k: 8});
-    if (asked !== state.ablationAsked) return;  // a newer click is on its way
+    const r = await latest("ablate", "/api/ablate", {model: state.model, prompt: state.prompt, heads: heads, mlps: mlps,
+                                                    how: $("abl-how").value, position: +$("abl-pos").value, k: 8});
+    if (!r) return;  // a newer click is on its way
     const loss = $("abl-loss"); loss.classList.remove("error");
     loss.dataset.clean = r.clean_loss; loss.dataset.ablated = r.ablated_loss; loss.dataset.change = r.loss_change;
     loss.textContent = "loss on the prompt: " + fmt(r.clean_loss, 4) + " nats clean \u2192 " + fmt(r.ablated_loss, 4) + " ablated (" +
@@ -266,8 +288,9 @@ async function runPatching() {
   const note = $("patch-note"); note.classList.remove("error"); note.textContent = "running the sweep...";
   clear($("patch-grid")); $("patch-detail").textContent = "";
   try {
-    const r = await api("/api/patch", {model: state.model, clean: $("prompt").value, corrupted: $("patch-corrupted").value,
+    const r = await latest("patch", "/api/patch", {model: state.model, clean: $("prompt").value, corrupted: $("patch-corrupted").value,
       target: $("patch-target").value, correct: tokenField($("patch-correct").value), wrong: tokenField($("patch-wrong").value)});
+    if (!r) return;  // a newer sweep was asked for (this one was stopped)
     state.patch = r; note.dataset.correct = r.correct; note.dataset.wrong = r.wrong;
     note.textContent = "metric: logit(" + JSON.stringify(r.correct_text) + ") \u2212 logit(" + JSON.stringify(r.wrong_text) + ") after position " +
       r.position + ": clean run " + fmt(r.clean_metric, 4) + ", corrupted run " + fmt(r.corrupted_metric, 4) + "; patching " + r.target;
@@ -310,7 +333,7 @@ async function runGeneration() {
   const prompt = el("span", {"class": "prompt"}, body.prompt), produced = el("span", {"id": "gen-produced"});
   out.appendChild(prompt); out.appendChild(produced);
   try {
-    const response = await api("/api/generate", body, controller.signal);
+    const response = await api("/api/generate", body, {signal: controller.signal, stream: true});
     await readLines(response, (msg) => onGenerated(msg, produced, steps));
   } catch (e) {
     $("gen-status").textContent = e.name === "AbortError" ? "stopped" : e.message;
@@ -404,27 +427,51 @@ function drawRunLists(run) {
     li.appendChild(b); models.appendChild(li); });
   if (!run.models.length) models.appendChild(el("li", {}, "none yet (the best model is saved at each evaluation that improves)"));
 }
+// The run as the page holds it: each poll asks for what came after its cursor (/api/run?after=,
+// docs/serve.md) and appends it; an answer that is not incremental (the files were replaced, or
+// a resumed run wrote steps again) starts it afresh.
+function mergeRun(run) {
+  const held = run.incremental && state.run ? state.run : {history: null, steps: null, health: [], warnings: []};
+  if (run.steps) { if (!held.steps || held.stepsFile !== run.steps_file) held.steps = {step: [], loss: [], lr: [], skips: []};
+    for (const key of ["step", "loss", "lr", "skips"]) for (const v of run.steps[key]) held.steps[key].push(v); }
+  else held.steps = null;
+  held.stepsFile = run.steps_file;
+  for (const row of run.health) held.health.push(row);
+  for (const w of run.warnings) held.warnings.push(w);
+  if ("history" in run) held.history = run.history;
+  Object.assign(held, {run_dir: run.run_dir, exists: run.exists, bands: run.bands, problems: run.problems, models: run.models,
+                       newest_model: run.newest_model});
+  state.run = held;
+  return held;
+}
 async function pollRun() {
+  let again = 1500;
   try {
-    const run = await api("/api/run" + (state.runVersion ? "?version=" + encodeURIComponent(state.runVersion) : ""));
-    if (!run.unchanged) {
-      state.runVersion = run.version; state.run = run;
-      drawCurves(run); drawHealth(run); drawRunLists(run);
-      const pts = run.steps ? run.steps.step.length : run.history ? run.history.step.length : (run.health || []).length;
+    const answer = await api("/api/run?after=" + encodeURIComponent(state.runCursor)), models = JSON.stringify(answer.models);
+    const changed = !answer.incremental || answer.steps && answer.steps.step.length || answer.health.length || "history" in answer ||
+      JSON.stringify(answer.problems) !== JSON.stringify((state.run || {}).problems) || models !== state.runModels;
+    const run = mergeRun(answer);
+    state.runCursor = answer.cursor;
+    if (answer.more) again = 0;  // more rows waiting: fetch them at once, draw when all are in
+    else if (changed || state.runDirty) {
+      drawCurves(run); drawHealth(run); drawRunLists(run); state.runDirty = false;
+      const pts = run.steps ? run.steps.step.length : run.history ? run.history.step.length : run.health.length;
       $("train-status").textContent = run.run_dir + (run.exists ? "" : " (does not exist yet)") + ": " + pts + " points, " +
-        (run.health || []).length + " health rows; updated " + new Date().toLocaleTimeString();
+        run.health.length + " health rows; updated " + new Date().toLocaleTimeString();
       $("train-status").dataset.points = pts;
-      fillModels(run.models);
+      if (models !== state.runModels) { state.runModels = models; fillModels(run.models); }
       const newest = run.models.find((f) => f.name === run.newest_model);
       const key = newest ? newest.name + "@" + newest.mtime : null;
       if (key && key !== state.sampleOf) { state.sampleOf = key; sampleRun(); }
     }
+    if (answer.more) state.runDirty = true;
   } catch (e) { $("train-status").textContent = "cannot read the run: " + e.message; }
-  setTimeout(pollRun, 1500);
+  setTimeout(pollRun, again);
 }
 async function sampleRun() {
   const box = $("train-sample");
-  try { const r = await api("/api/run/sample", {prompt: "", max_new_tokens: 120, temperature: 0.8, seed: 0});
+  try { const r = await latest("sample", "/api/run/sample", {prompt: "", max_new_tokens: 120, temperature: 0.8, seed: 0});
+    if (!r) return;
     box.textContent = r.text; box.dataset.model = r.model; }
   catch (e) { box.textContent = e.message; }
 }
@@ -433,7 +480,6 @@ async function sampleRun() {
 function main() {
   buildNav(INFO.run); describe(INFO.model); fillModels(INFO.run_models);
   options($("patch-target"), INFO.targets.map((t) => [t, t]));
-  state.ablationAsked = 0;
   $("analyze").addEventListener("click", () => { state.ablated.clear(); analyze(); });
   $("prompt").addEventListener("keydown", (ev) => { if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); analyze(); } });
   $("model").addEventListener("change", () => { state.model = $("model").value; state.ablated.clear(); analyze(); });
