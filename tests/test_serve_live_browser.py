@@ -24,8 +24,8 @@ from glassllm.tokenizers import ByteTokenizer  # noqa: E402
 
 from serve_client import Running  # noqa: E402
 from test_serve_browser import browser, check_clean, wait_for  # noqa: E402,F401
-from test_serve_live import (LONG_CLEAN, LONG_CORRUPTED, open_stream, sweep_model,  # noqa: E402
-                             tiny_model)
+from test_serve_live import (LONG_CLEAN, LONG_CORRUPTED, LONG_STREAM, open_stream,  # noqa: E402
+                             sweep_model, tiny_model)
 
 PAGE_PROMPT = "Once upon a time there was a little cat. Once upon a time"  # index.html's
 
@@ -38,7 +38,7 @@ def test_the_page_loads_and_analyses_while_eight_streams_run(browser):
     running = Running(Loaded("", "tiny", tiny_model(), ByteTokenizer()))
     streams = []
     try:
-        streams = [open_stream(running, {"prompt": "Once", "max_new_tokens": 1024, "seed": i})
+        streams = [open_stream(running, LONG_STREAM)
                    for i in range(8)]
         wait_for(lambda: all(len(s[1]) > 2 for s in streams), 30, "eight streams")
         started = time.monotonic()

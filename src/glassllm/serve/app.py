@@ -20,6 +20,7 @@ request. Connections: one idle (nothing sent, or only part of its headers) is cl
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import json
 import secrets
@@ -500,6 +501,17 @@ def url_of(host: str, port: int, token: str) -> str:
     return f"http://{shown}:{port}/?token={token}"
 
 
+def _loop_errors(loop, context) -> None:
+    """Out of file descriptors, asyncio stops accepting for a second and logs a traceback each
+    time: one line instead (idle connections are closed within `Limits.idle_seconds`)."""
+    e = context.get("exception")
+    if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+        print(f"glassllm serve: out of file descriptors ({e.strerror}): new connections wait "
+              f"until idle ones are closed", file=sys.stderr, flush=True)
+        return
+    loop.default_exception_handler(context)
+
+
 async def _serve(server: Server, host: str, port: int, announce) -> None:
     app = make_app(server)
     # handler_cancellation: a client that goes away cancels its handler, which stops its work
@@ -518,6 +530,7 @@ async def _serve(server: Server, host: str, port: int, announce) -> None:
     server.gate.port = runner.addresses[0][1]
     server.url = url_of(host, server.gate.port, server.gate.token)
     server._loop, server._stop = asyncio.get_running_loop(), asyncio.Event()
+    server._loop.set_exception_handler(_loop_errors)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             server._loop.add_signal_handler(sig, server._stop.set)
