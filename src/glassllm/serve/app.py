@@ -23,6 +23,7 @@ import asyncio
 import errno
 import functools
 import json
+import math
 import secrets
 import signal
 import sys
@@ -501,13 +502,19 @@ def url_of(host: str, port: int, token: str) -> str:
     return f"http://{shown}:{port}/?token={token}"
 
 
+_SAID = {"descriptors": -math.inf}
+
+
 def _loop_errors(loop, context) -> None:
     """Out of file descriptors, asyncio stops accepting for a second and logs a traceback each
-    time: one line instead (idle connections are closed within `Limits.idle_seconds`)."""
+    time: one line instead, at most every 10 s (idle connections are closed within
+    `Limits.idle_seconds`, which frees them)."""
     e = context.get("exception")
     if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
-        print(f"glassllm serve: out of file descriptors ({e.strerror}): new connections wait "
-              f"until idle ones are closed", file=sys.stderr, flush=True)
+        if loop.time() - _SAID["descriptors"] >= 10:
+            _SAID["descriptors"] = loop.time()
+            print(f"glassllm serve: out of file descriptors ({e.strerror}): new connections "
+                  f"wait until idle ones are closed", file=sys.stderr, flush=True)
         return
     loop.default_exception_handler(context)
 
