@@ -13,7 +13,10 @@ Its answers are the library's own analyses (`glassllm.lens.interpret`, `glassllm
   `limits`: what one request may cost.
 - `models`: the models (the --model one, the run's files), their locks. `analyses`: the
   answers. `generation`: generation one token at a time, as `glassllm generate`.
-- `run`: a training run read from its files while it runs. `page`: the page's HTML.
+- `work`: where the work runs: a quick lane for the page, /api/info and the training poll;
+  each model's work in its fair turn, cancellable; the per-client bound.
+- `run`: a training run read from its files while it runs (incrementally, with size caps).
+  `page`: the page's HTML.
 
 Nothing here is imported by `import glassllm`; importing this package does not need aiohttp
 (only `glassllm.serve.app` does).

@@ -40,7 +40,7 @@ from ..lens.trace import TraceTooLarge
 from . import analyses
 from .fields import (RequestError, get_choice, get_int, get_list, get_real, get_str,
                      json_body)
-from .generation import Generation
+from .generation import Generation, send_line, stream_tokens
 from .limits import Limits
 from .models import ModelStore, encode_prompt
 from .page import CSP, render
@@ -390,47 +390,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
         first = dict(event="start", prompt_ids=gen.prompt_ids, model=loaded.name, request=asked,
                      prompt_texts=[loaded.texts(i) for i in gen.prompt_ids])
         try:
-            await _send(server, request, response, first)
-            await _send(server, request, response, await _tokens(server, loaded, gen, n,
-                                                                 request, response))
+            await send_line(response, first, server.limits.write_seconds)
+            last = await stream_tokens(server.lanes, loaded, gen, n, response,
+                                       server.limits.write_seconds)
+            await send_line(response, last, server.limits.write_seconds)
         except (ConnectionError, asyncio.TimeoutError):  # the reader went away, or stalled
             if request.transport is not None:
                 request.transport.close()
             return response
     await response.write_eof()
     return response
-
-
-async def _tokens(server, loaded, gen, n: int, request, response) -> dict:
-    """Draw and send up to n tokens; the stream's last message (end or error)."""
-    end = dict(event="end", reason="length")
-    try:
-        for index in range(n):
-            if server.lanes.stopping.is_set():
-                return dict(event="error", error="the server is stopping")
-            token = await server.lanes.model_work(loaded, lambda should_stop: gen.step())
-            await _send(server, request, response, dict(event="token", index=index, **token))
-            if token["stop"]:
-                end["reason"] = "stop"
-                break
-        end["text"] = gen.flush()
-    except Cancelled:
-        return dict(event="error", error="the server is stopping")
-    except ValueError as e:  # e.g. a model whose logits are NaN: said in the stream
-        return dict(event="error", error=" ".join(str(e).split())[:500])
-    except (ConnectionError, asyncio.TimeoutError, asyncio.CancelledError):
-        raise
-    except Exception as e:  # noqa: BLE001 -- a bug: end the stream saying so, keep serving
-        traceback.print_exc(file=sys.stderr)
-        return dict(event="error", error=f"internal error: {type(e).__name__}: {e}"[:500])
-    return end
-
-
-async def _send(server, request, response, message: dict) -> None:
-    """One JSON line of a stream; asyncio.TimeoutError when the reader takes none of it for
-    `Limits.write_seconds`."""
-    data = (json.dumps(message, allow_nan=False) + "\n").encode()
-    await asyncio.wait_for(response.write(data), server.limits.write_seconds)
 
 
 async def run_state(request: web.Request) -> web.Response:

@@ -2,14 +2,22 @@
 does (the same prompt ids, `Generator`, seeded `np.random.default_rng`, stop tokens and
 `StreamDecoder`), so a seed gives the same text in the page as on the command line
 (`tests/test_serve_browser.py` compares them), plus what the page shows of each step: the
-top of the distribution the token was drawn from (`sampling_distribution`).
+top of the distribution the token was drawn from (`sampling_distribution`). `stream_tokens`
+sends a generation's tokens down a stream (`glassllm.serve.app.generate`), one model turn
+(`glassllm.serve.work.Lanes.model_work`) per token.
 """
 from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import traceback
 
 import numpy as np
 
 from ..tokenizers import StreamDecoder, start_id
 from ..generate import Generator, Sampling, sampling_distribution
+from ..lens.interpret import Cancelled
 from .analyses import one
 from .models import encode_prompt
 
@@ -56,3 +64,44 @@ class Generation:
     def flush(self) -> str:
         """The text held back for an unfinished UTF-8 character (as the CLI's last print)."""
         return self.decoder.flush()
+
+
+async def stream_tokens(lanes, loaded, gen: Generation, n: int, response,
+                        write_seconds: float) -> dict:
+    """Draw up to n tokens of `gen`, each in its own turn of `loaded` on `lanes`, and send each
+    as a JSON line to `response` (`send_line`) before drawing the next. Returns the stream's
+    last message: {"event": "end", "reason": "length" | "stop", "text"} or {"event": "error",
+    "error"} (the server stopping, a model whose logits are NaN, a bug: said, not raised).
+
+    Raises:
+        ConnectionError, asyncio.TimeoutError: the reader went away, or took nothing for
+            write_seconds. asyncio.CancelledError: the handler was cancelled.
+    """
+    end = dict(event="end", reason="length")
+    try:
+        for index in range(n):
+            if lanes.stopping.is_set():
+                return dict(event="error", error="the server is stopping")
+            token = await lanes.model_work(loaded, lambda should_stop: gen.step())
+            await send_line(response, dict(event="token", index=index, **token), write_seconds)
+            if token["stop"]:
+                end["reason"] = "stop"
+                break
+        end["text"] = gen.flush()
+    except Cancelled:
+        return dict(event="error", error="the server is stopping")
+    except ValueError as e:  # e.g. a model whose logits are NaN: said in the stream
+        return dict(event="error", error=" ".join(str(e).split())[:500])
+    except (ConnectionError, asyncio.TimeoutError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # noqa: BLE001 -- a bug: end the stream saying so, keep serving
+        traceback.print_exc(file=sys.stderr)
+        return dict(event="error", error=f"internal error: {type(e).__name__}: {e}"[:500])
+    return end
+
+
+async def send_line(response, message: dict, write_seconds: float) -> None:
+    """One JSON line of a stream. Raises asyncio.TimeoutError when the reader takes none of it
+    for `write_seconds` (a reader that stopped reading holds nothing past that)."""
+    data = (json.dumps(message, allow_nan=False) + "\n").encode()
+    await asyncio.wait_for(response.write(data), write_seconds)
