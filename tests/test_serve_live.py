@@ -99,6 +99,7 @@ def test_eight_streams_leave_info_and_analyses_free(served):
         status, a = served.call("/api/analyze", {"prompt": PROMPT}, timeout=10)
         took = time.monotonic() - started
         assert status == 200 and a["tokens"]["ids"] == encode_prompt(ByteTokenizer(), PROMPT)
+        print(f"measured: {took:.2f} s")
         assert took < 2, took
         before = [len(s[1]) for s in streams]
         time.sleep(0.3)
@@ -143,6 +144,7 @@ def test_a_sweep_whose_client_left_frees_its_model():
         left = time.monotonic()
         status, a = running.call("/api/analyze", {"prompt": PROMPT}, timeout=30)
         assert status == 200
+        print(f"measured: {time.monotonic() - left:.2f} s")
         assert time.monotonic() - left < 2, time.monotonic() - left
         s = interpret.token_surprise(model, np.asarray(encode_prompt(ByteTokenizer(), PROMPT)))
         assert math.isclose(a["surprise"]["mean_nats"], s.mean_nats, abs_tol=1e-6)
@@ -193,6 +195,7 @@ def test_ctrl_c_with_a_sweep_running_exits_within_5_s(tmp_path):
         proc.send_signal(signal.SIGINT)
         started = time.monotonic()
         assert proc.wait(20) == 0, (tmp_path / "stderr.txt").read_text()
+        print(f"measured: {time.monotonic() - started:.2f} s")
         assert time.monotonic() - started < 5, time.monotonic() - started
     finally:
         proc.kill()
@@ -319,6 +322,7 @@ def test_half_open_connections_do_not_stall_the_server(tmp_path):
         with urllib.request.urlopen(request, timeout=60) as r:
             assert r.status == 200
         took = time.monotonic() - started
+        print(f"measured: {took:.2f} s")
         assert took < Limits().idle_seconds + 5, took
     finally:
         for s in held:

@@ -50,6 +50,7 @@ from .work import Lanes
 
 SERVER = web.AppKey("server", object)
 SAMPLE_TOKENS = 200  # most tokens of a training page sample
+SHUTDOWN_SECONDS = 2.0  # what requests still running get on Ctrl-C
 
 
 class Server:
@@ -493,7 +494,8 @@ async def _serve(server: Server, host: str, port: int, announce) -> None:
     # handler_cancellation: a client that goes away cancels its handler, which stops its work
     # (`glassllm.serve.work`); keepalive_timeout: aiohttp closes a connection with no request
     # in progress after this long -- from its start too, so it also bounds the wait for headers
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                           shutdown_timeout=SHUTDOWN_SECONDS,
                            handler_cancellation=True,
                            keepalive_timeout=server.limits.idle_seconds)
     await runner.setup()
@@ -514,9 +516,12 @@ async def _serve(server: Server, host: str, port: int, announce) -> None:
     try:
         await server._stop.wait()
     finally:
-        # requests still running get 2 s (shutdown_timeout), then their handlers are
-        # cancelled: their work stops at its next checkpoint; anything left is told to stop
+        # requests still running get 2 s, then their work is told to stop (a sweep ends at
+        # its next cell, a stream at its next token) -- rather than waiting out aiohttp's
+        # second grace period of shutdown_timeout before it cancels the handlers
+        told = server._loop.call_later(SHUTDOWN_SECONDS, server.lanes.stopping.set)
         await runner.cleanup()
+        told.cancel()
         server.lanes.shutdown()
 
 
