@@ -226,9 +226,10 @@ def test_methods_paths_and_bodies(served):
 
 
 def test_inputs_and_limits_refused_before_work(served):
-    long_prompt = "x" * 70
-    cases = [("/api/analyze", {"prompt": long_prompt}, 413, "max_len"),
-             ("/api/analyze", {"prompt": "y" * (17 << 10)}, 413, "bytes"),
+    long_prompt = "x" * 70  # over max_len 64: cut to its first 64 tokens and said, not refused
+    status, r = served.call("/api/analyze", {"prompt": long_prompt})
+    assert status == 200 and len(r["tokens"]["ids"]) == 64 and "max_len 64" in r["cut"]
+    cases = [("/api/analyze", {"prompt": "y" * (17 << 10)}, 413, "bytes"),
              ("/api/analyze", {"prompt": PROMPT, "k": 0}, 400, "k must be"),
              ("/api/attention", {"prompt": PROMPT, "layer": 2}, 400, "layer must be"),
              ("/api/attention", {"prompt": PROMPT, "layer": -1}, 400, "layer must be"),
