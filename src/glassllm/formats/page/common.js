@@ -94,7 +94,7 @@ function logTicks(lo, hi) {
   if (out.length >= 2) return out;
   return niceTicks(10 ** lo, 10 ** hi, 5, false).ticks.filter(([v]) => v > 0).map(([v, text]) => [Math.log10(v), text]);
 }
-function powerText(m, e) { return e >= -3 && e <= 3 ? (m * 10 ** e).toFixed(Math.max(0, -e)) : m + "e" + e; }
+function powerText(m, e) { return e >= -3 && e <= 4 ? (m * 10 ** e).toFixed(Math.max(0, -e)) : m + "e" + e; }
 
 // The axes of a chart: a shaded band, the two lines, each tick's text. box: {W, Hh, m}; x, y:
 // {ticks, lo, hi} (y's ticks on its drawn scale: log10 on a log chart).
