@@ -138,7 +138,7 @@ function lineChart(parent, title, series, opts) {
   chart.appendChild(el("h3", {}, title));
   const s = svg("svg", {width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh, "data-points": pts.length});
   axes(s, {W, Hh, m}, opts, {ticks: xs.ticks, lo: x0, hi: x1}, ys);
-  const named = opts.top ? outliers(series, opts.top, tr, opts.log) : series.map((_, n) => n);
+  const named = opts.top ? outliers(series, opts.top, tr, opts.log) : series.map((_, n) => n).filter((n) => series[n].y.some(ok));
   const colour = new Map(named.map((n, k) => [n, series[n].color || COLORS[k % COLORS.length]]));
   const order = series.map((_, n) => n).filter((n) => !colour.has(n)).concat(named);  // grey under
   for (const n of order) { const d = series[n]; let path = "";
