@@ -280,3 +280,25 @@ def test_training_charts_read(browser, tmp_path):
     assert [t["text"] for t in by_id["health-global_grad_norm"]["y"]] == ["0.05", "0.1", "0.2"]
     assert len(grad["named"]) == 5 and grad["grey"] == 24
     assert "24 others in grey" in grad["legend"]
+
+
+def test_the_report_of_a_cut_prompt_and_a_padded_vocabulary(browser, tmp_path):
+    """`glassllm inspect`'s page: the note over its views, "(padding id N)" in its lens."""
+    from selenium.webdriver.common.by import By
+
+    from glassllm.lens.report import fit_prompt, inspect_model, write_html
+    tok = ByteTokenizer()
+    model = padded_model()
+    ids, note = fit_prompt(tok.encode("abcabcab" * 10), model.cfg.max_len)
+    assert note and len(ids) == 64
+    path = write_html(inspect_model(model, ids, tok, note=note), tmp_path / "report.html")
+    browser.get("file://" + str(path))
+    wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "1")
+    shown = browser.find_element(By.ID, "prompt-note")
+    assert shown.is_displayed() and shown.text == f"Note: {note}."
+    browser.find_element(By.ID, "nav-lens").click()
+    cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#lens-table td")]
+    assert len(cells) == 3 * 64 and all(re.fullmatch(r"\(padding id \d+\)", c) for c in cells)
+    browser.find_element(By.ID, "nav-attribution").click()
+    assert "padding" not in browser.find_element(By.ID, "attr-note").text
+    assert browser.execute_script("return window.__errors") == []
