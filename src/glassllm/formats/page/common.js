@@ -154,7 +154,8 @@ function legend(series, named, colour) {
   named.forEach((n) => { const item = el("span", {"class": "legend-item"}, "\u25a0 " + series[n].name + "  ");
     item.style.color = colour.get(n); box.appendChild(item); });
   const others = series.length - named.length;
-  if (others) box.appendChild(el("span", {"class": "legend-rest"}, "\u25a0 " + others + " other" + (others > 1 ? "s" : "") + " in grey (hover a line for its name)"));
+  if (others) { const rest = el("span", {"class": "legend-rest"}, "\u25a0 " + others + " other" + (others > 1 ? "s" : "") + " in grey (hover a line for its name)");
+    rest.style.color = "#888"; box.appendChild(rest); }
   return box;
 }
 // The indices of the `k` series to name: those whose last value lies farthest from the median
