@@ -226,9 +226,10 @@ def test_methods_paths_and_bodies(served):
 
 
 def test_inputs_and_limits_refused_before_work(served):
-    long_prompt = "x" * 70
-    cases = [("/api/analyze", {"prompt": long_prompt}, 413, "max_len"),
-             ("/api/analyze", {"prompt": "y" * (17 << 10)}, 413, "bytes"),
+    long_prompt = "x" * 70  # over max_len 64: cut to its first 64 tokens and said, not refused
+    status, r = served.call("/api/analyze", {"prompt": long_prompt})
+    assert status == 200 and len(r["tokens"]["ids"]) == 64 and "max_len 64" in r["cut"]
+    cases = [("/api/analyze", {"prompt": "y" * (17 << 10)}, 413, "bytes"),
              ("/api/analyze", {"prompt": PROMPT, "k": 0}, 400, "k must be"),
              ("/api/attention", {"prompt": PROMPT, "layer": 2}, 400, "layer must be"),
              ("/api/attention", {"prompt": PROMPT, "layer": -1}, 400, "layer must be"),
@@ -269,7 +270,8 @@ def test_work_over_the_limits_is_refused(model):
 
 def _malformed(rng: random.Random):
     """One request that is wrong by construction: (path, raw body bytes)."""
-    bad_values = [None, True, -1, -(2 ** 70), 2 ** 70, 1e308, -1e-300, 3.5, "", "x" * 300,
+    # "x" * 17 KiB: over the prompt byte limit (a prompt over max_len alone is cut, not wrong)
+    bad_values = [None, True, -1, -(2 ** 70), 2 ** 70, 1e308, -1e-300, 3.5, "", "x" * (17 << 10),
                   [], {}, [[[]]], [1, 2, 3], {"a": 1}, "NaN", "\u0000", "\ud800", 10 ** 30]
     path, fields = rng.choice([
         ("/api/analyze", ["prompt", "k", "model"]), ("/api/attention", ["prompt", "layer"]),

@@ -230,11 +230,7 @@ class Generator:
                    rng: np.random.Generator | None = None) -> int:
         """Score the sequence, draw the next token with `sample_next` (among the ids below
         `vocab_limit`), append it, return it."""
-        logits = self.next_logits()
-        if self.vocab_limit < logits.size:
-            logits = logits.copy()
-            logits[self.vocab_limit:] = -np.inf  # ids the tokenizer cannot decode
-        token = sample_next(logits, sampling, rng)
+        token = sample_next(mask_padding(self.next_logits(), self.vocab_limit), sampling, rng)
         self._append(token)
         return token
 
@@ -278,6 +274,18 @@ class Generator:
                 window = np.asarray(self.tokens[-max_len:], dtype=np.int64)[None, :]
                 logits = self.model(window)
         return logits.data[0, -1].copy()
+
+
+def mask_padding(logits: np.ndarray, vocab_limit: int | None) -> np.ndarray:
+    """logits (..., V) with the ids at and above `vocab_limit` set to -inf: the ids of a
+    padded vocabulary that no token has (nanoGPT's 50304 rows for GPT-2's 50257 ids), never
+    drawn nor picked as a guess. The same array when nothing is masked, else a copy.
+    vocab_limit None: nothing masked."""
+    if vocab_limit is None or vocab_limit >= logits.shape[-1]:
+        return logits
+    logits = logits.copy()
+    logits[..., vocab_limit:] = -np.inf  # ids the tokenizer cannot decode
+    return logits
 
 
 def generate(model: GlassLM, prompt_ids, max_new_tokens: int, sampling: Sampling = Sampling(),

@@ -30,7 +30,8 @@ def add_inspect(sub) -> None:
 
 
 def run_inspect(args) -> int:
-    from ..lens.report import check_report_path, inspect_model, summary, write_html
+    from ..lens.report import (check_report_path, fit_prompt, inspect_model, summary,
+                               write_html)
 
     try:
         args.prompt.encode("utf-8")
@@ -49,10 +50,10 @@ def run_inspect(args) -> int:
     if len(ids) < 2:
         raise UsageError(f"--prompt is {len(ids)} token(s); inspect needs at least 2 (one to "
                          f"predict)")
-    if len(ids) > model.cfg.max_len:
-        raise UsageError(f"--prompt is {len(ids)} tokens, over this model's max_len "
-                         f"{model.cfg.max_len}")
-    ins = inspect_model(model, ids, tokenizer, run_dir=args.run, k=args.top_k,
+    ids, note = fit_prompt(ids, model.cfg.max_len)  # cut, said, never refused
+    if note:
+        print(f"glassllm inspect: note: {note}", file=sys.stderr, flush=True)
+    ins = inspect_model(model, ids, tokenizer, run_dir=args.run, k=args.top_k, note=note,
                         title=f"glassllm inspect: {os.path.basename(args.model.rstrip(os.sep))}")
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     report = write_html(ins, args.out)  # first: a reader that leaves early loses nothing

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import functional as F
 from ..checks import check_int, is_int
+from ..generate import mask_padding
 from ..model import GlassLM
 from ..nn import RMSNorm
 from ..tensor import Tensor, no_grad
@@ -277,9 +278,12 @@ def attribution_names(model: GlassLM) -> list[str]:
 
 
 def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None = None,
-                      against: int | None = None, cache=None) -> Attribution:
+                      against: int | None = None, cache=None,
+                      vocab_limit: int | None = None) -> Attribution:
     """Direct logit attribution of `token`'s logit (minus `against`'s, if given) at
-    `position` of one sequence. token defaults to the model's top prediction there.
+    `position` of one sequence. token defaults to the model's top prediction there, among the
+    ids below `vocab_limit` (the tokenizer's vocab_size for a padded vocabulary: as
+    `glassllm.generate.mask_padding`, an id no token has is never the guess; None: any id).
     cache: a `run_with_cache` Cache of these ids holding `attribution_names(model)`; None runs
     the model.
 
@@ -316,7 +320,7 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
     z = cache["logits_pre_softcap" if capped else "logits"][0, position].astype(np.float64)
     _require_finite(z, "logit attribution")
     if token is None:
-        token = int(np.argmax(z))
+        token = int(np.argmax(mask_padding(z, vocab_limit)))
     for t in (token, against):
         if t is not None and not 0 <= t < cfg.vocab_size:
             raise ValueError(f"token {t} outside [0, {cfg.vocab_size})")

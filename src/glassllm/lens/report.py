@@ -50,15 +50,19 @@ class Inspection:
     history: dict | None = None
     health: list[dict] | None = None
     title: str = "glassllm inspect"
+    note: str | None = None  # said above the views: e.g. the prompt cut to max_len (`fit_prompt`)
 
 
 def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
-                  title: str = "glassllm inspect") -> Inspection:
+                  title: str = "glassllm inspect", note: str | None = None) -> Inspection:
     """Run every analysis of the report on one prompt (ids (T,), T >= 2).
 
     Attribution at position t is for the token that actually comes next (t < T-1), and for
-    the model's top guess at the last position. run_dir: a training run directory; its
-    history.csv / health.jsonl, when present, are included.
+    the model's top guess at the last position (among the ids the tokenizer has: a padded
+    vocabulary's other ids are never the guess, as `glassllm.generate.mask_padding`; where
+    they appear in a top-k list they read "(padding id N)", `token_text`). run_dir: a
+    training run directory; its history.csv / health.jsonl, when present, are included.
+    note: a line shown above the report's views and in the summary (`fit_prompt`'s).
 
     Raises ValueError for a prompt of fewer than 2 tokens (nothing to predict) and the
     errors of `glassllm.lens.interpret`'s functions.
@@ -72,10 +76,11 @@ def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
     names = ["blocks.*.attention.pattern"] + interpret.attribution_names(model)
     _, cache = run_with_cache(model, ids, names=names)  # what attribution and the views need
     attributions = []
+    limit = getattr(tokenizer, "vocab_size", None)
     for t in range(T):
         token = int(ids[0, t + 1]) if t + 1 < T else None
         attributions.append(interpret.logit_attribution(model, ids, position=t, token=token,
-                                                        cache=cache))
+                                                        cache=cache, vocab_limit=limit))
     patterns = cache.stack("blocks.{layer}.attention.pattern")[:, 0]
     head_kinds = {}
     for kind in interpret.HEAD_KINDS:
@@ -85,7 +90,19 @@ def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
     if run_dir is not None:
         history, health = read_run(run_dir)
     return Inspection(model.cfg.to_dict(), ids[0], TokenTexts(tokenizer), surprise, lens,
-                      attributions, patterns, head_kinds, history, health, title)
+                      attributions, patterns, head_kinds, history, health, title, note)
+
+
+def fit_prompt(ids, max_len: int) -> tuple[list[int], str | None]:
+    """A prompt's ids cut to a model's context: its first `max_len` ids (the text as a reader
+    reads it, from the start; a BOS stays first) and a note that says so -- None when it
+    fits. What `glassllm inspect` and `glassllm serve` do with a prompt over max_len, rather
+    than refusing it."""
+    ids = [int(i) for i in ids]
+    if len(ids) <= max_len:
+        return ids, None
+    return ids[:max_len], (f"the prompt is {len(ids)} tokens, over this model's max_len "
+                           f"{max_len}: only its first {max_len} are analysed")
 
 
 class TokenTexts:
@@ -149,6 +166,8 @@ def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
              f"{cfg['n_layers']} layers, {cfg['n_heads']} heads; {T} tokens",
              f"mean surprise {s.mean_nats:.3f} nats = {s.mean_nats / math.log(2):.3f} bits "
              f"per token (predicting tokens 2..{T})"]
+    if ins.note:
+        lines.insert(1, f"note: {ins.note}")
     cap = max(8.0, float(np.max(s.bits)))
     parts = [_visible(ins.text(ins.ids[0]))]
     for t in range(1, T):
@@ -220,7 +239,7 @@ def page_data(ins: Inspection) -> dict:
                                  labels=[a.labels[i] for i in order],
                                  values=_r(a.values[order]), heads=_r(a.heads())))
     data = dict(
-        title=ins.title, model=ins.cfg, tokens=[text(i) for i in ins.ids],
+        title=ins.title, note=ins.note, model=ins.cfg, tokens=[text(i) for i in ins.ids],
         ids=[int(i) for i in ins.ids],
         surprise=dict(nats=_r(s.nats), bits=_r(s.bits), rank=s.rank.tolist(),
                       top=[[[text(i), _f(p)] for i, p in zip(ti, tp)]

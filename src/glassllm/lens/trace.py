@@ -654,12 +654,22 @@ def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
 
 
 # --------------------------------------------------------------------------- tokens as text
+def padding_text(token_id: int) -> str:
+    """How a padded vocabulary's id that no token has is shown (`token_text`)."""
+    return f"(padding id {int(token_id)})"
+
+
 def token_text(tokenizer, token_id: int) -> str:
     """A token as display text: its bytes decoded as UTF-8 with undecodable bytes as \\xNN;
-    "<id>" without a tokenizer."""
+    "<id>" without a tokenizer; "(padding id N)" for an id at or past the tokenizer's
+    vocab_size -- a row of a vocabulary padded to a round size (Pythia's 50304 for 50277
+    tokens, nanoGPT's 50304 for GPT-2's 50257) that no token has, which the model still
+    scores (`glassllm.generate.mask_padding` keeps generation off them)."""
     token_id = int(token_id)
     if tokenizer is None:
         return f"<{token_id}>"
+    if token_id >= getattr(tokenizer, "vocab_size", token_id + 1):
+        return padding_text(token_id)
     if token_id == getattr(tokenizer, "bos_id", None):
         return "<s>"
     if token_id == getattr(tokenizer, "eot_id", None):

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .. import functional as F
+from ..generate import mask_padding
 from ..lens import interpret
 from ..lens.trace import estimate_bytes, run_with_cache, select_names
 from .fields import RequestError
@@ -52,6 +53,13 @@ def _memory_check(loaded, names, T: int, limits: Limits, extra: int = 0) -> None
 def _tops(loaded, ids, probs) -> list:
     """[[text, probability, id], ...] of parallel id/probability rows."""
     return [[loaded.texts(i), one(p), int(i)] for i, p in zip(ids, probs)]
+
+
+def _vocab_limit(loaded) -> int:
+    """The ids a guess the server picks itself may be: the tokenizer's (a padded
+    vocabulary's other ids have no token; `glassllm.generate.mask_padding`, as generation).
+    Where the model's own top-k holds one, it is listed as "(padding id N)"."""
+    return int(loaded.tokenizer.vocab_size)
 
 
 def _tokens(loaded, ids) -> dict:
@@ -125,13 +133,13 @@ def attention(loaded, ids: np.ndarray, layer: int | None, limits: Limits) -> dic
 def attribution(loaded, ids: np.ndarray, position: int, token, against, limits: Limits) -> dict:
     """Direct logit attribution (`logit_attribution`) at `position`, its self-check's result:
     the parts' sum, the model's logit, and the residual error. token None: the model's top
-    guess."""
+    guess (among the tokenizer's ids: `_vocab_limit`)."""
     cfg = loaded.model.cfg
     T = len(ids)
     _memory_check(loaded, ["blocks.*.attention.head_output", "blocks.*.mlp.output", "logits"], T,
                   limits)
     a = interpret.logit_attribution(loaded.model, ids, position=position, token=token,
-                                    against=against)
+                                    against=against, vocab_limit=_vocab_limit(loaded))
     return dict(position=a.position, token=int(a.token), token_text=loaded.texts(a.token),
                 against=None if a.against is None else int(a.against),
                 against_text=None if a.against is None else loaded.texts(a.against),
@@ -198,15 +206,17 @@ def patching(loaded, clean: np.ndarray, corrupted: np.ndarray, target: str, corr
     corrupted run, one cell at a time: layer x position (layer x head for head_output), the
     metric the logit difference correct - wrong at `position` (`interpret.logit_difference`;
     defaults: the clean run's top guess there, and the corrupted run's top guess other
-    than that one). should_stop: asked between cells (`interpret.Cancelled` when it says so)."""
-    model = loaded.model
+    than that one; guesses among the tokenizer's ids, `_vocab_limit`). should_stop: asked
+    between cells (`interpret.Cancelled` when it says so)."""
+    model, limit = loaded.model, _vocab_limit(loaded)
     if correct is None or wrong is None:
         logits_clean, _ = run_with_cache(model, clean, names=["logits"])
         logits_corrupted, _ = run_with_cache(model, corrupted, names=["logits"])
         if correct is None:
-            correct = int(np.argmax(logits_clean[0, position]))
+            correct = int(np.argmax(mask_padding(logits_clean[0, position], limit)))
         if wrong is None:  # the corrupted run's top guess other than `correct`
-            ranked = np.argsort(-logits_corrupted[0, position], kind="stable")[:2]
+            ranked = np.argsort(-mask_padding(logits_corrupted[0, position], limit),
+                                kind="stable")[:2]
             wrong = int(ranked[0] if ranked[0] != correct else ranked[1])
     sweep = interpret.patching_sweep(model, clean[None, :], corrupted[None, :],
                                      interpret.logit_difference(correct, wrong, position),

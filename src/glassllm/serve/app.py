@@ -42,7 +42,7 @@ from .fields import (RequestError, get_choice, get_int, get_list, get_real, get_
                      json_body)
 from .generation import Generation, send_line, stream_tokens
 from .limits import Limits
-from .models import ModelStore, encode_prompt
+from .models import ModelStore, fit_prompt
 from .page import CSP, render
 from .run import RunWatcher
 from .security import Gate, new_token
@@ -181,15 +181,12 @@ def _request_id(body: dict):
 
 # --------------------------------------------------------------------------- request pieces
 def _prompt_ids(server: Server, loaded, prompt: str, least: int = 2, what: str = "prompt"):
-    """The prompt's ids (T,), T in [least, max_len] (413 past max_len)."""
-    ids = encode_prompt(loaded.tokenizer, prompt)
-    cfg = loaded.model.cfg
+    """The prompt's ids (T,), T >= least; past max_len its first max_len (`fit_prompt`:
+    every call cuts it alike, and analyze and tokenize say so in `cut`)."""
+    ids, _ = fit_prompt(loaded, prompt)
     if len(ids) < least:
         raise RequestError(f"{what} is {len(ids)} token(s); this call needs at least {least} "
                            f"(one to predict from)")
-    if len(ids) > cfg.max_len:
-        raise RequestError(f"{what} is {len(ids)} tokens, over this model's max_len "
-                           f"{cfg.max_len}", status=413)
     return np.asarray(ids, dtype=np.int64)
 
 
@@ -290,8 +287,10 @@ def _model_name(server, name: str, run_default: bool) -> str:
 @_model_call(("prompt",))
 def tokenize(server, loaded, body, should_stop):
     """POST /api/tokenize: the prompt's tokens as the model cuts them."""
-    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 0)
-    return dict(model=loaded.name, ids=ids.tolist(), texts=[loaded.texts(i) for i in ids])
+    prompt = get_str(body, "prompt", server.limits.prompt_bytes)
+    ids = _prompt_ids(server, loaded, prompt, 0)
+    return dict(model=loaded.name, ids=ids.tolist(), texts=[loaded.texts(i) for i in ids],
+                cut=fit_prompt(loaded, prompt)[1])
 
 
 @_model_call(("prompt", "k"))
@@ -299,9 +298,11 @@ def analyze(server, loaded, body, should_stop):
     """POST /api/analyze: tokens, surprise, logit lens, head types, attention; and
     `model_info`, the model's description (as /api/info's `model`)."""
     k = _k(server, body)
-    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes))
+    prompt = get_str(body, "prompt", server.limits.prompt_bytes)
+    ids = _prompt_ids(server, loaded, prompt)
     analyses.check_analysis(loaded, len(ids), server.limits)
-    return dict(analyses.analyze(loaded, ids, k, server.limits), model_info=loaded.describe())
+    return dict(analyses.analyze(loaded, ids, k, server.limits), model_info=loaded.describe(),
+                cut=fit_prompt(loaded, prompt)[1])
 
 
 @_model_call(("prompt", "layer"))

@@ -16,7 +16,7 @@ import traceback
 import numpy as np
 
 from ..tokenizers import StreamDecoder, start_id
-from ..generate import Generator, Sampling, sampling_distribution
+from ..generate import Generator, Sampling, mask_padding, sampling_distribution
 from ..lens.interpret import Cancelled
 from .analyses import one
 from .models import encode_prompt
@@ -48,10 +48,8 @@ class Generation:
     def step(self) -> dict:
         """Draw the next token: {"id", "text" (the decoded text it completes, maybe ""),
         "piece" (the token alone), "prob", "top": [[piece, p, id], ...], "stop": bool}."""
-        logits = self.generator.next_logits()
-        if self.generator.vocab_limit < logits.size:  # as Generator.next_token masks them
-            logits = logits.copy()
-            logits[self.generator.vocab_limit:] = -np.inf
+        # the ids past the tokenizer's masked, as Generator.next_token draws
+        logits = mask_padding(self.generator.next_logits(), self.generator.vocab_limit)
         probs = sampling_distribution(logits, self.sampling)
         token = self.generator.next_token(self.sampling, self.rng)
         top = np.argsort(-probs, kind="stable")[:self.k]

@@ -20,6 +20,7 @@ import os
 import threading
 
 from ..lens.report import TokenTexts
+from ..lens.report import fit_prompt as cut_prompt
 from ..model import Config, GlassLM
 from .fields import RequestError
 
@@ -58,6 +59,13 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     ids = [int(i) for i in tokenizer.encode(text)]
     bos = getattr(tokenizer, "bos_id", None)
     return [int(bos)] + ids if bos is not None else ids
+
+
+def fit_prompt(loaded: Loaded, text: str) -> tuple[list[int], str | None]:
+    """The prompt's ids (`encode_prompt`) cut to the model's max_len, and a note when cut
+    (`glassllm.lens.report.fit_prompt`: its first max_len ids, as `glassllm inspect`): a
+    model of a short context opens on any prompt, the page's own default included."""
+    return cut_prompt(encode_prompt(loaded.tokenizer, text), loaded.model.cfg.max_len)
 
 
 def run_file(run_dir: str, name) -> str:

@@ -24,13 +24,8 @@ function buildAttention() {
   canvas.style.width = cell * T + "px"; canvas.style.height = cell * T + "px";  // never scaled
   const ctx = canvas.getContext("2d");
   const rows = () => DATA.attention[+$("att-layer").value][+$("att-head").value];
-  const labels = (box, cls, size) => DATA.tokens.map((t, i) => {
-    const e = el("div", {"class": "att-label " + cls, "data-i": i, "title": i + " " + JSON.stringify(t)},
-                 vis(t).replace(/ /g, "\u2423"));
-    e.style[size] = cell + "px"; e.style.lineHeight = cell + "px";
-    e.style.fontSize = Math.min(12, cell - 3) + "px"; box.appendChild(e); return e; });
-  const xlabels = labels($("att-xlabels"), "att-xlabel", "width");
-  const ylabels = labels($("att-ylabels"), "att-ylabel", "height");
+  mapLabels($("att-xlabels"), DATA.tokens, "att-xlabel", "width", cell, vis);
+  const ylabels = mapLabels($("att-ylabels"), DATA.tokens, "att-ylabel", "height", cell, vis);
   function draw() {
     const r = rows(); ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
     for (let i = 0; i < T; i++) for (let j = 0; j <= i; j++) {
@@ -62,8 +57,8 @@ function buildLens() {
   DATA.tokens.forEach((t) => head.appendChild(el("th", {}, vis(t)))); table.appendChild(head);
   lens.layers.forEach((name, l) => { const tr = el("tr"); tr.appendChild(el("th", {}, name));
     for (let t = 0; t < T; t++) { const [tok, p] = lens.top[l][t][0];
-      const td = el("td", {}, vis(tok).replace(/ /g, "\u2423")); td.style.background = heat(p);
-      let text = name + ", after position " + t + ":\n" + lens.top[l][t].map(([x, q]) => JSON.stringify(x) + " " + fmt(q)).join("\n");
+      const td = el("td", {}, cellText(tok, vis)); td.style.background = heat(p);
+      let text = name + ", after position " + t + ":\n" + lens.top[l][t].map(([x, q]) => quoted(x) + " " + fmt(q)).join("\n");
       if (t < T - 1) text += "\nnext token " + JSON.stringify(DATA.tokens[t + 1]) + ": p " + fmt(lens.target_prob[l][t], 4) + ", rank " + lens.target_rank[l][t];
       td.addEventListener("mousemove", (ev) => showTip(ev, text)); td.addEventListener("mouseleave", hideTip);
       tr.appendChild(td); }
@@ -79,7 +74,7 @@ function buildSurprise() {
   DATA.tokens.forEach((t, i) => { const span = el("span", {"class": "tok"}, vis(t));
     if (i > 0) { span.style.background = heat(s.bits[i - 1] / cap);
       const text = "token " + i + " " + JSON.stringify(t) + ": " + fmt(s.nats[i - 1]) + " nats, " + fmt(s.bits[i - 1]) +
-        " bits, rank " + s.rank[i - 1] + "\nmodel's top guesses:\n" + s.top[i - 1].map(([x, p]) => JSON.stringify(x) + " " + fmt(p)).join("\n");
+        " bits, rank " + s.rank[i - 1] + "\nmodel's top guesses:\n" + s.top[i - 1].map(([x, p]) => quoted(x) + " " + fmt(p)).join("\n");
       span.addEventListener("mousemove", (ev) => showTip(ev, text)); span.addEventListener("mouseleave", hideTip); }
     $("surprise-tokens").appendChild(span); });
 }
@@ -91,7 +86,7 @@ function buildAttribution() {
   sel.value = T - 1;
   function draw() {
     const a = DATA.attributions[+sel.value];
-    $("attr-note").textContent = "logit of " + JSON.stringify(a.token) + (+sel.value < T - 1 ? " (the next token)" : " (the model's top guess)") +
+    $("attr-note").textContent = "logit of " + quoted(a.token) + (+sel.value < T - 1 ? " (the next token)" : " (the model's top guess)") +
       " = " + fmt(a.total) + "; the parts sum to it (checked).";
     const box = $("attr-bars"); box.textContent = "";
     const scale = Math.max(...a.values.map(Math.abs)) || 1;
@@ -126,53 +121,7 @@ function buildHeads() {
     box.appendChild(table); $("heads-tables").appendChild(box); }
 }
 
-// ------------------------------------------------------------------ training
-function lineChart(parent, title, series, opts) {
-  opts = opts || {}; const W = 430, Hh = 230, m = {l: 52, r: 10, t: 8, b: 30};
-  const box = el("div", {"class": "chart"}); box.appendChild(el("h3", {}, title));
-  const s = svg("svg", {width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh});
-  const pts = series.flatMap((d) => d.x.map((x, i) => [x, d.y[i]])).filter(([x, y]) => y !== null && isFinite(y) && (!opts.log || y > 0));
-  if (!pts.length) return;
-  const tr = (y) => opts.log ? Math.log10(y) : y;
-  let x0 = Math.min(...pts.map((p) => p[0])), x1 = Math.max(...pts.map((p) => p[0]));
-  let y0 = Math.min(...pts.map((p) => tr(p[1]))), y1 = Math.max(...pts.map((p) => tr(p[1])));
-  if (opts.band) { y0 = Math.min(y0, opts.band[0]); y1 = Math.max(y1, opts.band[1]); }
-  if (x1 === x0) x1 = x0 + 1; if (y1 === y0) { y1 += 1; y0 -= 1; }
-  const X = (x) => m.l + (x - x0) / (x1 - x0) * (W - m.l - m.r), Y = (y) => Hh - m.b - (tr(y) - y0) / (y1 - y0) * (Hh - m.t - m.b);
-  axes(s, {W, Hh, m}, opts, x0, x1, y0, y1);
-  const named = opts.top ? outliers(series, opts.top, tr, opts.log) : series.map((_, n) => n);
-  const colour = new Map(named.map((n, k) => [n, series[n].color || COLORS[k % COLORS.length]]));
-  const order = series.map((_, n) => n).filter((n) => !colour.has(n)).concat(named);  // grey under
-  for (const n of order) { const d = series[n]; let path = "";
-    d.x.forEach((x, i) => { const y = d.y[i]; if (y === null || !isFinite(y) || (opts.log && y <= 0)) return;
-      path += (path ? "L" : "M") + X(x).toFixed(1) + "," + Y(y).toFixed(1); });
-    if (!path) continue;
-    const line = svg("path", {d: path, fill: "none", "stroke-width": colour.has(n) ? 1.6 : 1,
-                              "class": colour.has(n) ? "named" : "grey", "data-name": d.name});
-    if (colour.has(n)) line.setAttribute("stroke", colour.get(n));
-    const hover = svg("title", {}); hover.textContent = d.name; line.appendChild(hover);
-    s.appendChild(line); }
-  box.appendChild(s);
-  const legend = el("div", {"class": "legend"});
-  named.forEach((n) => { const item = el("span", {"class": "legend-item"}, "\u25a0 " + series[n].name + "  ");
-    item.style.color = colour.get(n); legend.appendChild(item); });
-  const others = series.length - named.length;
-  if (others) legend.appendChild(el("span", {"class": "legend-rest"}, "\u25a0 " + others + " other" +
-    (others > 1 ? "s" : "") + " in grey (hover a line for its name)"));
-  box.appendChild(legend); parent.appendChild(box);
-}
-// The indices of the `k` series to name: those whose last value lies farthest from the median
-// of all the last values (on the chart's scale: log10 for a log chart) -- the outliers a reader
-// looks for among ~30 tensors; the others are drawn grey. All of them when there are <= k.
-function outliers(series, k, tr, log) {
-  const last = series.map((d) => { for (let i = d.y.length - 1; i >= 0; i--) { const y = d.y[i];
-    if (y !== null && isFinite(y) && (!log || y > 0)) return tr(y); } return null; });
-  const known = series.map((_, n) => n).filter((n) => last[n] !== null);
-  if (known.length <= k) return known;
-  const sorted = known.map((n) => last[n]).sort((a, b) => a - b), median = sorted[Math.floor(sorted.length / 2)];
-  return known.sort((a, b) => Math.abs(last[b] - median) - Math.abs(last[a] - median) || a - b).slice(0, k);
-}
-const HEALTH_NAMED = 5;  // series named (in colour) per health panel; the rest are grey
+// ------------------------------------------------------------------ training (lineChart: common.js)
 function buildTraining() {
   if (!DATA.run) return;
   const h = DATA.run.history;
@@ -207,6 +156,7 @@ function main() {
   const m = DATA.model;
   $("meta").textContent = m.family + " model: d_model " + m.d_model + ", " + m.n_layers + " layers, " + m.n_heads +
     " heads (" + m.n_kv_heads + " kv), vocab " + m.vocab_size + "; " + DATA.tokens.length + " tokens";
+  if (DATA.note) { $("prompt-note").textContent = "Note: " + DATA.note + "."; $("prompt-note").hidden = false; }
   buildNav(DATA.run); show("attention"); buildAttention(); buildLens(); buildSurprise(); buildAttribution(); buildHeads(); buildTraining();
   document.body.dataset.ready = "1";
 }

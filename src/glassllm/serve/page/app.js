@@ -82,6 +82,7 @@ async function analyze() {
     const a = await latest("analyze", "/api/analyze", {model: state.model, prompt: state.prompt, k: 5});
     if (!a) return;  // a newer analysis was asked for
     state.analysis = a; state.attention = {}; describe(a.model_info); document.body.dataset.model = a.model;
+    promptNote(a.cut);
     (a.attention || []).forEach((layer, l) => { state.attention[l] = layer; });
     drawAll();
     status(a.tokens.ids.length + " tokens, mean surprise " + fmt(a.surprise.mean_nats) + " nats (" +
@@ -89,6 +90,8 @@ async function analyze() {
     document.body.dataset.ready = "1";
   } catch (e) { status(e.message, true); document.body.dataset.ready = "error"; }
 }
+// A prompt over the model's max_len is cut by the server to its first max_len tokens: said here
+function promptNote(cut) { const note = $("prompt-note"); note.textContent = cut ? "Note: " + cut + "." : ""; note.hidden = !cut; }
 function drawAll() {
   const a = state.analysis, T = a.tokens.ids.length;
   drawSurprise(); buildAttention(); drawLens();
@@ -111,7 +114,7 @@ function drawSurprise() {
     if (i > 0) { span.style.background = heat((values[i - 1] || 0) / cap);
       hover(span, "token " + i + " " + JSON.stringify(t) + " (id " + a.tokens.ids[i] + "): " + fmt(s.nats[i - 1]) + " nats, " +
         fmt(s.bits[i - 1]) + " bits, rank " + s.rank[i - 1] + "\nthe model's top guesses:\n" +
-        s.top[i - 1].map(([x, p]) => "  " + JSON.stringify(x) + " " + fmt(p)).join("\n")); }
+        s.top[i - 1].map(([x, p]) => "  " + quoted(x) + " " + fmt(p)).join("\n")); }
     else hover(span, "token 0 " + JSON.stringify(t) + ": nothing before it to predict it from");
     box.appendChild(span); });
 }
@@ -158,6 +161,11 @@ function buildAttention() {
     box.addEventListener("click", () => { $("att-layer").value = l; pickLayer().then(() => { $("att-head").value = h; drawAttention(); }); });
     grid.appendChild(box); state.thumbs.push([l, h, canvas, cell, box]);
   }
+  // the big map: a cell of 12 px at least, so that a token label fits beside each row and column
+  state.bigCell = Math.max(12, Math.min(22, Math.floor(520 / T)));
+  mapLabels($("att-xlabels"), a.tokens.texts, "att-xlabel", "width", state.bigCell, vis);
+  state.rowLabels = mapLabels($("att-ylabels"), a.tokens.texts, "att-ylabel", "height", state.bigCell, vis);
+  state.rowLabels.forEach((e, i) => { e.addEventListener("mouseenter", () => lightTokens(i)); e.addEventListener("mouseleave", unlightTokens); });
   fillThumbs(); pickLayer();
 }
 async function fillThumbs() {
@@ -175,14 +183,17 @@ async function pickLayer() {
 function drawAttention() {
   const l = +$("att-layer").value, h = +$("att-head").value, rows = (state.attention[l] || [])[h];
   if (!rows) return;
-  const T = rows.length, cell = Math.max(6, Math.min(22, Math.floor(520 / T))), canvas = $("att-canvas");
+  const T = rows.length, cell = state.bigCell, canvas = $("att-canvas");
   drawPattern(canvas, rows, cell); canvas.dataset.cell = cell;
+  canvas.style.width = canvas.style.height = cell * T + "px";  // never scaled: the labels keep to the cells
   for (const [tl, th, , , box] of state.thumbs) box.classList.toggle("picked", tl === l && th === h);
 }
 function lightTokens(i) { const l = +$("att-layer").value, h = +$("att-head").value, rows = (state.attention[l] || [])[h];
   if (!rows) return;
-  state.attSpans.forEach((s, j) => { s.style.background = j <= i ? blue(rows[i][j]) : "transparent"; s.classList.toggle("query", j === i); }); }
-function unlightTokens() { state.attSpans.forEach((s) => { s.style.background = "transparent"; s.classList.remove("query"); }); }
+  state.attSpans.forEach((s, j) => { s.style.background = j <= i ? blue(rows[i][j]) : "transparent"; s.classList.toggle("query", j === i); });
+  state.rowLabels.forEach((e, j) => e.classList.toggle("query", j === i)); }
+function unlightTokens() { state.attSpans.forEach((s) => { s.style.background = "transparent"; s.classList.remove("query"); });
+  state.rowLabels.forEach((e) => e.classList.remove("query")); }
 function attentionCanvasTip(ev) {
   const canvas = $("att-canvas"), cell = +canvas.dataset.cell, b = canvas.getBoundingClientRect(), a = state.analysis;
   const rows = (state.attention[+$("att-layer").value] || [])[+$("att-head").value];
@@ -199,10 +210,10 @@ function drawLens() {
   table.appendChild(head);
   lens.layers.forEach((name, l) => { const tr = el("tr"); tr.appendChild(el("th", {}, name));
     for (let t = 0; t < T; t++) { const [tok, p] = lens.top[l][t][0];
-      const td = el("td", {}, vis(tok).replace(/ /g, "\u2423"));
+      const td = el("td", {}, cellText(tok, vis));
       td.style.background = heat(by === "target" ? (t < T - 1 ? lens.target_prob[l][t] : 0) : p);
       let text = name + ", after position " + t + " " + JSON.stringify(a.tokens.texts[t]) + ":\n" +
-        lens.top[l][t].map(([x, q]) => "  " + JSON.stringify(x) + " " + fmt(q)).join("\n");
+        lens.top[l][t].map(([x, q]) => "  " + quoted(x) + " " + fmt(q)).join("\n");
       if (t < T - 1) text += "\ntrue next token " + JSON.stringify(a.tokens.texts[t + 1]) + ": p " + fmt(lens.target_prob[l][t], 4) + ", rank " + lens.target_rank[l][t];
       hover(td, text); tr.appendChild(td); }
     table.appendChild(tr); });
@@ -236,7 +247,7 @@ async function runAttribution() {
     const r = await latest("attribution", "/api/attribution", body);
     if (!r) return;
     check.classList.remove("error");
-    check.textContent = r.of + " of " + JSON.stringify(r.token_text) + (r.against === null ? "" : " minus " + JSON.stringify(r.against_text)) +
+    check.textContent = r.of + " of " + quoted(r.token_text) + (r.against === null ? "" : " minus " + quoted(r.against_text)) +
       " after position " + r.position + " = " + fmt(r.total, 4) + "; self-check " + r.self_check + " (residual error " + fmt(r.residual_error, 9) + ")";
     const order = r.values.map((v, i) => i).sort((i, j) => Math.abs(r.values[j]) - Math.abs(r.values[i])).slice(0, 16);
     bars($("attr-bars"), order.map((i) => r.labels[i]), order.map((i) => r.values[i]));
@@ -275,7 +286,7 @@ async function runAblation() {
     const table = el("table", {"class": "grid"}), head = el("tr");
     ["next token after " + r.position, "p clean", "p ablated", "logit clean", "logit ablated", "logit change"].forEach((t) => head.appendChild(el("th", {}, t)));
     table.appendChild(head);
-    r.rows.forEach((row) => { const tr = el("tr"); tr.appendChild(el("td", {}, JSON.stringify(row.text)));
+    r.rows.forEach((row) => { const tr = el("tr"); tr.appendChild(el("td", {}, quoted(row.text)));
       [row.clean_prob, row.ablated_prob, row.clean_logit, row.ablated_logit].forEach((v) => tr.appendChild(el("td", {}, fmt(v, 4))));
       const d = row.ablated_logit - row.clean_logit, td = el("td", {}, (d >= 0 ? "+" : "") + fmt(d, 4)); td.style.background = diverging(d, 2);
       tr.appendChild(td); table.appendChild(tr); });
@@ -292,7 +303,7 @@ async function runPatching() {
       target: $("patch-target").value, correct: tokenField($("patch-correct").value), wrong: tokenField($("patch-wrong").value)});
     if (!r) return;  // a newer sweep was asked for (this one was stopped)
     state.patch = r; note.dataset.correct = r.correct; note.dataset.wrong = r.wrong;
-    note.textContent = "metric: logit(" + JSON.stringify(r.correct_text) + ") \u2212 logit(" + JSON.stringify(r.wrong_text) + ") after position " +
+    note.textContent = "metric: logit(" + quoted(r.correct_text) + ") \u2212 logit(" + quoted(r.wrong_text) + ") after position " +
       r.position + ": clean run " + fmt(r.clean_metric, 4) + ", corrupted run " + fmt(r.corrupted_metric, 4) + "; patching " + r.target;
     drawPatchGrid(r);
   } catch (e) { note.classList.add("error"); note.textContent = e.message; }
@@ -365,29 +376,6 @@ function showStep(index) { const msg = state.genSteps[index];
   box.insertBefore(el("h3", {}, "step " + index + ": drew " + JSON.stringify(msg.piece) + " (p " + fmt(msg.prob, 4) + ") from"), box.firstChild); }
 
 // ------------------------------------------------------------------ training
-function lineChart(parent, id, title, series, opts) {
-  opts = opts || {}; const box = {W: 430, Hh: 230, m: {l: 52, r: 10, t: 8, b: 30}}, {W, Hh, m} = box;
-  const ok = (y) => y !== null && y !== undefined && isFinite(y) && (!opts.log || y > 0);
-  const pts = series.flatMap((d) => d.x.map((x, i) => [x, d.y[i]])).filter(([x, y]) => x !== null && ok(y));
-  if (!pts.length) return;
-  const tr = (y) => opts.log ? Math.log10(y) : y, chart = el("div", {"class": "chart", "id": id});
-  chart.appendChild(el("h3", {}, title));
-  let x0 = Math.min(...pts.map((p) => p[0])), x1 = Math.max(...pts.map((p) => p[0]));
-  let y0 = Math.min(...pts.map((p) => tr(p[1]))), y1 = Math.max(...pts.map((p) => tr(p[1])));
-  if (opts.band) { y0 = Math.min(y0, opts.band[0]); y1 = Math.max(y1, opts.band[1]); }
-  if (x1 === x0) x1 = x0 + 1; if (y1 === y0) { y1 += 1; y0 -= 1; }
-  const X = (x) => m.l + (x - x0) / (x1 - x0) * (W - m.l - m.r), Y = (y) => Hh - m.b - (tr(y) - y0) / (y1 - y0) * (Hh - m.t - m.b);
-  const s = svg("svg", {width: W, height: Hh, viewBox: "0 0 " + W + " " + Hh, "data-points": pts.length});
-  axes(s, box, opts, x0, x1, y0, y1);
-  series.forEach((d, n) => { let path = "";
-    d.x.forEach((x, i) => { if (!ok(d.y[i])) return; path += (path ? "L" : "M") + X(x).toFixed(1) + "," + Y(d.y[i]).toFixed(1); });
-    if (path) s.appendChild(svg("path", {d: path, fill: "none", stroke: d.color || COLORS[n % COLORS.length], "stroke-width": 1.5})); });
-  chart.appendChild(s);
-  const legend = el("div", {"class": "legend"});
-  series.slice(0, 12).forEach((d, n) => { const item = el("span", {}, "\u25a0 " + d.name + "  "); item.style.color = d.color || COLORS[n % COLORS.length]; legend.appendChild(item); });
-  if (series.length > 12) legend.appendChild(el("span", {}, "(+" + (series.length - 12) + " more)"));
-  chart.appendChild(legend); parent.appendChild(chart);
-}
 function drawCurves(run) {
   const box = clear($("train-charts")), h = run.history, steps = run.steps, rows = run.health || [];
   const loss = [], lr = [];
@@ -396,7 +384,7 @@ function drawCurves(run) {
   else if (rows.length) { loss.push({name: "train (health rows)", x: rows.map((r) => r.step), y: rows.map((r) => r.loss)});
     lr.push({name: "lr", x: rows.map((r) => r.step), y: rows.map((r) => r.lr)}); }
   if (h && h.step.length) loss.push({name: "val", x: h.step, y: h.val_loss, color: "#e07b00"});
-  lineChart(box, "chart-loss", "loss (nats per token)", loss); lineChart(box, "chart-lr", "learning rate", lr);
+  lineChart(box, "loss (nats per token)", loss, {id: "chart-loss"}); lineChart(box, "learning rate", lr, {id: "chart-lr"});
   if (!box.children.length) box.appendChild(el("p", {"class": "note"}, "no points yet: waiting for the run's files (history.csv, a per-step CSV such as steps.csv, or health.jsonl)"));
 }
 const PANELS = [["params", "update_to_data_log10", "update:data ratio (log10) per tensor", false], ["params", "grad_norm", "gradient norm per tensor", true],
@@ -409,11 +397,11 @@ function drawHealth(run) {
   for (const [group, key, title, log] of PANELS) {
     const names = [...new Set(rows.flatMap((r) => Object.keys(r[group] || {})))];
     const series = names.map((n) => ({name: n, x: steps, y: rows.map((r) => (r[group] && r[group][n] && r[group][n][key] !== undefined) ? r[group][n][key] : null)}));
-    if (series.length) lineChart(box, "health-" + key, title + (bands[key] ? " (healthy band shaded)" : ""), series, {log: log, band: bands[key]});
+    if (series.length) lineChart(box, title + (bands[key] ? " (healthy band shaded)" : ""), series, {id: "health-" + key, log: log, band: bands[key], top: HEALTH_NAMED});
   }
   const events = [["global_grad_norm", "global gradient norm", true], ["clip_events", "clip events since the last row", false], ["skipped_steps", "skipped steps since the last row", false]];
   for (const [key, title, log] of events) { const y = rows.map((r) => r[key] === undefined || r[key] === null ? null : Number(r[key]));
-    if (y.some((v) => v !== null)) lineChart(box, "health-" + key, title, [{name: key, x: steps, y: y}], {log: log}); }
+    if (y.some((v) => v !== null)) lineChart(box, title, [{name: key, x: steps, y: y}], {id: "health-" + key, log: log}); }
 }
 function drawRunLists(run) {
   const warnings = clear($("train-warnings"));
