@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import signal
 import socket
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -220,6 +222,7 @@ def test_answers_say_what_they_answer(served):
     assert r["request"] is None and r["model_info"]["label"] == "tiny"
     lines = served.stream({"prompt": "Once", "max_new_tokens": 2, "request": "g-1"})
     assert lines[0]["request"] == "g-1" and lines[0]["model"] == ""
+    assert lines[0]["prompt"] == "Once"  # as every call that takes a prompt (docs/serve.md)
     for bad in (True, [1], {"a": 1}, "x" * 101):
         status, r = served.call("/api/analyze", {"prompt": PROMPT, "request": bad})
         assert status in (400, 413) and "request" in r["error"], bad
@@ -367,6 +370,73 @@ def test_a_malformed_health_row_is_skipped_and_said(tmp_path):
                          "line 6: params must be an object of objects",
                          'line 7: loss must be a number, got "low"'):
                 assert "health.jsonl: " + said in problems, (said, problems)
+    finally:
+        running.stop()
+
+
+def test_a_health_number_past_float_range_reads_as_missing(tmp_path):
+    """1e999 is valid JSON that Python reads as inf, which no JSON answer holds: before, every
+    poll of the run answered 400 ("Out of range float values") for as long as the row was
+    there. Now it reads as null, as NaN does; a step of 1e999 is no finite step (skipped)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "health.jsonl").write_text(_health([
+        '{"step": 0, "loss": 1e999, "lr": 0.001}',
+        '{"step": 1, "params": {"wte": {"grad_norm": -1e999, "ratio": 0.5}}}',
+        '{"step": 1e999, "loss": 1.0}', {**HEALTH_ROW, "step": 2}]))
+    running = Running(None, run_dir=run)
+    try:
+        for query in ("", "?after="):
+            status, r = running.call("/api/run" + query)
+            assert status == 200, (query, r)
+            assert [row["step"] for row in r["health"]] == [0, 1, 2]
+            assert r["health"][0]["loss"] is None and r["health"][0]["lr"] == 0.001
+            assert r["health"][1]["params"] == {"wte": {"grad_norm": None, "ratio": 0.5}}
+            assert r["problems"] == ["health.jsonl: line 3: no finite numeric step; skipped"]
+    finally:
+        running.stop()
+
+
+def test_a_cursor_of_other_digits_starts_afresh(tmp_path):
+    """str.isdigit() holds for "²" (which int() refuses: the poll answered 400 "invalid
+    literal for int()") and for "٣" (which int() reads as 3): a cursor of anything but ASCII
+    digits is no cursor, and the answer starts from the beginning, as for "junk"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _steps_csv(run / "steps.csv", range(5))
+    running = Running(None, run_dir=run)
+    try:
+        cursor = running.call("/api/run?after=")[1]["cursor"]
+        arabic = cursor.translate({ord(d): chr(0x660 + int(d)) for d in "0123456789"})
+        for given in ("\u00b2-1-1-1-1-1", arabic):
+            status, r = running.call("/api/run?after=" + urllib.parse.quote(given))
+            assert status == 200, (given, r)
+            assert r["incremental"] is False and r["steps"]["step"] == [0, 1, 2, 3, 4], given
+        assert running.call("/api/run?after=" + cursor)[1]["incremental"] is True
+    finally:
+        running.stop()
+
+
+def test_run_files_that_are_no_regular_files_are_said_not_read(tmp_path):
+    """A link loop in the run folder made every poll a 500 (OSError from DirEntry.is_file);
+    a FIFO named health.jsonl or history.csv held a quick-lane thread for good at its first
+    poll (open() waits for a writer), so four polls took the page and /api/info down."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _steps_csv(run / "steps.csv", range(3))
+    os.symlink("loop.csv", run / "loop.csv")
+    os.symlink("x.safetensors", run / "x.safetensors")
+    os.mkfifo(run / "health.jsonl")
+    os.mkfifo(run / "history.csv")
+    running = Running(None, run_dir=run)
+    try:
+        for query in ("", "?after=", "?after=", "?version=0", "?after=", "?after="):
+            status, r = running.call("/api/run" + query, timeout=10)
+            assert status == 200, (query, r)
+            assert r["steps"]["step"] == [0, 1, 2] and r["health"] == []
+            assert r["problems"] == ["health.jsonl: not a regular file: not read",
+                                     "history.csv: not a regular file: not read"], r["problems"]
+        assert running.call("/api/info", timeout=10)[0] == 200
     finally:
         running.stop()
 

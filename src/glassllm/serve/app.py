@@ -390,7 +390,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         first = dict(event="start", prompt_ids=gen.prompt_ids, model=loaded.name, request=asked,
-                     prompt_texts=[loaded.texts(i) for i in gen.prompt_ids])
+                     prompt=prompt, prompt_texts=[loaded.texts(i) for i in gen.prompt_ids])
         try:
             await send_line(response, first, server.limits.write_seconds)
             last = await stream_tokens(server.lanes, loaded, gen, n, response,

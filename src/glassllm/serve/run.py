@@ -33,6 +33,7 @@ import json
 import math
 import os
 import secrets
+import stat
 import threading
 
 from ..checks import check_real
@@ -60,6 +61,34 @@ def _number(cell):
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
+
+
+def _finite_float(text: str):
+    """A JSON number's text as a float, or None when it overflows (1e999 reads as inf, which
+    no JSON answer can hold): as NaN and Infinity, a value the row does not have."""
+    x = float(text)
+    return x if math.isfinite(x) else None
+
+
+def _regular_stat(entry) -> os.stat_result | None:
+    """The stat of a directory entry or path when it is a regular file (links followed), else
+    None: a FIFO or device would block a read (a thread of the quick lane, for good), and a
+    link loop, a dangling link or a file removed since the listing cannot be read at all."""
+    try:
+        st = entry.stat() if isinstance(entry, os.DirEntry) else os.stat(entry)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _listing(folder: str) -> list:
+    """The entries of `folder` by name; [] when it is gone or cannot be listed (a run folder
+    removed or replaced between two calls)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entries, key=lambda e: e.name)
+    except OSError:
+        return []
 
 
 def _is_number(x) -> bool:
@@ -117,6 +146,12 @@ class RowLog:
             if self.offset:
                 self._reset()
             return
+        except OSError as e:  # a link loop, a folder without permission
+            self._problem(f"cannot be read: {' '.join(str(e).split())[:200]}")
+            return
+        if not stat.S_ISREG(st.st_mode):  # opening a FIFO would wait for a writer, forever
+            self._problem("not a regular file: not read")
+            return
         try:
             with open(self.path, "rb") as f:
                 if st.st_ino != self.ino or st.st_size < self.offset or \
@@ -162,7 +197,7 @@ class RowLog:
             self._csv_line(text)
             return
         try:
-            row = json.loads(text, parse_constant=lambda _: None)
+            row = json.loads(text, parse_constant=lambda _: None, parse_float=_finite_float)
         except (ValueError, RecursionError) as e:
             self._problem(f"line {self.line} is not a JSON line ({str(e)[:60]}); skipped")
             return
@@ -200,8 +235,11 @@ class RowLog:
         self.steps.append(step)
 
     def _problem(self, message: str) -> None:
+        message = f"{self.name}: {message}"
+        if message in self.problems:  # a file that stays unreadable: said once, not per poll
+            return
         if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(f"{self.name}: {message}")
+            self.problems.append(message)
         else:
             self.dropped += 1
 
@@ -232,6 +270,8 @@ def _history_lists(history: dict) -> dict:
 
 
 def _read_history_capped(path: str) -> dict:
+    if _regular_stat(path) is None:
+        raise ValueError("not a regular file: not read")
     size = os.path.getsize(path)
     if size > MAX_FILE_BYTES:
         raise ValueError(f"{_size(size)}, over {_size(MAX_FILE_BYTES)}: not read")
@@ -242,7 +282,8 @@ def _cursor(text: str) -> tuple | None:
     """An `after` cursor's numbers (watcher, steps epoch, steps rows, health epoch, health rows,
     history key), or None when it is "" or not one."""
     parts = text.split("-")
-    if len(parts) != 6 or not all(p.isdigit() and len(p) < 30 for p in parts):
+    # isascii: str.isdigit() holds for "²" and "٣" too, which int() refuses or reads as 3
+    if len(parts) != 6 or not all(p.isascii() and p.isdigit() and len(p) < 30 for p in parts):
         return None
     return tuple(int(p) for p in parts)
 
@@ -268,9 +309,9 @@ class RunWatcher:
         found = []
         if not os.path.isdir(self.run_dir):
             return found
-        for entry in sorted(os.scandir(self.run_dir), key=lambda e: e.name):
+        for entry in _listing(self.run_dir):
             if entry.name.endswith(".csv") and entry.name != "history.csv" and \
-                    not entry.name.startswith(".") and entry.is_file():
+                    not entry.name.startswith(".") and _regular_stat(entry) is not None:
                 try:
                     with open(entry.path, encoding="utf-8", errors="replace") as f:
                         header = set(f.readline(4096).strip().split(","))
@@ -286,9 +327,10 @@ class RunWatcher:
         if not os.path.isdir(self.run_dir):
             return "absent"
         parts = []
-        for entry in sorted(os.scandir(self.run_dir), key=lambda e: e.name):
-            if entry.name.endswith((".csv", ".jsonl", ".safetensors")) and entry.is_file():
-                st = entry.stat()
+        for entry in _listing(self.run_dir):
+            st = _regular_stat(entry) if entry.name.endswith((".csv", ".jsonl", ".safetensors")) \
+                else None
+            if st is not None:
                 parts.append(f"{entry.name}:{st.st_size}:{st.st_mtime_ns}")
         return str(hash(tuple(parts)) & 0xFFFFFFFFFFFF)
 
