@@ -7,9 +7,19 @@ import threading
 import urllib.error
 import urllib.request
 
+from glassllm.model import Config, GlassLM
 from glassllm.serve.app import Server, run
 from glassllm.serve.limits import Limits
 from glassllm.serve.models import Loaded, ModelStore
+
+
+PROMPT = "Once upon a time there was a cat. Once upon a time"
+CORRUPTED = "Once upon a time there was a dog. Once upon a time"  # one token differs
+
+
+def tiny_model(seed: int = 0) -> GlassLM:
+    """The serve tests' model: 2 layers of 32, grouped-query attention, max_len 64."""
+    return GlassLM(Config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_len=64), seed=seed)
 
 
 class Running:

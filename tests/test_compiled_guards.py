@@ -275,3 +275,31 @@ except IndexError as error:
                             timeout=120, env={**os.environ, "PYTHONPATH": str(SRC)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "False", "False", "False", "False", "IndexError"]
+
+
+@needs_numba
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_the_one_call_loss_gives_the_bits_of_the_rows_on_the_pool(monkeypatch, overwrite):
+    """Small losses run as one call (`SERIAL_LOSS_ELEMENTS`), larger ones over the pool's rows:
+    the same rows and the same total order, so the same bits, saved buffers included."""
+    from glassllm.engine import cpu
+    rng = np.random.default_rng(3)
+    logits = (3 * rng.standard_normal((300, 700))).astype(np.float32)
+    targets = rng.integers(0, 700, 300)
+    one_loss, (one_exps, one_t, one_scale) = compiled.cross_entropy_forward(
+        logits.copy(), targets, overwrite)
+    monkeypatch.setattr(compiled, "SERIAL_LOSS_ELEMENTS", 0)
+    with cpu.use_threads(2):
+        loss, (exps, t, scale) = compiled.cross_entropy_forward(logits.copy(), targets, overwrite)
+    assert one_loss.tobytes() == loss.tobytes()
+    assert np.array_equal(one_exps, exps) and np.array_equal(one_t, t)
+    assert np.array_equal(one_scale, scale)
+
+
+@needs_numba
+def test_a_bad_target_leaves_the_logits_a_loss_may_overwrite_as_they_were():
+    logits = np.arange(12, dtype=np.float32).reshape(4, 3)
+    before = logits.copy()
+    with pytest.raises(IndexError, match="target 3 is out of bounds for 3 classes"):
+        compiled.cross_entropy_forward(logits, np.array([0, 1, 2, 3]), True)
+    assert np.array_equal(logits, before)

@@ -26,22 +26,13 @@ from glassllm import cli  # noqa: E402
 from glassllm.formats import files  # noqa: E402
 from glassllm.tokenizers import ByteTokenizer  # noqa: E402
 from glassllm.lens import interpret  # noqa: E402
-from glassllm.model import Config, GlassLM  # noqa: E402
 from glassllm.serve.limits import Limits  # noqa: E402
 from glassllm.serve.models import Loaded, encode_prompt  # noqa: E402
 from glassllm.formats.inline_json import inline_json  # noqa: E402
 from glassllm.serve.run import RunWatcher  # noqa: E402
 from glassllm.serve.security import Gate, split_host  # noqa: E402
 
-from serve_client import Running  # noqa: E402
-
-PROMPT = "Once upon a time there was a cat. Once upon a time"
-CORRUPTED = "Once upon a time there was a dog. Once upon a time"
-
-
-def tiny_model(seed: int = 0) -> GlassLM:
-    return GlassLM(Config(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_len=64), seed=seed)
-
+from serve_client import CORRUPTED, PROMPT, Running, tiny_model  # noqa: E402
 
 @pytest.fixture(scope="module")
 def model():

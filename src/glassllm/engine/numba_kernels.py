@@ -453,6 +453,22 @@ def cross_entropy_total(stats):
 
 
 @_jit
+def cross_entropy_forward_total(z, targets, exps, stats):
+    """`cross_entropy_forward` of every row, then `cross_entropy_total`, in one call from
+    Python, once every target is checked to be in [0, V). Returns (total, ok); ok False: a
+    target is outside [0, V) and nothing was written (the caller's general path raises, or
+    counts a negative target from the end). For losses too small to gain from the pool: after a
+    pass over memory each call from Python costs 20-30 us (`cross_entropy_total`), and at 2048
+    rows of 256 the kernel on one thread took 0.23 ms where the pool's two took 0.29 ms."""
+    N, V = z.shape
+    for i in range(N):
+        if targets[i] < 0 or targets[i] >= V:
+            return 0.0, False
+    cross_entropy_forward(z, targets, exps, stats[0], stats[1], stats[2])
+    return cross_entropy_total(stats), True
+
+
+@_jit
 def targets_range(t):
     """(min, max) of a non-empty int64 vector, in one pass."""
     lo = hi = t[0]

@@ -45,8 +45,8 @@ def inline_json(value) -> str:
 
 def page_files(package: str, names: tuple[str, str, str], what: str) -> tuple[str, str, str]:
     """The (html, css, script) text of a page shipped as package data in `package`'s `page/`
-    folder, the script after the pages' shared one (formats/page/common.js), the CSS and
-    script checked to be inlinable: neither may hold "</style" or
+    folder, the script after the pages' shared one (formats/page/common.js) and the CSS after
+    theirs (formats/page/common.css), the CSS and script checked to be inlinable: neither may hold "</style" or
     "</script", which would end the element it is inlined in.
 
     Raises:
@@ -59,16 +59,17 @@ def page_files(package: str, names: tuple[str, str, str], what: str) -> tuple[st
     except OSError as e:
         raise RuntimeError(f"the {what}'s files are missing from the installed glassllm "
                            f"({folder}): {e}") from None
-    try:  # what both pages share, inlined before each page's own script
-        common = (resources.files("glassllm.formats") / "page" / "common.js").read_text(
-            encoding="utf-8")
+    shared = resources.files("glassllm.formats") / "page"
+    try:  # what both pages share, inlined before each page's own script and CSS
+        common_js, common_css = ((shared / name).read_text(encoding="utf-8")
+                                 for name in ("common.js", "common.css"))
     except OSError as e:
-        raise RuntimeError(f"the pages' shared script is missing from the installed glassllm: "
-                           f"{e}") from None
-    script = common + "\n" + script
+        raise RuntimeError(f"the pages' shared script or CSS is missing from the installed "
+                           f"glassllm: {e}") from None
+    script, css = common_js + "\n" + script, common_css + "\n" + css
     if "</style" in css.lower() or "</script" in script.lower():
-        raise RuntimeError(f"{folder}: {names[1]}, {names[2]} or common.js closes its own "
-                           f"element")
+        raise RuntimeError(f"{folder}: {names[1]}, {names[2]}, common.css or common.js closes "
+                           f"its own element")
     return page, css, script
 
 
