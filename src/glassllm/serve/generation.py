@@ -77,9 +77,7 @@ async def stream_tokens(lanes, loaded, gen: Generation, n: int, response,
     """
     end = dict(event="end", reason="length")
     try:
-        for index in range(n):
-            if lanes.stopping.is_set():
-                return dict(event="error", error="the server is stopping")
+        for index in range(n):  # (model_work raises Cancelled once the server is stopping)
             token = await lanes.model_work(loaded, lambda should_stop: gen.step())
             await send_line(response, dict(event="token", index=index, **token), write_seconds)
             if token["stop"]:

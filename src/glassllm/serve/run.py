@@ -296,6 +296,7 @@ class RunWatcher:
         self._logs: dict[str, RowLog] = {}
         self._history: tuple = (None, None, None)  # (stat key, value, problem)
         self._epochs = 0
+        self._step_log_files: dict[tuple, bool] = {}  # (name, inode) -> a per-step log?
         self._id = secrets.randbelow(1 << 40)  # a cursor of another server is not ours
         self._lock = threading.Lock()
 
@@ -310,16 +311,27 @@ class RunWatcher:
         if not os.path.isdir(self.run_dir):
             return found
         for entry in _listing(self.run_dir):
-            if entry.name.endswith(".csv") and entry.name != "history.csv" and \
-                    not entry.name.startswith(".") and _regular_stat(entry) is not None:
-                try:
-                    with open(entry.path, encoding="utf-8", errors="replace") as f:
-                        header = set(f.readline(4096).strip().split(","))
-                except OSError:
-                    continue
-                if _STEP_COLUMNS <= header:
-                    found.append(entry.name)
+            if not entry.name.endswith(".csv") or entry.name == "history.csv" or \
+                    entry.name.startswith("."):
+                continue
+            st = _regular_stat(entry)
+            if st is not None and self._is_step_log(entry.path, (entry.name, st.st_ino)):
+                found.append(entry.name)
         return found
+
+    def _is_step_log(self, path: str, key: tuple) -> bool:
+        """Whether the CSV's header has step, loss and lr; read once per file (name, inode),
+        not at every poll. A file with no complete header line yet is asked again."""
+        if key not in self._step_log_files:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    line = f.readline(4096)
+            except OSError:
+                return False
+            if not line.endswith("\n") and len(line) < 4096:
+                return False
+            self._step_log_files[key] = _STEP_COLUMNS <= set(line.strip().split(","))
+        return self._step_log_files[key]
 
     def version(self) -> str:
         """Changes whenever a file the page shows changes (sizes and times of the directory's

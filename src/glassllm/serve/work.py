@@ -54,13 +54,11 @@ class Lanes:
 
     async def quick(self, fn, *args):
         """fn(*args) on the quick lane (file reads of milliseconds; never a model)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.quick_pool, functools.partial(fn, *args))
+        return await _in(self.quick_pool, fn, *args)
 
     async def load(self, fn, *args):
         """fn(*args) on the model lane, outside any model's turn (loading a model file)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.models, functools.partial(fn, *args))
+        return await _in(self.models, fn, *args)
 
     async def model_work(self, loaded, fn):
         """fn(should_stop) in a worker thread, in `loaded`'s turn and under its lock.
@@ -80,6 +78,8 @@ class Lanes:
         def locked():
             if should_stop():
                 raise Cancelled("stopped before it started")
+            # the turn alone would do, but a handler cancelled twice leaves it before its
+            # thread has stopped: the lock still keeps two threads off one model
             with loaded.lock:
                 return fn(should_stop)
         async with loaded.turn:
@@ -115,3 +115,8 @@ class Lanes:
         self.stopping.set()
         for pool in (self.models, self.quick_pool):
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _in(pool, fn, *args):
+    """fn(*args) in a thread of `pool`, awaited."""
+    return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
