@@ -8,18 +8,21 @@ What `glassllm train` writes beside its model, and when:
   clip/skip events and the warnings that fired (`glassllm.lens.health`);
 - a per-step CSV (`--log-csv`; `glassllm train --serve` writes steps.csv beside the model):
   one flushed row per step: step, lr, loss, skipped;
+- val.csv: one flushed row per evaluation, as it happens: step, val_loss, train_loss (the
+  mean batch loss since the previous evaluation; `glassllm.training.runfiles.ValLog`);
 - history.csv at the end (and on Ctrl-C): every step's loss and lr, the validation losses;
 - the model file (the best so far, at each evaluation that improves) and checkpoints.
 
-`RunWatcher` reads the two files written a row at a time (the per-step CSVs, health.jsonl)
-incrementally (`RowLog`): each poll reads only the bytes added since the last, at most
+`RunWatcher` reads the files written a row at a time (the per-step CSVs, health.jsonl,
+val.csv) incrementally (`RowLog`): each poll reads only the bytes added since the last, at most
 `CHUNK_BYTES` of them, and at most `MAX_FILE_BYTES` of a file in all; history.csv (written
 whole) is read again when it changes, if not over `MAX_FILE_BYTES`. It survives what a live run
 does to them: a file that does not exist yet, a last line still being written (left until
 complete), a run restarted (a file replaced: read afresh) or resumed (steps written again: the
 rows from the first repeated step on are replaced). A row it cannot use -- not JSON, not an
-object with a finite numeric step, a field of the wrong type (`"warnings": 5`) -- is skipped and
-named in `problems`, one line each; a file that cannot be read likewise: nothing is raised.
+object with a finite numeric step, a field of the wrong type (`"warnings": 5`), a val.csv row
+without a finite step and val_loss -- is skipped and named in `problems`, one line each; a file
+that cannot be read likewise: nothing is raised.
 
 `RunWatcher.poll(cursor)` is what the page polls with: only the rows after those the cursor of
 its previous answer covers (`after=` in docs/serve.md), so a poll of a run of 30,000 steps
@@ -42,7 +45,12 @@ from ..lens.plots import read_history
 
 MAX_FILE_BYTES = 256 << 20  # of a run file, at most this much is read (said in `problems`)
 CHUNK_BYTES = 16 << 20  # read by one poll from one file: the next poll goes on
-ANSWER_ROWS = {"steps": 20_000, "health": 1_000}  # rows of each file in one poll's answer
+ANSWER_ROWS = {"steps": 20_000, "health": 1_000, "val": 20_000}  # rows of each file per answer
+# The files a poll's cursor follows, in its order: after the watcher's id, each one's (epoch,
+# rows), then history.csv's key (`_cursor`)
+_CURSOR_LOGS = ("steps", "health", "val")
+# what glassllm.training.runfiles.ValLog writes beside the model (serve does not import training)
+VAL_FILE = "val.csv"
 MAX_PROBLEMS = 20  # named per file; past that counted
 _HEAD = 256  # bytes of a file's start kept to see it replaced
 _STEP_COLUMNS = {"step", "loss", "lr"}
@@ -121,8 +129,8 @@ def health_row_problem(row) -> str | None:
 
 
 class RowLog:
-    """One file written a row per line (kind "csv": a per-step CSV with a header; "jsonl":
-    health.jsonl), read incrementally: `refresh()` reads what was added. `rows` are
+    """One file written a row per line (kind "csv": a per-step CSV with a header; "val":
+    val.csv; "jsonl": health.jsonl), read incrementally: `refresh()` reads what was added. `rows` are
     (step, value) in step order; `epoch` changes whenever they change other than by rows
     appended (the file replaced, a resumed run writing steps again), so a reader holding the
     first n rows of an epoch needs only rows[n:] while the epoch stays."""
@@ -193,7 +201,7 @@ class RowLog:
             return
         if not text.strip():
             return
-        if self.kind == "csv":
+        if self.kind in ("csv", "val"):
             self._csv_line(text)
             return
         try:
@@ -217,12 +225,26 @@ class RowLog:
             self.header = [c.strip() for c in cells]
             return
         row = dict(zip(self.header, cells))
+        if self.kind == "val":
+            self._val_row(row)
+            return
         step = _number(row.get("step"))
         if step is None:
             return
         skipped = (row.get("skipped") or "").strip().lower() in ("1", "true")
         self._add(int(step), (int(step), _number(row.get("loss")), _number(row.get("lr")),
                               (row.get("skip_reason") or "skipped") if skipped else None))
+
+    def _val_row(self, row: dict) -> None:
+        """A val.csv row -> (step, val_loss, train_loss or None); one without a finite
+        integer step or a finite val_loss is skipped and said."""
+        step, val = _number(row.get("step")), _number(row.get("val_loss"))
+        if step is None or step != int(step) or val is None:
+            what = "step" if step is None or step != int(step) else "val_loss"
+            self._problem(f"line {self.line}: {what} {str(row.get(what))[:40]!r} is not a "
+                          f"finite number; skipped")
+            return
+        self._add(int(step), (int(step), val, _number(row.get("train_loss"))))
 
     def _add(self, step, row) -> None:
         """Append a row; a step at or before the last one is a resumed run writing steps
@@ -255,6 +277,13 @@ def steps_view(rows) -> dict:
                 skips=[dict(step=r[0], reason=r[3]) for r in rows if r[3] is not None])
 
 
+def val_view(rows) -> dict:
+    """val.csv rows -> {"step", "val_loss", "train_loss"} lists (None where train_loss is
+    empty)."""
+    return dict(step=[r[0] for r in rows], val_loss=[r[1] for r in rows],
+                train_loss=[r[2] for r in rows])
+
+
 def warnings_of(health: list, steps: dict | None) -> list[dict]:
     """The warnings of health rows (each row's list) and of skipped steps: [{step, message}]."""
     found = [dict(step=row.get("step"), message=m) for row in health
@@ -279,11 +308,11 @@ def _read_history_capped(path: str) -> dict:
 
 
 def _cursor(text: str) -> tuple | None:
-    """An `after` cursor's numbers (watcher, steps epoch, steps rows, health epoch, health rows,
-    history key), or None when it is "" or not one."""
+    """An `after` cursor's numbers (watcher, then the epoch and rows of each of _CURSOR_LOGS,
+    then history key), or None when it is "" or not one."""
     parts = text.split("-")
     # isascii: str.isdigit() holds for "²" and "٣" too, which int() refuses or reads as 3
-    if len(parts) != 6 or not all(p.isascii() and p.isdigit() and len(p) < 30 for p in parts):
+    if len(parts) != 2 + 2 * len(_CURSOR_LOGS) or not all(p.isascii() and p.isdigit() and len(p) < 30 for p in parts):
         return None
     return tuple(int(p) for p in parts)
 
@@ -306,12 +335,12 @@ class RunWatcher:
 
     def step_logs(self) -> list[str]:
         """The CSVs of the run directory whose header has step, loss and lr (per-step logs),
-        history.csv excepted."""
+        history.csv and val.csv excepted."""
         found = []
         if not os.path.isdir(self.run_dir):
             return found
         for entry in _listing(self.run_dir):
-            if not entry.name.endswith(".csv") or entry.name == "history.csv" or \
+            if not entry.name.endswith(".csv") or entry.name in ("history.csv", VAL_FILE) or \
                     entry.name.startswith("."):
                 continue
             st = _regular_stat(entry)
@@ -351,20 +380,22 @@ class RunWatcher:
             self._logs[name] = RowLog(os.path.join(self.run_dir, name), kind, self._next_epoch)
         return self._logs[name]
 
-    def _refresh(self) -> tuple[RowLog | None, RowLog, list[str]]:
-        """Every file read up to date: (the longest per-step log or None, health, problems)."""
+    def _refresh(self) -> tuple[dict, list[str]]:
+        """Every file read up to date: ({"steps": the longest per-step log or None, "health",
+        "val"}, problems)."""
         names = self.step_logs()
-        for gone in [n for n in self._logs if n != "health.jsonl" and n not in names]:
+        kept = ("health.jsonl", VAL_FILE)
+        for gone in [n for n in self._logs if n not in kept and n not in names]:
             del self._logs[gone]
         logs = [self._log(n, "csv") for n in names]
-        health = self._log("health.jsonl", "jsonl")
-        for log in logs + [health]:
+        health, val = self._log("health.jsonl", "jsonl"), self._log(VAL_FILE, "val")
+        for log in logs + [health, val]:
             log.refresh()
         self._refresh_history()
-        problems = [p for log in logs + [health] for p in log.all_problems()]
+        problems = [p for log in logs + [health, val] for p in log.all_problems()]
         problems += [self._history[2]] if self._history[2] else []
         steps = max(logs, key=lambda log: len(log.rows)) if logs else None
-        return steps, health, problems
+        return dict(steps=steps, health=health, val=val), problems
 
     def _refresh_history(self) -> None:
         path = os.path.join(self.run_dir, "history.csv")
@@ -385,40 +416,44 @@ class RunWatcher:
     def snapshot(self) -> dict:
         """Everything the training page shows, as JSON-ready lists (see the module doc)."""
         with self._lock:
-            steps_log, health_log, problems = self._refresh()
-            steps = None if steps_log is None else steps_view(steps_log.rows)
-            health = list(health_log.rows)
+            logs, problems = self._refresh()
+            steps = None if logs["steps"] is None else steps_view(logs["steps"].rows)
+            health = list(logs["health"].rows)
             return dict(run_dir=self.run_dir, exists=os.path.isdir(self.run_dir),
-                        history=self._history[1], steps=steps, health=health, bands=BANDS,
+                        history=self._history[1], steps=steps, health=health,
+                        val=val_view(logs["val"].rows), bands=BANDS,
                         warnings=warnings_of(health, steps), problems=problems,
                         version=self.version())
 
     def poll(self, after: str) -> dict:
         """What came after the cursor `after` (that of an earlier answer; "" for the start):
-        the snapshot's keys, with `steps`, `health` and `warnings` holding only the rows after
-        it, `history` only when it changed (else absent); `incremental` (False: from the
+        the snapshot's keys, with `steps`, `health`, `val` and `warnings` holding only the rows
+        after it, `history` only when it changed (else absent); `incremental` (False: from the
         start, the page drops what it has), `more` (rows left for the next poll), `cursor`."""
         with self._lock:
-            steps_log, health_log, problems = self._refresh()
+            logs, problems = self._refresh()
             old = _cursor(after)
             history_key = hash(self._history[0]) & 0xFFFFFFFFFF
-            steps_epoch = 0 if steps_log is None else steps_log.epoch
-            steps_rows = [] if steps_log is None else steps_log.rows
-            keep = old is not None and old[0] == self._id and old[1] == steps_epoch and \
-                old[2] <= len(steps_rows) and old[3] == health_log.epoch and \
-                old[4] <= len(health_log.rows)
-            s0, h0 = (old[2], old[4]) if keep else (0, 0)
-            s1 = min(len(steps_rows), s0 + ANSWER_ROWS["steps"])
-            h1 = min(len(health_log.rows), h0 + ANSWER_ROWS["health"])
-            steps = None if steps_log is None else steps_view(steps_rows[s0:s1])
-            health = health_log.rows[h0:h1]
+            # (epoch, rows) of each followed file; no per-step log: epoch 0, no rows
+            held = [(0, []) if logs[name] is None else (logs[name].epoch, logs[name].rows)
+                    for name in _CURSOR_LOGS]
+            keep = old is not None and old[0] == self._id and all(
+                old[1 + 2 * i] == epoch and old[2 + 2 * i] <= len(rows)
+                for i, (epoch, rows) in enumerate(held))
+            window, cursor, more = {}, [self._id], False
+            for i, (name, (epoch, rows)) in enumerate(zip(_CURSOR_LOGS, held)):
+                start = old[2 + 2 * i] if keep else 0
+                end = min(len(rows), start + ANSWER_ROWS[name])
+                window[name], more = rows[start:end], more or end < len(rows)
+                cursor += [epoch, end]
+            steps_log = logs["steps"]
+            steps = None if steps_log is None else steps_view(window["steps"])
             answer = dict(run_dir=self.run_dir, exists=os.path.isdir(self.run_dir),
                           steps=steps, steps_file=None if steps_log is None else steps_log.name,
-                          health=health, bands=BANDS, warnings=warnings_of(health, steps),
-                          problems=problems, version=self.version(), incremental=keep,
-                          more=s1 < len(steps_rows) or h1 < len(health_log.rows),
-                          cursor=f"{self._id}-{steps_epoch}-{s1}-{health_log.epoch}-{h1}-"
-                                 f"{history_key}")
-            if not keep or old[5] != history_key:
+                          health=window["health"], val=val_view(window["val"]), bands=BANDS,
+                          warnings=warnings_of(window["health"], steps), problems=problems,
+                          version=self.version(), incremental=keep, more=more,
+                          cursor="-".join(map(str, cursor + [history_key])))
+            if not keep or old[-1] != history_key:
                 answer["history"] = self._history[1]
             return answer

@@ -75,9 +75,10 @@ class RunPlan:
     Attributes:
         config: the model's `Config` (the checkpoint's on a resume, the model's own with
             init_from). settings: `TrainSettings` (log_csv absolute, health_log set when
-            health_every is). corpus: `glassllm.training.corpus.Corpus`, train and val batches
+            health_every is, val_log always: val.csv beside the model). corpus: `glassllm.training.corpus.Corpus`, train and val batches
             of token ids and their tokenizer. paths: `runfiles.run_paths` ({"model",
-            "checkpoint", "log_csv", "history_csv", "health_jsonl", "plot"}, str or None).
+            "checkpoint", "log_csv", "history_csv", "health_jsonl", "val_csv", "plot"}, str or
+            None).
         threads: the thread count asked for (None: measured at the start); threads_kept: it is
             the resumed run's (recorded for a bit-exact continuation), not given.
         resume: the `Checkpoint` continued (None for a new run); resume_path: its file.
@@ -123,6 +124,7 @@ class RunPlan:
         return {"--out": p["model"], "--checkpoint": p["checkpoint"], "--log-csv": p["log_csv"],
                 "history.csv (next to --out)": p["history_csv"],
                 "health.jsonl (next to --out)": self.settings.health_log,
+                "val.csv (next to --out)": self.settings.val_log,
                 "loss.png (next to --out)": p["plot"]}
 
     def inputs(self) -> list[str]:
@@ -215,9 +217,10 @@ def _plan_without_data(opts: dict, given: dict, comm, initial) -> tuple[RunPlan,
     if resume is not None and comm.rank == 0:  # never into another run's folder
         runfiles.check_resume_outputs(paths, opts["resume"])
     health_every = first_given(opts["health_every"], settings.health_every)
-    settings = dataclasses.replace(  # health.jsonl lives beside history.csv
+    settings = dataclasses.replace(  # health.jsonl and val.csv live beside history.csv
         settings, health_every=health_every,
-        health_log=paths["health_jsonl"] if health_every is not None else None)
+        health_log=paths["health_jsonl"] if health_every is not None else None,
+        val_log=paths["val_csv"])
     sources = opts["data"] if resume is None else opts["data"] or saved.get("sources")
     return RunPlan(config=None, settings=settings, corpus=None, paths=paths,
                    threads=threads, threads_kept=opts["threads"] is None and threads is not None,

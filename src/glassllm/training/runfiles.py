@@ -2,7 +2,8 @@
 
 `glassllm train --out runs/model.safetensors` writes, beside the model file, the run's
 checkpoint (`checkpoint.safetensors`), its history (`history.csv`) and loss plot
-(`loss.png`); the per-step CSV (`--log-csv`) may go anywhere. `run_paths` names them,
+(`loss.png`), and its validation losses as they come (`val.csv`, `ValLog`); the per-step CSV
+(`--log-csv`) may go anywhere. `run_paths` names them,
 `check_output_paths` (from `glassllm.formats.paths`) refuses, before any training, every path
 that would fail or do harm later, `make_parent_dirs` creates what is missing, and
 `write_history_csv` / `write_plot` write the end products. A new run never writes over
@@ -23,18 +24,21 @@ from __future__ import annotations
 import csv
 import os
 
-from ..formats.atomic import atomic_write
+from ..formats.atomic import about, atomic_write
 # The checks live with the formats (the report checks its --out with them too); a run's
 # callers keep using them from here.
 from ..formats.paths import check_output_paths, is_inside, same_file  # noqa: F401
 
 HISTORY_COLUMNS = ("step", "train_loss", "val_loss", "lr")
+# val.csv: one row per evaluation, written as it happens (train_loss: the mean batch loss of the
+# updates since the previous evaluation, as `Evaluated` reports it)
+VAL_COLUMNS = ("step", "val_loss", "train_loss")
 
 
 def run_paths(model_path, checkpoint=None, log_csv=None) -> dict[str, str | None]:
     """The paths of one run, from its model file: {"model", "checkpoint" (given, or
     checkpoint.safetensors beside the model), "log_csv" (given or None), "history_csv",
-    "health_jsonl", "plot"} (the last three beside the model file)."""
+    "health_jsonl", "val_csv", "plot"} (the last four beside the model file)."""
     model_path = os.fspath(model_path)
     # As the user gave it (relative stays relative: what the CLI prints names the same files
     # the way the user named the model)
@@ -45,11 +49,13 @@ def run_paths(model_path, checkpoint=None, log_csv=None) -> dict[str, str | None
             "log_csv": None if log_csv is None else os.fspath(log_csv),
             "history_csv": os.path.join(run_dir, "history.csv"),
             "health_jsonl": os.path.join(run_dir, "health.jsonl"),
+            "val_csv": os.path.join(run_dir, "val.csv"),
             "plot": os.path.join(run_dir, "loss.png")}
 
 
 # The files `glassllm train` writes beside its model file (the model file's own name varies)
-RUN_FILE_NAMES = ("checkpoint.safetensors", "history.csv", "health.jsonl", "loss.png")
+RUN_FILE_NAMES = ("checkpoint.safetensors", "history.csv", "health.jsonl", "val.csv",
+                  "loss.png")
 SAVED_PATH_KEYS = ("out", "log_csv")  # output paths a checkpoint's extra records
 # The per-step CSV `glassllm train --serve` writes beside the model when --log-csv is not given
 STEP_LOG_NAME = "steps.csv"
@@ -58,7 +64,8 @@ DEFAULT_OUT = os.path.join("runs", "model.safetensors")
 
 def other_run_files(paths: dict, keep=()) -> list[str]:
     """The files already at a new run's paths or in its folder that a run writes: the model
-    file, checkpoint.safetensors, history.csv, health.jsonl, loss.png and steps.csv beside it,
+    file, checkpoint.safetensors, history.csv, health.jsonl, val.csv, loss.png and steps.csv
+    beside it,
     and the run's own --checkpoint and --log-csv wherever they are. Named as the user named
     the model (relative stays relative), sorted, each once.
 
@@ -70,7 +77,7 @@ def other_run_files(paths: dict, keep=()) -> list[str]:
     candidates = [paths["model"], *(os.path.join(run_dir, n)
                                     for n in (*RUN_FILE_NAMES, STEP_LOG_NAME)),
                   paths.get("checkpoint"), paths.get("log_csv"), paths.get("history_csv"),
-                  paths.get("health_jsonl"), paths.get("plot")]
+                  paths.get("health_jsonl"), paths.get("val_csv"), paths.get("plot")]
     found = {}
     for path in candidates:
         # lexists: a dangling link at a run's path is still a file the run would replace
@@ -167,10 +174,10 @@ def resolve_saved_paths(found: dict, checkpoint) -> dict:
 def check_resume_outputs(paths: dict, checkpoint) -> None:
     """Refuse a resume that would write into a folder holding another run's files.
 
-    A resume writes its model, history, plot and health log beside its model file. When that
-    folder is not the checkpoint's own, and already holds files of those names, they belong to
-    another run (a checkpoint of a run moved away, whose recorded paths point to where a new
-    run now lives): overwriting them would lose that run.
+    A resume writes its model, history, plot, health and validation logs beside its model
+    file. When that folder is not the checkpoint's own, and already holds files of those
+    names, they belong to another run (a checkpoint of a run moved away, whose recorded paths
+    point to where a new run now lives): overwriting them would lose that run.
 
     Raises:
         ValueError: one line naming the checkpoint, the folder and the files.
@@ -252,6 +259,75 @@ def write_history_csv(path, history: list[dict]) -> str:
                         repr(h["val_loss"]) if h.get("val_loss") is not None else "",
                         repr(h["lr"])])
     return os.fspath(path)
+
+
+def val_row(entry: dict) -> list[str]:
+    """The val.csv row of an evaluation's history entry (step, val_loss, train_loss; floats as
+    repr, which read back exactly; train_loss empty when not finite)."""
+    train = entry.get("train_loss")
+    return [str(entry["step"]), repr(entry["val_loss"]), "" if train is None else repr(train)]
+
+
+class ValLog:
+    """val.csv (`VAL_COLUMNS`): one row per evaluation, appended and flushed as it happens, so
+    that a reader (`glassllm serve --run`) sees each validation loss at once rather than in
+    history.csv at the end; like the per-step log, complete up to the last finished update after
+    Ctrl-C, SIGTERM or a crash (flushed, not fsynced). A context manager; close() is idempotent.
+
+    Opening writes the header and one row per evaluation of `history` (a resumed run's updates
+    done: the file then holds exactly the evaluations the checkpoint holds, any rows of the
+    interrupted run after it dropped, a missing file written again), atomically, then appends.
+
+    Args:
+        path: the file. history: the history entries done (dicts with "step", and "val_loss"
+            and "train_loss" at evaluations); () for a new run.
+        resumed: an existing file must be a val.csv (its header `VAL_COLUMNS`) to be rewritten.
+
+    Raises:
+        ValueError: resumed, and the file at `path` is not a val.csv (never rewritten).
+        OSError: the file cannot be written (a full disk), naming it.
+    """
+
+    def __init__(self, path, history=(), resumed: bool = False):
+        self.path = os.fspath(path)
+        if resumed and os.path.exists(self.path):
+            with open(self.path, newline="", encoding="utf-8", errors="replace") as f:
+                header = next(csv.reader([f.readline(4096)]), [])
+            if tuple(header) != VAL_COLUMNS:
+                raise ValueError(f"{self.path} is not a glassllm val.csv (its header is "
+                                 f"{header or 'missing'}); a resume would rewrite it: move it "
+                                 f"away, or give --out in a new folder")
+        with atomic_write(self.path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(VAL_COLUMNS)
+            w.writerows(val_row(h) for h in history if h.get("val_loss") is not None)
+        try:
+            self._file = open(self.path, "a", newline="")
+        except OSError as e:
+            raise about(e, self.path, "cannot write the validation log") from None
+        self._writer = csv.writer(self._file)
+
+    def write(self, entry: dict) -> None:
+        """Append the row of an evaluation's history entry and flush it to the operating system
+        (OSError naming the file if it cannot be written)."""
+        try:
+            self._writer.writerow(val_row(entry))
+            self._file.flush()
+        except OSError as e:
+            raise about(e, self.path, "cannot write the validation log") from None
+
+    def close(self) -> None:
+        if not self._file.closed:
+            try:
+                self._file.close()  # flushes what a failed write left in the buffer
+            except OSError as e:
+                raise about(e, self.path, "cannot write the validation log") from None
+
+    def __enter__(self) -> "ValLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def write_plot(history_csv, png, on_failure=None) -> str | None:

@@ -73,6 +73,8 @@ class TrainSettings:
             events; None: never. It does not change the updates (bit-identical).
         health_log: health.jsonl to append those rows to (None: events only); needs
             health_every.
+        val_log: val.csv to write each evaluation's row to as it happens
+            (`glassllm.training.runfiles.ValLog`; None: in the history only).
 
     Raises:
         ValueError: a field out of range (named in the message).
@@ -98,6 +100,7 @@ class TrainSettings:
     health_every: int | None = None
     health_log: str | None = None
     grad_accum: int = 1
+    val_log: str | None = None
 
     # Number fields are checked strictly (glassllm.checks, which also words the error):
     # int(2.7) == 2 and int(True) == 1 would let a float or a bool through, and a NumPy
@@ -116,7 +119,7 @@ class TrainSettings:
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainSettings.precision must be one of {sorted(PRECISIONS)}, "
                              f"got {self.precision!r}")
-        for name in ("log_csv", "health_log"):
+        for name in ("log_csv", "health_log", "val_log"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 raise ValueError(f"TrainSettings.{name} must be a path or None, got {value!r}")
@@ -125,7 +128,7 @@ class TrainSettings:
             raise ValueError("TrainSettings.health_log needs health_every")
 
     # Fields that only say where output goes: a resumed run may change them.
-    OUTPUT_FIELDS = ("log_csv", "checkpoint_every", "health_every", "health_log")
+    OUTPUT_FIELDS = ("log_csv", "checkpoint_every", "health_every", "health_log", "val_log")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

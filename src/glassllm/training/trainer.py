@@ -12,7 +12,7 @@ events `glassllm.training.events`, its errors `glassllm.training.errors`.
     if step % eval_every == 0 or step == steps - 1:
         val = self._validate(run, step)   # validation loss (finite), ranks' weights agree
         self._save_if_best(run, step, val)  # the model file
-    self._report(run, step)               # history entry, events, checkpoint when due
+    self._report(run, step)               # history entry, val.csv row, events, checkpoint
 
 `run` (a `_Run`) holds what the run changes on the way: weights, optimizer, sampler, history,
 best loss, the open logs and the events of the update in progress.
@@ -92,6 +92,7 @@ class _Run:
     monitor: SkipRateMonitor | None = None
     csv_log: StepCSVLog | None = None
     health: HealthMonitor | None = None
+    val_log: runfiles.ValLog | None = None
     speed: _Throughput = dataclasses.field(default_factory=_Throughput)
     started_at: float = 0.0  # time.monotonic() when the updates began
     # The update in progress: from _sample to _report the state is not a whole number of
@@ -107,6 +108,8 @@ class _Run:
             self.csv_log.close()
         if self.health is not None:
             self.health.close()
+        if self.val_log is not None:
+            self.val_log.close()
 
 
 class Trainer:
@@ -132,8 +135,8 @@ class Trainer:
         ValueError: checkpoint_every without a checkpoint_path.
 
     Every checkpoint records `glassllm.training.data.data_identity(train_data, val_data)` and a resume
-    on other data is refused. While `run` lasts, model_path, checkpoint_path and log_csv are
-    locked (`glassllm.training.lock`): a second run on one of them is refused, naming the first one.
+    on other data is refused. While `run` lasts, model_path, checkpoint_path and the settings'
+    log_csv, health_log and val_log are locked (`glassllm.training.lock`): a second run on one of them is refused, naming the first one.
 
     Each update is one `glassllm.training.safety.TrainStep` call: loss, backward, clip, AdamW at
     `lr_schedule(step, steps, lr, warmup, min_lr_ratio)`. In fp32 it is exactly `glassllm.train.train`'s
@@ -221,8 +224,7 @@ class Trainer:
         emit = on_event if on_event is not None else (lambda event: None)
         if comm.rank != 0:
             emit = (lambda event: None)  # rank 0 alone reports
-        outputs = [self.model_path, self.checkpoint_path, self.settings.log_csv,
-                   self.settings.health_log] if comm.rank == 0 else []
+        outputs = self._outputs() if comm.rank == 0 else []
         with contextlib.ExitStack() as held:
             with distributed.agreement(comm):  # a no-op on one process
                 self._check_data(model)
@@ -365,10 +367,13 @@ class Trainer:
         run.best_val, run.best_step = val, step
 
     def _report(self, run: _Run, step: int) -> None:
-        """The update is complete: its history entry, its events (in order), then the
-        checkpoint after every checkpoint_every updates (`Checkpointed`)."""
+        """The update is complete: its history entry, its val.csv row (an evaluation), its
+        events (in order), then the checkpoint after every checkpoint_every updates
+        (`Checkpointed`)."""
         run.history.append(run.entry)
         run.in_step = False
+        if run.val_log is not None and "val_loss" in run.entry:  # before `Evaluated` is sent
+            run.val_log.write(run.entry)
         for event in run.events:
             run.emit(event)
         every = self.settings.checkpoint_every
@@ -443,7 +448,7 @@ class Trainer:
             "scaler": run.train_step.state_dict()}, "state at the start")
 
     def _open_logs(self, run: _Run) -> None:
-        """The counters a resumed run continues, the CSV log and the health monitor."""
+        """The counters a resumed run continues, the CSV logs and the health monitor."""
         s = self.settings
         run.start = len(run.history)
         # Whether model_path holds the best model: after a save in this call, or, resumed,
@@ -456,6 +461,19 @@ class Trainer:
             for entry in run.history:  # its window is a function of the skips so far
                 run.monitor.update(bool(entry.get("skipped")), entry["step"])
         run.skipped_in_a_row = _trailing_skips(run.history)
+        try:
+            self._open_files(run)
+        except BaseException:
+            run.close()  # those already open (a later one refused: another run's file)
+            raise
+
+    def _open_files(self, run: _Run) -> None:
+        """The files rank 0 writes a row at a time, resumed where the checkpoint is: val.csv
+        (first: it refuses a file that is not one before any log is cut), the step log, the
+        health monitor's rows."""
+        s = self.settings
+        if s.val_log is not None and self.comm.rank == 0:  # the evaluations done, then each new
+            run.val_log = runfiles.ValLog(s.val_log, run.history, resumed=run.resumed)
         run.csv_log = self._open_csv(run.history, resumed=run.resumed)
         # Rank 0 alone measures health and writes its rows; on resume the rows of updates
         # after the checkpoint are redone.
@@ -494,12 +512,17 @@ class Trainer:
         # for skipping with an alert threshold.
         return self.settings.precision != "fp32" or self.settings.max_skip_rate is not None
 
+    def _outputs(self) -> list[str | None]:
+        """Every file the run writes (None: not written)."""
+        s = self.settings
+        return [self.model_path, self.checkpoint_path, s.log_csv, s.health_log, s.val_log]
+
     def _check_data(self, model: GlassLM) -> None:
         s = self.settings
         if s.seq_len > model.cfg.max_len:
             raise ValueError(f"Trainer: seq_len={s.seq_len} exceeds the model's "
                              f"max_len={model.cfg.max_len}")
-        outputs = [self.model_path, self.checkpoint_path, s.log_csv, s.health_log]
+        outputs = self._outputs()
         for name, data in (("training", self.train_data), ("validation", self.val_data)):
             source = getattr(data, "path", None)  # a TokenFile: no output may be its file
             for out in outputs if isinstance(source, str) else ():
@@ -548,7 +571,7 @@ class Trainer:
         """Every rank runs the same settings, model and data, and resumes the same step."""
         # what only rank 0 uses may differ: where its CSVs go, how often it measures health
         settings = {k: v for k, v in self.settings.to_dict().items()
-                    if k not in ("log_csv", "health_every", "health_log")}
+                    if k not in ("log_csv", "health_every", "health_log", "val_log")}
         data = self._data_identity or {
             "train": {"tokens": int(self.train_data.token_count())},
             "val": {"tokens": int(self.val_data.token_count())}}

@@ -146,7 +146,11 @@ function lineChart(parent, title, series, opts) {
     if (!path) continue;
     const line = svg("path", {d: path, fill: "none", "stroke-width": colour.has(n) ? 1.6 : 1, "class": colour.has(n) ? "named" : "grey", "data-name": d.name});
     if (colour.has(n)) line.setAttribute("stroke", colour.get(n));
-    const hover = svg("title", {}); hover.textContent = d.name; line.appendChild(hover); s.appendChild(line); }
+    const hover = svg("title", {}); hover.textContent = d.name; line.appendChild(hover); s.appendChild(line);
+    if (d.dots) d.x.forEach((x, i) => { if (x === null || !ok(d.y[i])) return;  // a mark per point (sparse series)
+      const dot = svg("circle", {cx: X(x).toFixed(1), cy: Y(d.y[i]).toFixed(1), r: 2.5, "class": "dot", "data-name": d.name});
+      dot.setAttribute("fill", colour.has(n) ? colour.get(n) : "#cfcfcf");
+      const tip = svg("title", {}); tip.textContent = d.name + " " + x + ": " + d.y[i]; dot.appendChild(tip); s.appendChild(dot); }); }
   chart.appendChild(s); chart.appendChild(legend(series, named, colour)); parent.appendChild(chart);
 }
 function legend(series, named, colour) {

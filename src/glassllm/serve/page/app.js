@@ -378,14 +378,18 @@ function showStep(index) { const msg = state.genSteps[index];
 // ------------------------------------------------------------------ training
 function drawCurves(run) {
   const box = clear($("train-charts")), h = run.history, steps = run.steps, rows = run.health || [];
+  const val = run.val && run.val.step.length ? run.val : null;  // val.csv: a row per evaluation, live
   const loss = [], lr = [];
   if (steps && steps.step.length) { loss.push({name: "train (per step)", x: steps.step, y: steps.loss}); lr.push({name: "lr", x: steps.step, y: steps.lr}); }
   else if (h && h.step.length) { loss.push({name: "train", x: h.step, y: h.train_loss}); lr.push({name: "lr", x: h.step, y: h.lr}); }
   else if (rows.length) { loss.push({name: "train (health rows)", x: rows.map((r) => r.step), y: rows.map((r) => r.loss)});
     lr.push({name: "lr", x: rows.map((r) => r.step), y: rows.map((r) => r.lr)}); }
-  if (h && h.step.length) loss.push({name: "val", x: h.step, y: h.val_loss, color: "#e07b00"});
+  else if (val) loss.push({name: "train (mean per evaluation)", x: val.step, y: val.train_loss});
+  // dots: evaluations are sparse, and the first one alone is a point, not a line
+  if (val) loss.push({name: "val", x: val.step, y: val.val_loss, color: "#e07b00", dots: true});
+  else if (h && h.step.length) loss.push({name: "val", x: h.step, y: h.val_loss, color: "#e07b00", dots: true});
   lineChart(box, "loss (nats per token)", loss, {id: "chart-loss"}); lineChart(box, "learning rate", lr, {id: "chart-lr"});
-  if (!box.children.length) box.appendChild(el("p", {"class": "note"}, "no points yet: waiting for the run's files (history.csv, a per-step CSV such as steps.csv, or health.jsonl)"));
+  if (!box.children.length) box.appendChild(el("p", {"class": "note"}, "no points yet: waiting for the run's files (val.csv, history.csv, a per-step CSV such as steps.csv, or health.jsonl)"));
 }
 const PANELS = [["params", "update_to_data_log10", "update:data ratio (log10) per tensor", false], ["params", "grad_norm", "gradient norm per tensor", true],
   ["params", "grad_to_data", "grad:data ratio per tensor", true], ["params", "weight_norm", "weight norm per tensor", false],
@@ -419,12 +423,13 @@ function drawRunLists(run) {
 // docs/serve.md) and appends it; an answer that is not incremental (the files were replaced, or
 // a resumed run wrote steps again) starts it afresh.
 function mergeRun(run) {
-  const held = run.incremental && state.run ? state.run : {history: null, steps: null, health: [], warnings: []};
+  const held = run.incremental && state.run ? state.run : {history: null, steps: null, health: [], warnings: [], val: {step: [], val_loss: [], train_loss: []}};
   if (run.steps) { if (!held.steps || held.stepsFile !== run.steps_file) held.steps = {step: [], loss: [], lr: [], skips: []};
     for (const key of ["step", "loss", "lr", "skips"]) for (const v of run.steps[key]) held.steps[key].push(v); }
   else held.steps = null;
   held.stepsFile = run.steps_file;
   for (const row of run.health) held.health.push(row);
+  if (run.val) for (const key of ["step", "val_loss", "train_loss"]) for (const v of run.val[key]) held.val[key].push(v);
   for (const w of run.warnings) held.warnings.push(w);
   if ("history" in run) held.history = run.history;
   Object.assign(held, {run_dir: run.run_dir, exists: run.exists, bands: run.bands, problems: run.problems, models: run.models,
@@ -436,7 +441,8 @@ async function pollRun() {
   let again = 1500;
   try {
     const answer = await api("/api/run?after=" + encodeURIComponent(state.runCursor)), models = JSON.stringify(answer.models);
-    const changed = !answer.incremental || answer.steps && answer.steps.step.length || answer.health.length || "history" in answer ||
+    const changed = !answer.incremental || answer.steps && answer.steps.step.length || answer.health.length ||
+      answer.val && answer.val.step.length || "history" in answer ||
       JSON.stringify(answer.problems) !== JSON.stringify((state.run || {}).problems) || models !== state.runModels;
     const run = mergeRun(answer);
     state.runCursor = answer.cursor;
@@ -445,8 +451,8 @@ async function pollRun() {
       drawCurves(run); drawHealth(run); drawRunLists(run); state.runDirty = false;
       const pts = run.steps ? run.steps.step.length : run.history ? run.history.step.length : run.health.length;
       $("train-status").textContent = run.run_dir + (run.exists ? "" : " (does not exist yet)") + ": " + pts + " points, " +
-        run.health.length + " health rows; updated " + new Date().toLocaleTimeString();
-      $("train-status").dataset.points = pts;
+        run.health.length + " health rows, " + run.val.step.length + " evaluations; updated " + new Date().toLocaleTimeString();
+      $("train-status").dataset.points = pts; $("train-status").dataset.evaluations = run.val.step.length;
       if (models !== state.runModels) { state.runModels = models; fillModels(run.models); }
       const newest = run.models.find((f) => f.name === run.newest_model);
       const key = newest ? newest.name + "@" + newest.mtime : null;
