@@ -754,7 +754,7 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_files(tmp_path, text
                  str(out.parent / "steps.csv")]) == 0
     before = {p.name: p.read_bytes() for p in out.parent.iterdir()}
     assert set(before) == {"model.safetensors", "history.csv", "loss.png",
-                           "checkpoint.safetensors", "steps.csv"}
+                           "checkpoint.safetensors", "steps.csv", "val.csv"}
     capsys.readouterr()
     assert main([*args, "--seed", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -769,7 +769,7 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_files(tmp_path, text
     assert notes == ["note: --overwrite: deleted the replaced run's files ("
                      + ", ".join(str(out.parent / n) for n in sorted(before)) + ")"]
     after = {p.name: p.read_bytes() for p in out.parent.iterdir()}
-    assert set(after) == {"model.safetensors", "history.csv", "loss.png"}
+    assert set(after) == {"model.safetensors", "history.csv", "loss.png", "val.csv"}
     assert after["model.safetensors"] != before["model.safetensors"]
     assert main(["train", "--resume", str(out.parent / "x.safetensors"), "--overwrite"]) == 2
     assert "--overwrite starts a new run" in capsys.readouterr().err

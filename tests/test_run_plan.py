@@ -373,7 +373,7 @@ def test_a_new_run_into_another_runs_folder_is_refused_naming_its_files(tmp_path
     out = tmp_path / "run" / "model.safetensors"
     assert execute(plan_of(text_file, out, steps=2, eval_every=1)).reason == COMPLETE
     before = _run_files(out.parent)
-    assert set(before) == {"model.safetensors", "history.csv", "loss.png"}
+    assert set(before) == {"model.safetensors", "history.csv", "loss.png", "val.csv"}
     with pytest.raises(ValueError) as info:
         plan_of(text_file, out, steps=3)
     message = str(info.value)
@@ -431,7 +431,7 @@ def test_overwrite_replaces_the_whole_run(tmp_path, text_file):
     assert execute(old).reason == COMPLETE
     names = set(_run_files(out.parent))
     assert {"model.safetensors", "history.csv", "loss.png", "checkpoint.safetensors",
-            "health.jsonl", "steps.csv"} <= names, names
+            "health.jsonl", "steps.csv", "val.csv"} <= names, names
     old_model = out.read_bytes()
     toml = tmp_path / "overwrite.toml"
     toml.write_text("overwrite = true\n")
@@ -440,7 +440,11 @@ def test_overwrite_replaces_the_whole_run(tmp_path, text_file):
     assert plan.overwrite is True
     seen = []
     assert execute(plan, seen.append).reason == COMPLETE
-    assert set(_run_files(out.parent)) == {"model.safetensors", "history.csv", "loss.png"}
+    assert set(_run_files(out.parent)) == {"model.safetensors", "history.csv", "loss.png",
+                                           "val.csv"}
+    # val.csv the new run's alone: its two evaluations, none of the old run's four steps
+    assert [r.split(",")[0] for r in (out.parent / "val.csv").read_text().split()] == \
+        ["step", "0", "1"]
     replaced = [e for e in seen if isinstance(e, events.RunReplaced)]
     assert sorted(os.path.basename(p) for p in replaced[0].paths) == sorted(names)
     assert kinds_before(seen, events.RunBegins) == ["RunReplaced"]  # before the first write

@@ -236,13 +236,16 @@ class RowLog:
                               (row.get("skip_reason") or "skipped") if skipped else None))
 
     def _val_row(self, row: dict) -> None:
-        """A val.csv row -> (step, val_loss, train_loss or None); one without a finite
-        integer step or a finite val_loss is skipped and said."""
+        """A val.csv row -> (step, val_loss, train_loss or None); one without a whole-number
+        step or a finite val_loss is skipped and said."""
         step, val = _number(row.get("step")), _number(row.get("val_loss"))
-        if step is None or step != int(step) or val is None:
-            what = "step" if step is None or step != int(step) else "val_loss"
-            self._problem(f"line {self.line}: {what} {str(row.get(what))[:40]!r} is not a "
-                          f"finite number; skipped")
+        if step is None or step != int(step):
+            self._problem(f"line {self.line}: step {str(row.get('step'))[:40]!r} is not a "
+                          f"whole number; skipped")
+            return
+        if val is None:
+            self._problem(f"line {self.line}: val_loss {str(row.get('val_loss'))[:40]!r} is "
+                          f"not a finite number; skipped")
             return
         self._add(int(step), (int(step), val, _number(row.get("train_loss"))))
 
