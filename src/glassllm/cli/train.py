@@ -27,15 +27,16 @@ def add_train(sub) -> None:
     p.add_argument("--out", default=None, metavar="PATH",
                    help="best model file (default runs/model.safetensors, or the resumed "
                         "run's; when runs/ holds an earlier run, runs/2/model.safetensors, "
-                        "runs/3/..., printed); its directory also gets history.csv, loss.png "
-                        "and checkpoint.safetensors. A folder holding another run's files "
+                        "runs/3/..., printed); its directory also gets history.csv, loss.png, "
+                        "checkpoint.safetensors and val.csv (a row per evaluation, as it "
+                        "happens). A folder holding another run's files "
                         "(an interrupted one's too) is refused: give a new --out, "
                         "--overwrite, or --resume its checkpoint. Locked while the run lasts: "
                         "a second run on the same paths is refused")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run at --out (default runs/model.safetensors): all of "
                         "its files (model, history.csv, loss.png, checkpoint, step log, "
-                        "health.jsonl) are removed when this run starts, so the folder never "
+                        "health.jsonl, val.csv) are removed when this run starts, so the folder never "
                         "mixes two runs; not with --resume")
     _add_model_flags(p)
     _add_training_flags(p)
