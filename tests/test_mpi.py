@@ -363,3 +363,8 @@ def test_sigterm_then_resume_under_mpi_is_bit_identical_to_an_uninterrupted_run(
     assert max_diff(a, b) == 0.0
     assert (tmp_path / "a" / "history.csv").read_text() == \
         (tmp_path / "b" / "history.csv").read_text()
+    # rank 0 alone writes val.csv: each evaluation once (every 10 steps, and 39), not per rank
+    val = (tmp_path / "a" / "val.csv").read_text()
+    assert val == (tmp_path / "b" / "val.csv").read_text()
+    assert [line.split(",")[0] for line in val.splitlines()] == \
+        ["step", "0", "10", "20", "30", "39"]

@@ -83,6 +83,9 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, 
     assert len((run_a / "history.csv").read_text().splitlines()) == ckpt.step + 1
     assert (run_a / "loss.png").exists() or ckpt.best_step is None
     assert not list(run_a.glob("*.lock")), "locks released"
+    # val.csv: every evaluation up to the stop, flushed (steps 0, 100, ...)
+    val = [line.split(",")[0] for line in (run_a / "val.csv").read_text().splitlines()]
+    assert val == ["step"] + [str(h["step"]) for h in ckpt.history if "val_loss" in h]
 
     assert main(["train", "--resume", str(ckpt_path)]) == 0
     assert main(["train", *common, "--out", str(tmp_path / "b" / "model.safetensors"),
@@ -91,6 +94,7 @@ def test_sigterm_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, 
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert (run_a / "history.csv").read_text() == (tmp_path / "b" / "history.csv").read_text()
     assert log.read_text() == (tmp_path / "b.csv").read_text()
+    assert (run_a / "val.csv").read_text() == (tmp_path / "b" / "val.csv").read_text()
 
 
 def test_timeout_s_term_then_resume(tmp_path, text_file):
