@@ -292,3 +292,26 @@ def test_training_improves_the_dictionary_and_resumes_from_its_checkpoint(storie
     with pytest.raises(ValueError, match="d_sae = 128, not 64"):
         train_dictionary(model, ids, "blocks.2.residual_out", steps=15, out=tmp_path,
                          **{**options, "d_sae": 64})
+
+
+def test_cli_features_train_writes_a_saelens_directory_and_errors_in_one_line(stories, tmp_path,
+                                                                               capsys):
+    from glassllm.cli import main
+    model, ids = stories
+    np.save(tmp_path / "ids.npy", ids)
+    from glassllm.formats.lm import read_tokenizer
+    from glassllm.formats.token_file import TokenWriter
+    writer = TokenWriter(tmp_path / "corpus.tokens",
+                         read_tokenizer(str(shared_data_path("llama2c", "tok512.bin"))))
+    writer.append(ids.astype(np.uint16))
+    writer.close()
+    base = ["features", "train", "--model", str(shared_data_path("llama2c", "stories260K.bin")),
+            "--data", str(tmp_path / "corpus.tokens"), "--kind", "topk", "--d-sae", "128",
+            "--k", "8", "--steps", "3", "--batch-size", "256", "--out", str(tmp_path / "d")]
+    assert main(base + ["--name", "blocks.1.residual_out"]) == 0
+    assert "loss recovered" in capsys.readouterr().out
+    assert load_saelens(tmp_path / "d").hook_name == "blocks.1.residual_out"
+    assert (tmp_path / "d" / "evaluation.json").exists()
+    assert main(base + ["--name", "blocks.9.residual_out", "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("glassllm features: error:") and "blocks.9.residual_out" in err
