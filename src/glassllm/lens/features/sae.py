@@ -65,8 +65,10 @@ class SAE(Module):
         seed: the initialisation's random seed.
         l1_coefficient: lambda of the relu loss (norm-weighted L1).
         l0_coefficient: lambda of the jumprelu loss (L0).
-        threshold: initial theta of every jumprelu feature; bandwidth: eps of its kernel.
-        aux_coefficient, aux_k: alpha and k_aux of the topk AuxK loss (k_aux None: d_in // 2).
+        threshold: initial theta of every jumprelu feature.
+        bandwidth: eps, the width of its kernel.
+        aux_coefficient: alpha of the topk AuxK loss.
+        aux_k: its k_aux (None: d_in // 2).
         apply_b_dec_to_input: subtract b_dec before encoding (SAELens' field of that name).
         dtype: the parameters' dtype (float64 for gradient checks).
 

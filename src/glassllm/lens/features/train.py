@@ -96,8 +96,8 @@ def corpus_ids(data, tokenizer=None) -> np.ndarray:
     encoded with `tokenizer` (read whole).
 
     Raises:
-        FileNotFoundError: no such file. ValueError: a text file without a tokenizer, or a corpus
-        of fewer than 2 tokens.
+        FileNotFoundError: no such file.
+        ValueError: a text file without a tokenizer, or a corpus of fewer than 2 tokens.
     """
     if isinstance(data, TokenFile):
         ids = data.tokens
