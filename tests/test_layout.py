@@ -197,5 +197,5 @@ def test_the_cli_is_a_package_of_one_module_per_command():
     assert commands <= {p.stem for p in (SRC / "cli").glob("*.py")}
     assert [add.__module__ for add in cli.SUBCOMMANDS] == [
         f"glassllm.cli.{name}" for name in ("train", "generate", "prepare", "plot", "convert",
-                                            "inspect", "serve")]
+                                            "inspect", "serve", "features")]
     assert not (SRC / "cli.py").exists() and cli.main.__module__ == "glassllm.cli.entry"
