@@ -155,7 +155,7 @@ def test_generation_with_hooks(setup):
 def test_transcoder_features_write_at_their_output(setup):
     model, _, windows, _ = setup
     from glassllm.lens.features import Transcoder
-    tc = Transcoder(32, 40, kind="topk", k=4, hook_name="blocks.0.mlp.input",
+    tc = Transcoder(32, 40, 32, kind="topk", k=4, hook_name="blocks.0.mlp.input",
                     out_name="blocks.0.mlp.output", seed=1)
     _, clean = run_with_cache(model, windows[:1], names=["blocks.0.mlp.input",
                                                          "blocks.0.mlp.output"])
