@@ -307,3 +307,72 @@ def generate_with_hooks(model: GlassLM, prompt_ids, max_new_tokens: int, hooks,
     with Trace(model, names=[], hooks=hooks, max_bytes=None):
         return generate(model, prompt_ids, max_new_tokens, sampling, rng=seed,
                         vocab_limit=vocab_limit)
+
+
+# --------------------------------------------------------------------------- what is shown
+def _round(a, digits: int = 4) -> list:
+    return np.round(np.asarray(a, dtype=np.float64), digits).tolist()
+
+
+def token_rows(ids, values, texts) -> list:
+    """[[text, value, id], ...] of parallel id/value rows (texts: id -> display text)."""
+    return [[texts(i), round(float(v), 4), int(i)] for i, v in zip(ids, values)]
+
+
+def feature_view(scan: FeatureScan | None, logits: np.ndarray | None, feature: int, texts,
+                 k: int = 10, contexts: int = 10, bins: int = 20,
+                 vocab_limit: int | None = None) -> dict:
+    """Everything a feature's page shows, JSON-ready: `feature`, `density` and `max` over the
+    corpus, `histogram` {counts, edges}, `contexts` (the top ones: `texts`, `activations`,
+    `at`, `value`, `row`, `position`), `promoted` and `suppressed` ([text, logit weight, id],
+    k each; padding ids never listed). scan None: no corpus (density, histogram and contexts
+    None); logits None: no logit weights (`feature_logits`). texts: id -> display text
+    (`glassllm.lens.report.TokenTexts`)."""
+    out = dict(feature=int(feature), density=None, max=None, histogram=None, contexts=None,
+               promoted=None, suppressed=None)
+    if scan is not None:
+        counts, edges = scan.histogram(feature, bins)
+        out.update(density=float(scan.density[feature]),
+                   max=round(float(scan.max_activation[feature]), 5),
+                   histogram=dict(counts=counts.tolist(), edges=_round(edges)),
+                   contexts=[dict(c, texts=[texts(i) for i in c["ids"]],
+                                  activations=_round(c["activations"]),
+                                  value=round(c["value"], 5))
+                             for c in scan.top_contexts(feature, contexts)])
+    if logits is not None:
+        up, down = top_logits(logits[feature], k, vocab_limit)
+        out.update(promoted=token_rows(up, logits[feature, up], texts),
+                   suppressed=token_rows(down, logits[feature, down], texts))
+    return out
+
+
+def dictionary_facts(sae, scan: FeatureScan | None = None, dense_above: float = 0.1) -> dict:
+    """A dictionary's description, JSON-ready: kind, hook_name (and out_name), d_in, d_sae, k;
+    over a corpus: tokens scanned, `dead` (features never active there), `dense` (active on
+    more than `dense_above` of its tokens), the mean number active per token (L0)."""
+    facts = dict(kind=getattr(sae, "kind", None), hook_name=sae.hook_name,
+                 out_name=getattr(sae, "out_name", None), d_in=int(sae.d_in),
+                 d_sae=int(sae.d_sae), k=getattr(sae, "k", None))
+    if scan is not None:
+        density = scan.density
+        facts.update(tokens=scan.tokens, dead=int((density == 0).sum()),
+                     dense=int((density > dense_above).sum()), dense_above=dense_above,
+                     l0=round(float(scan.values.size / max(scan.tokens, 1)), 3))
+    return facts
+
+
+def search_by_token(scan: FeatureScan | None, logits: np.ndarray | None, token_id: int,
+                    k: int = 10) -> dict:
+    """Features that go with one token: `firing`, the k of largest mean activation on that
+    token in the corpus ([feature, mean activation]); `promoting`, the k whose logit weight
+    for it is largest ([feature, weight]). Either None without a corpus / logit weights."""
+    out = dict(firing=None, promoting=None)
+    if scan is not None:
+        means = scan.token_means(token_id)
+        order = np.argsort(-means, kind="stable")[:k]
+        out["firing"] = [[int(f), round(float(means[f]), 4)] for f in order if means[f] > 0]
+    if logits is not None:
+        column = logits[:, token_id]
+        order = np.argsort(-column, kind="stable")[:k]
+        out["promoting"] = [[int(f), round(float(column[f]), 4)] for f in order]
+    return out
