@@ -24,6 +24,7 @@ import errno
 import functools
 import json
 import math
+import os
 import secrets
 import signal
 import sys
@@ -38,6 +39,7 @@ from ..generate import Sampling
 from ..lens.interpret import AttributionError, Cancelled
 from ..lens.trace import TraceTooLarge
 from . import analyses
+from . import features as feature_answers
 from .fields import (RequestError, get_choice, get_int, get_list, get_real, get_str,
                      json_body)
 from .generation import Generation, send_line, stream_tokens
@@ -60,13 +62,14 @@ class Server:
         store: the models (`ModelStore`). run_dir: the training run to watch (None: none).
         limits: `Limits`. token: the session token (default: a fresh one).
         bind: the address the server binds (for the Host check). workers: threads of the model
-            lane (`Lanes`).
+            lane (`Lanes`). features: the Features view's dictionaries
+            (`glassllm.serve.features.FeatureStore`), or None (no such view).
     """
 
     def __init__(self, store: ModelStore, run_dir: str | None = None,
                  limits: Limits = Limits(), token: str | None = None, bind: str = "127.0.0.1",
-                 workers: int = 8):
-        self.store, self.limits = store, limits
+                 workers: int = 8, features=None):
+        self.store, self.limits, self.features = store, limits, features
         self.watcher = RunWatcher(run_dir) if run_dir is not None else None
         self.gate = Gate(token or new_token(), port=0, bind=bind)
         self.lanes = Lanes(workers, limits.client_requests)
@@ -88,7 +91,15 @@ class Server:
                     default_model=None if main is not None else self.store.newest_model(),
                     run=None if self.watcher is None else self.watcher.run_dir,
                     run_models=self.store.run_models(), limits=self.limits.to_dict(),
-                    targets=list(analyses.PATCH_TARGETS))
+                    targets=list(analyses.PATCH_TARGETS), features=self._features_info())
+
+    def _features_info(self) -> dict | None:
+        """The Features view's dictionaries (names, never paths) and whether it has a corpus."""
+        if self.features is None:
+            return None
+        data = self.features.data
+        return dict(dictionaries=self.features.names(),
+                    corpus=None if data is None else os.path.basename(data.rstrip(os.sep)))
 
 
 # --------------------------------------------------------------------------- the guard
@@ -353,6 +364,65 @@ def patch(server, loaded, body, should_stop):
                              should_stop=should_stop)
 
 
+# --------------------------------------------------------------------------- features
+def _dictionary(server, loaded, body, should_stop) -> tuple[str, dict]:
+    """The dictionary a Features request names (`FeatureStore`), loaded and scanned."""
+    if server.features is None:
+        raise RequestError("this server has no dictionaries (start it with --features DIR)",
+                           status=404)
+    name = get_str(body, "dictionary", 255, default="")
+    return name, server.features.get(name, loaded, should_stop)
+
+
+def _feature_index(body: dict, held: dict) -> int:
+    return get_int(body, "feature", 0, int(held["sae"].d_sae) - 1)
+
+
+@_model_call(("dictionary",))
+def features_open(server, loaded, body, should_stop):
+    """POST /api/features/open: a dictionary's facts, evaluation and most frequent features."""
+    name, held = _dictionary(server, loaded, body, should_stop)
+    return feature_answers.opened(held, loaded, name)
+
+
+@_model_call(("dictionary", "feature", "k"))
+def features_feature(server, loaded, body, should_stop):
+    """POST /api/features/feature: one feature's contexts, histogram and logit weights."""
+    name, held = _dictionary(server, loaded, body, should_stop)
+    return feature_answers.feature(held, loaded, _feature_index(body, held), _k(server, body, 10))
+
+
+@_model_call(("dictionary", "token", "k"))
+def features_search(server, loaded, body, should_stop):
+    """POST /api/features/search: features that fire on, or promote, one token."""
+    name, held = _dictionary(server, loaded, body, should_stop)
+    token = _token(loaded, body.get("token"), "token")
+    if token is None:
+        raise RequestError("token is required: one token's text, or its id")
+    return feature_answers.search(held, loaded, token, _k(server, body, 10))
+
+
+@_model_call(("dictionary", "prompt", "k"))
+def features_prompt(server, loaded, body, should_stop):
+    """POST /api/features/prompt: the active features at each token of the prompt."""
+    name, held = _dictionary(server, loaded, body, should_stop)
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
+    return feature_answers.prompt(held, loaded, ids, _k(server, body))
+
+
+@_model_call(("dictionary", "feature", "prompt", "how", "alpha", "max_new_tokens"))
+def features_steer(server, loaded, body, should_stop):
+    """POST /api/features/steer: greedy continuations, clean and with the feature steered or
+    ablated."""
+    name, held = _dictionary(server, loaded, body, should_stop)
+    index = _feature_index(body, held)
+    how = get_choice(body, "how", ("steer", "ablate"), default="steer")
+    alpha = get_real(body, "alpha", -1e4, 1e4, default=4.0)
+    n = get_int(body, "max_new_tokens", 0, min(64, server.limits.max_new_tokens), default=20)
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
+    return feature_answers.steer(held, loaded, ids, index, how, alpha, n)
+
+
 def _sampling(body: dict, vocab: int) -> tuple[Sampling, int | None]:
     temperature = get_real(body, "temperature", 0.0, 1e4, default=0.8)
     top_k = get_int(body, "top_k", 1, vocab, default=None)
@@ -460,7 +530,11 @@ def make_app(server: Server) -> web.Application:
     for path, handler in (("tokenize", tokenize), ("analyze", analyze),
                           ("attention", attention), ("attribution", attribution),
                           ("ablate", ablate), ("patch", patch), ("generate", generate),
-                          ("run/sample", run_sample)):
+                          ("run/sample", run_sample), ("features/open", features_open),
+                          ("features/feature", features_feature),
+                          ("features/search", features_search),
+                          ("features/prompt", features_prompt),
+                          ("features/steer", features_steer)):
         app.router.add_post("/api/" + path, handler)
     return app
 
