@@ -184,3 +184,15 @@ def test_corpus_windows_of_a_text_file(tmp_path):
     assert w.shape == (4, 16) and bytes(w[0].tolist()) == b"abcdefghijabcdef"
     with pytest.raises(ValueError, match="fewer than one window"):
         browse.corpus_windows(ByteTokenizer(), path, seq_len=1000)
+
+
+def test_ignored_tokens_are_left_out_of_the_scan(setup):
+    model, sae, windows, scan = setup
+    bos = int(windows[0, 0])
+    kept = browse.scan_features(model, sae, windows, ignore=(bos,))
+    acts = dense_acts(model, sae, windows)
+    acts[windows == bos] = 0
+    for f in (0, 5):
+        np.testing.assert_allclose(kept.dense(f), acts[..., f], rtol=1e-6, atol=1e-7)
+    assert kept.tokens == windows.size - int((windows == bos).sum())
+    np.testing.assert_allclose(kept.density, (acts > 0).sum(axis=(0, 1)) / kept.tokens)

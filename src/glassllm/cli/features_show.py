@@ -56,7 +56,8 @@ def run_show(args) -> int:
                                         model.cfg.max_len), args.max_tokens)
     except (OSError, ValueError) as e:
         raise UsageError(f"{one_line(e)}") from None
-    scan = browse.scan_features(model, sae, windows)
+    bos = getattr(tokenizer, "bos_id", None)  # its outlier residual would top every feature
+    scan = browse.scan_features(model, sae, windows, ignore=() if bos is None else (int(bos),))
     logits = browse.feature_logits(model, sae)
     texts, limit = TokenTexts(tokenizer), int(tokenizer.vocab_size)
     facts = browse.dictionary_facts(sae, scan)

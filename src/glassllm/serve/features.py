@@ -97,7 +97,9 @@ class FeatureStore:
                                             self.max_tokens)
         except (OSError, ValueError) as e:
             raise RequestError(f"--features-data: {' '.join(str(e).split())[:300]}") from None
-        return browse.scan_features(loaded.model, sae, windows, should_stop=should_stop)
+        bos = getattr(loaded.tokenizer, "bos_id", None)
+        return browse.scan_features(loaded.model, sae, windows, should_stop=should_stop,
+                                    ignore=() if bos is None else (int(bos),))
 
 
 def _is_dictionary(path: str) -> bool:

@@ -88,6 +88,7 @@ class FeatureScan:
 
     ids: (N, T) int64, the windows scanned. rows, cols, features: int32 (nnz,) coordinates;
     values: float32 (nnz,) the activations there (all > 0). d_sae: the number of features.
+    ignored: tokens of `ids` whose activations were left out (none is kept for them).
     """
     ids: np.ndarray
     rows: np.ndarray
@@ -95,11 +96,12 @@ class FeatureScan:
     features: np.ndarray
     values: np.ndarray
     d_sae: int
+    ignored: int = 0  # tokens whose activations were not kept (`scan_features`' ignore)
 
     @property
     def tokens(self) -> int:
-        """Tokens scanned (N * T)."""
-        return int(self.ids.size)
+        """Tokens scanned whose activations count (N * T less the ignored ones)."""
+        return int(self.ids.size) - self.ignored
 
     @property
     def density(self) -> np.ndarray:
@@ -156,11 +158,14 @@ class FeatureScan:
         return sums / max(count, 1)
 
 
-def scan_features(model: GlassLM, sae, windows, batch: int = 8,
-                  should_stop=None) -> FeatureScan:
+def scan_features(model: GlassLM, sae, windows, batch: int = 8, should_stop=None,
+                  ignore: tuple[int, ...] = ()) -> FeatureScan:
     """Run the model and the dictionary over every window: windows (N, T) int ids ->
     `FeatureScan`. batch: windows per forward. should_stop: asked between batches
-    (`Cancelled` when it says so).
+    (`Cancelled` when it says so). ignore: token ids whose activations are not kept (pass the
+    BOS id: the residual at a sequence's first token is an outlier of large norm that lights
+    many features at their maximum, and would fill every feature's top contexts; the density
+    then counts over the other tokens only).
 
     Raises:
         ValueError: a dictionary that does not fit the model (`check_fits`), windows not 2-D.
@@ -172,12 +177,14 @@ def scan_features(model: GlassLM, sae, windows, batch: int = 8,
         if should_stop is not None and should_stop():
             raise Cancelled("the scan was stopped")
         acts = feature_activations(model, sae, windows[start:start + batch])
-        r, c, f = np.nonzero(acts > 0)
+        keep = ~np.isin(windows[start:start + batch], ignore)[..., None]  # (b, T, 1)
+        r, c, f = np.nonzero((acts > 0) & keep)
         parts.append((r + start, c, f, acts[r, c, f]))
     cat = [np.concatenate([p[j] for p in parts]) if parts else np.zeros(0) for j in range(4)]
     return FeatureScan(windows.astype(np.int64), cat[0].astype(np.int32),
                        cat[1].astype(np.int32), cat[2].astype(np.int32),
-                       cat[3].astype(np.float32), int(sae.d_sae))
+                       cat[3].astype(np.float32), int(sae.d_sae),
+                       int(np.isin(windows, ignore).sum()))
 
 
 def corpus_windows(tokenizer, path, seq_len: int = 64, max_tokens: int = 32768,
