@@ -196,3 +196,26 @@ def test_ignored_tokens_are_left_out_of_the_scan(setup):
         np.testing.assert_allclose(kept.dense(f), acts[..., f], rtol=1e-6, atol=1e-7)
     assert kept.tokens == windows.size - int((windows == bos).sum())
     np.testing.assert_allclose(kept.density, (acts > 0).sum(axis=(0, 1)) / kept.tokens)
+
+
+def test_inspect_report_features_section(setup):
+    from glassllm.lens.report import inspect_model, page_data, render_html, summary
+    from glassllm.tokenizers import ByteTokenizer
+    model, sae, windows, _ = setup
+    ids = windows[4] % 70 + 1  # ids the byte tokenizer has; none is ignored
+    ins = inspect_model(model, ids, ByteTokenizer(), dictionary=sae)
+    data = page_data(ins)["features"]
+    feats, values = browse.prompt_features(model, sae, ids, 5)
+    assert [[f for f, _ in row] for row in data["per_token"]] == \
+        [[int(f) for f in row if f >= 0] for row in feats]
+    acts = dense_acts(model, sae, ids[None])[0]
+    peak = acts.max(axis=0)
+    assert [f["feature"] for f in data["features"] if f["listed"]] == \
+        [int(f) for f in np.argsort(-peak, kind="stable")[:12] if peak[f] > 0]
+    given = {f["feature"] for f in data["features"]}
+    assert {f for row in data["per_token"] for f, _ in row} <= given
+    first = data["features"][0]
+    np.testing.assert_allclose(first["activations"], acts[:, first["feature"]], atol=1e-4)
+    assert f"#{first['feature']}: max" in summary(ins)
+    assert 'id="view-features"' in render_html(ins)
+    assert page_data(inspect_model(model, ids, ByteTokenizer()))["features"] is None

@@ -100,3 +100,35 @@ def test_features_view(browser, stories, tmp_path):  # noqa: F811
         check_clean(browser, running.base)
     finally:
         running.stop()
+
+
+def test_inspect_report_features_view(browser, stories, tmp_path):  # noqa: F811
+    """`glassllm inspect --features DIR`'s page: the Features view lists the prompt's
+    strongest features, shades the prompt by the one picked, and its per-token table opens
+    the others; markup in the prompt stays text."""
+    from selenium.webdriver.common.by import By
+    from glassllm import cli
+    model, tokenizer, sae, root = stories
+    folder = shared_data_path("llama2c")
+    out = tmp_path / "report.html"
+    assert cli.main(["inspect", "--model", str(folder / "stories260K.bin"), "--tokenizer",
+                     str(folder / "tok512.bin"), "--prompt", STORY[:120] + HOSTILE, "--features",
+                     str(root / "dicts" / "stories-L2"), "--out", str(out)]) == 0
+    browser.get(out.as_uri())
+    wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "1")
+    browser.find_element(By.ID, "nav-features").click()
+    find = lambda css: browser.find_elements(By.CSS_SELECTOR, css)  # noqa: E731
+    items = find("#feat-list li")
+    assert len(items) == 12
+    detail = browser.find_element(By.ID, "feat-detail")
+    assert detail.get_attribute("data-feature") == items[0].get_attribute("data-feature")
+    chip = find("#feat-table .chip")[7]
+    chip.click()
+    assert detail.get_attribute("data-feature") == chip.get_attribute("data-feature")
+    assert len(find("#feat-tokens .tok")) == len(find("#feat-table tr")) - 1
+    browser.save_screenshot(str(tmp_path / "report-features.png"))
+    assert browser.execute_script("return window.__xss") is None
+    assert find("#view-features img, #view-features b") == []
+    errors = browser.execute_script("return window.__errors")
+    console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    assert errors == [] and console == [], (errors, console)

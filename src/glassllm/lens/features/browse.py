@@ -317,6 +317,8 @@ def generate_with_hooks(model: GlassLM, prompt_ids, max_new_tokens: int, hooks,
 
 
 # --------------------------------------------------------------------------- what is shown
+MAX_SHOWN = 64  # features of a prompt section given in full (their activation at every token)
+
 def _round(a, digits: int = 4) -> list:
     return np.round(np.asarray(a, dtype=np.float64), digits).tolist()
 
@@ -383,3 +385,34 @@ def search_by_token(scan: FeatureScan | None, logits: np.ndarray | None, token_i
         order = np.argsort(-column, kind="stable")[:k]
         out["promoting"] = [[int(f), round(float(column[f]), 4)] for f in order]
     return out
+
+
+def prompt_section(model: GlassLM, sae, ids, texts, k: int = 5, features: int = 12,
+                   vocab_limit: int | None = None, ignore: tuple[int, ...] = ()) -> dict:
+    """What `glassllm inspect --features DIR` shows, JSON-ready: the dictionary's `facts`, per
+    token the k strongest active features (`per_token`: [[feature, activation], ...]), and
+    `features`: the `features` largest anywhere on the prompt (`listed`), strongest first, then
+    the other features of `per_token` (at most MAX_SHOWN in all), each with its activation at
+    every token, `at` its peak's position, its promoted / suppressed tokens (`feature_view`
+    without a corpus).
+    ignore: token ids left out of that ranking (the BOS, as `scan_features`)."""
+    check_fits(model, sae)
+    ids = np.asarray(ids).reshape(-1)
+    acts = feature_activations(model, sae, ids[None, :])[0]  # (T, d_sae)
+    feats, values = prompt_features(model, sae, ids, k)
+    counted = ~np.isin(ids, ignore)
+    peak = acts[counted].max(axis=0) if counted.any() else np.zeros(acts.shape[1], np.float32)
+    order = [int(f) for f in np.argsort(-peak, kind="stable") if peak[f] > 0]
+    in_rows = set(feats[feats >= 0].tolist())
+    chosen = order[:features] + [f for f in order[features:] if f in in_rows]
+    logits = feature_logits(model, sae)
+    shown = []
+    for rank, f in enumerate(chosen[:MAX_SHOWN]):
+        view = feature_view(None, logits, f, texts, k=8, vocab_limit=vocab_limit)
+        shown.append(dict(feature=f, activations=_round(acts[:, f]), max=round(float(peak[f]), 4),
+                          at=int(np.argmax(np.where(counted, acts[:, f], -np.inf))),
+                          listed=rank < features, promoted=view["promoted"],
+                          suppressed=view["suppressed"]))
+    per_token = [[[int(f), round(float(v), 4)] for f, v in zip(fr, vr) if f >= 0]
+                 for fr, vr in zip(feats, values)]
+    return dict(facts=dictionary_facts(sae), per_token=per_token, features=shown)
