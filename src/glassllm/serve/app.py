@@ -24,7 +24,6 @@ import errno
 import functools
 import json
 import math
-import os
 import secrets
 import signal
 import sys
@@ -91,15 +90,8 @@ class Server:
                     default_model=None if main is not None else self.store.newest_model(),
                     run=None if self.watcher is None else self.watcher.run_dir,
                     run_models=self.store.run_models(), limits=self.limits.to_dict(),
-                    targets=list(analyses.PATCH_TARGETS), features=self._features_info())
-
-    def _features_info(self) -> dict | None:
-        """The Features view's dictionaries (names, never paths) and whether it has a corpus."""
-        if self.features is None:
-            return None
-        data = self.features.data
-        return dict(dictionaries=self.features.names(),
-                    corpus=None if data is None else os.path.basename(data.rstrip(os.sep)))
+                    targets=list(analyses.PATCH_TARGETS),
+                    features=None if self.features is None else self.features.describe())
 
 
 # --------------------------------------------------------------------------- the guard
@@ -365,37 +357,25 @@ def patch(server, loaded, body, should_stop):
 
 
 # --------------------------------------------------------------------------- features
-def _dictionary(server, loaded, body, should_stop) -> tuple[str, dict]:
-    """The dictionary a Features request names (`FeatureStore`), loaded and scanned."""
-    if server.features is None:
-        raise RequestError("this server has no dictionaries (start it with --features DIR)",
-                           status=404)
-    name = get_str(body, "dictionary", 255, default="")
-    return name, server.features.get(name, loaded, should_stop)
-
-
-def _feature_index(body: dict, held: dict) -> int:
-    return get_int(body, "feature", 0, int(held["sae"].d_sae) - 1)
-
-
 @_model_call(("dictionary",))
 def features_open(server, loaded, body, should_stop):
     """POST /api/features/open: a dictionary's facts, evaluation and most frequent features."""
-    name, held = _dictionary(server, loaded, body, should_stop)
+    name, held = feature_answers.held(server.features, body, loaded, should_stop)
     return feature_answers.opened(held, loaded, name)
 
 
 @_model_call(("dictionary", "feature", "k"))
 def features_feature(server, loaded, body, should_stop):
     """POST /api/features/feature: one feature's contexts, histogram and logit weights."""
-    name, held = _dictionary(server, loaded, body, should_stop)
-    return feature_answers.feature(held, loaded, _feature_index(body, held), _k(server, body, 10))
+    _, held = feature_answers.held(server.features, body, loaded, should_stop)
+    return feature_answers.feature(held, loaded, feature_answers.index(body, held),
+                                   _k(server, body, 10))
 
 
 @_model_call(("dictionary", "token", "k"))
 def features_search(server, loaded, body, should_stop):
     """POST /api/features/search: features that fire on, or promote, one token."""
-    name, held = _dictionary(server, loaded, body, should_stop)
+    _, held = feature_answers.held(server.features, body, loaded, should_stop)
     token = _token(loaded, body.get("token"), "token")
     if token is None:
         raise RequestError("token is required: one token's text, or its id")
@@ -405,7 +385,7 @@ def features_search(server, loaded, body, should_stop):
 @_model_call(("dictionary", "prompt", "k"))
 def features_prompt(server, loaded, body, should_stop):
     """POST /api/features/prompt: the active features at each token of the prompt."""
-    name, held = _dictionary(server, loaded, body, should_stop)
+    _, held = feature_answers.held(server.features, body, loaded, should_stop)
     ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
     return feature_answers.prompt(held, loaded, ids, _k(server, body))
 
@@ -414,13 +394,9 @@ def features_prompt(server, loaded, body, should_stop):
 def features_steer(server, loaded, body, should_stop):
     """POST /api/features/steer: greedy continuations, clean and with the feature steered or
     ablated."""
-    name, held = _dictionary(server, loaded, body, should_stop)
-    index = _feature_index(body, held)
-    how = get_choice(body, "how", ("steer", "ablate"), default="steer")
-    alpha = get_real(body, "alpha", -1e4, 1e4, default=4.0)
-    n = get_int(body, "max_new_tokens", 0, min(64, server.limits.max_new_tokens), default=20)
+    _, held = feature_answers.held(server.features, body, loaded, should_stop)
     ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
-    return feature_answers.steer(held, loaded, ids, index, how, alpha, n)
+    return feature_answers.steer(held, loaded, ids, body)
 
 
 def _sampling(body: dict, vocab: int) -> tuple[Sampling, int | None]:

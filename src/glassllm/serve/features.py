@@ -22,9 +22,10 @@ import threading
 import numpy as np
 
 from ..lens.features import browse
-from .fields import RequestError
+from .fields import RequestError, get_choice, get_int, get_real, get_str
 
 MAX_DICTIONARIES = 200
+STEER_TOKENS = 64  # most tokens of one steered generation (two greedy runs of them)
 _KEPT = 4  # dictionaries (and their scans) kept loaded at once
 
 
@@ -38,6 +39,12 @@ class FeatureStore:
         self.max_tokens, self.seq_len = max_tokens, seq_len
         self._lock = threading.Lock()
         self._kept: collections.OrderedDict = collections.OrderedDict()
+
+    def describe(self) -> dict:
+        """What /api/info says of the view: the dictionaries' names (never paths) and the
+        corpus' file name (or None)."""
+        return dict(dictionaries=self.names(), corpus=None if self.data is None else
+                    os.path.basename(self.data.rstrip(os.sep)))
 
     def names(self) -> list[str]:
         """The dictionaries the page may open: "" (root itself) or its sub-directories'
@@ -123,6 +130,20 @@ def _evaluation(path: str):
 
 
 # --------------------------------------------------------------------------- answers
+def held(store: FeatureStore | None, body: dict, loaded, should_stop) -> tuple[str, dict]:
+    """(name, `FeatureStore.get`) of the dictionary a request names (body's "dictionary")."""
+    if store is None:
+        raise RequestError("this server has no dictionaries (start it with --features DIR)",
+                           status=404)
+    name = get_str(body, "dictionary", 255, default="")
+    return name, store.get(name, loaded, should_stop)
+
+
+def index(body: dict, held: dict) -> int:
+    """The request's "feature", checked against the dictionary's size."""
+    return get_int(body, "feature", 0, int(held["sae"].d_sae) - 1)
+
+
 def _numbers(report):
     """evaluation.json's numbers and short strings only (the page shows them as text)."""
     if report is None:
@@ -165,16 +186,20 @@ def prompt(held: dict, loaded, ids: np.ndarray, k: int) -> dict:
                 features=feats.tolist(), activations=np.round(values, 4).tolist())
 
 
-def steer(held: dict, loaded, ids: np.ndarray, index: int, how: str, alpha: float,
-          n: int) -> dict:
-    """POST /api/features/steer: greedy continuations of the prompt, clean and with the
-    feature steered (alpha W_dec[i] added at the hook) or ablated."""
+def steer(held: dict, loaded, ids: np.ndarray, body: dict) -> dict:
+    """POST /api/features/steer: greedy continuations of the prompt (body's max_new_tokens,
+    at most STEER_TOKENS), clean and with the feature steered (how "steer": alpha W_dec[i]
+    added at the value the decoder writes) or ablated (how "ablate")."""
     sae, limit = held["sae"], int(loaded.tokenizer.vocab_size)
-    hooks = browse.steering_hooks(sae, index, alpha) if how == "steer" else \
-        browse.ablation_hooks(sae, index)
+    feature = index(body, held)
+    how = get_choice(body, "how", ("steer", "ablate"), default="steer")
+    alpha = get_real(body, "alpha", -1e4, 1e4, default=4.0)
+    n = get_int(body, "max_new_tokens", 0, STEER_TOKENS, default=20)
+    hooks = browse.steering_hooks(sae, feature, alpha) if how == "steer" else \
+        browse.ablation_hooks(sae, feature)
     ids = [int(i) for i in ids]
     n = max(0, min(n, loaded.model.cfg.max_len - len(ids)))  # the context holds them all
     clean = browse.generate_with_hooks(loaded.model, ids, n, [], vocab_limit=limit)
     changed = browse.generate_with_hooks(loaded.model, ids, n, hooks, vocab_limit=limit)
-    return dict(feature=index, how=how, alpha=alpha if how == "steer" else None,
+    return dict(feature=feature, how=how, alpha=alpha if how == "steer" else None,
                 clean=[loaded.texts(i) for i in clean], changed=[loaded.texts(i) for i in changed])
