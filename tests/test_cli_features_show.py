@@ -70,3 +70,14 @@ def test_refusals_name_the_flag(world):
         show(root, "--feature", "64")
     with pytest.raises(UsageError, match="--top must be >= 1"):
         show(root, "--top", "0")
+
+
+def test_the_command_line_reaches_it(world, capsys):
+    from glassllm import cli
+    root, _, _ = world
+    assert cli.main(["features", "show", str(root / "d"), "--model", str(root / "m.safetensors"),
+                     "--data", str(root / "c.txt"), "--seq-len", "32", "--feature", "3"]) == 0
+    assert "feature 3: active on" in capsys.readouterr().out
+    assert cli.main(["features", "show", str(root / "nothing"), "--model",
+                     str(root / "m.safetensors"), "--data", str(root / "c.txt")]) == 2
+    assert "nothing" in capsys.readouterr().err

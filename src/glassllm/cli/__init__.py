@@ -19,6 +19,7 @@ from .common import one_line as _one_line  # noqa: F401 (the old private names)
 from .common import read_option_file as _read_small_file  # noqa: F401
 from .convert import CONVERT_USAGE, add_convert, run_convert
 from .entry import _error_report, _print_paths_as_given, build_parser, main, version
+from .features import add_features
 from .generate import SAMPLE_SEPARATOR, add_generate, run_generate
 from .inspect import add_inspect, run_inspect
 from .plot import add_plot, run_plot
@@ -27,7 +28,7 @@ from .serve import SERVE_PORT, _serve_model, add_serve, run_serve
 from .train import _choose_threads, add_train, run_train
 
 SUBCOMMANDS = [add_train, add_generate, add_prepare, add_plot, add_convert, add_inspect,
-               add_serve]
+               add_serve, add_features]
 
 __all__ = ["main", "build_parser", "version", "UsageError", "SUBCOMMANDS", "FAMILIES",
            "SAMPLE_SEPARATOR", "SMALL_FILE_BYTES", "SERVE_PORT",
