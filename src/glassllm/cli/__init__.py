@@ -19,7 +19,7 @@ from .common import one_line as _one_line  # noqa: F401 (the old private names)
 from .common import read_option_file as _read_small_file  # noqa: F401
 from .convert import CONVERT_USAGE, add_convert, run_convert
 from .entry import _error_report, _print_paths_as_given, build_parser, main, version
-from .features import add_features
+from .features import add_features, run_features_train
 from .generate import SAMPLE_SEPARATOR, add_generate, run_generate
 from .inspect import add_inspect, run_inspect
 from .plot import add_plot, run_plot

@@ -65,8 +65,10 @@ class SAE(Module):
         seed: the initialisation's random seed.
         l1_coefficient: lambda of the relu loss (norm-weighted L1).
         l0_coefficient: lambda of the jumprelu loss (L0).
-        threshold: initial theta of every jumprelu feature; bandwidth: eps of its kernel.
-        aux_coefficient, aux_k: alpha and k_aux of the topk AuxK loss (k_aux None: d_in // 2).
+        threshold: initial theta of every jumprelu feature.
+        bandwidth: eps, the width of its kernel.
+        aux_coefficient: alpha of the topk AuxK loss.
+        aux_k: its k_aux (None: d_in // 2).
         apply_b_dec_to_input: subtract b_dec before encoding (SAELens' field of that name).
         dtype: the parameters' dtype (float64 for gradient checks).
 
@@ -162,14 +164,14 @@ class SAE(Module):
 
     __call__ = forward
 
-    def loss(self, x: Tensor, target: Tensor | None = None,
-             dead: np.ndarray | None = None) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, x: Tensor, target: Tensor | None = None, dead: np.ndarray | None = None
+             ) -> tuple[Tensor, dict[str, float], np.ndarray]:
         """The training loss of this kind (module docstring) on a batch: x (N, d_in), target
         (N, d_out) (None: x itself, an SAE), dead (d_sae,) bool, the features the trainer counts
         as dead (for topk's AuxK; None or all False: no AuxK term).
 
-        Returns (loss, parts): the scalar loss Tensor and its terms as floats ("mse", and
-        "l1", "l0" or "auxk").
+        Returns (loss, parts, f): the scalar loss Tensor, its terms as floats ("mse", and "l1",
+        "l0" or "auxk"), and the feature activations f (N, d_sae) as an array.
         """
         target = x if target is None else target
         pi = self.pre_activations(x)                                   # (N, S)
@@ -180,14 +182,16 @@ class SAE(Module):
         if self.kind == "relu":
             norms = ((self.W_dec * self.W_dec).sum(axis=-1)) ** 0.5    # (S,) ||W_dec[i]||
             penalty = (f * norms).sum(axis=-1).mean()
-            return mse + self.l1_coefficient * penalty, {"mse": mse.item(), "l1": penalty.item()}
-        if self.kind == "jumprelu":
+            total, parts = mse + self.l1_coefficient * penalty, {"l1": penalty.item()}
+        elif self.kind == "jumprelu":
             l0 = ops.step(pi, self.threshold, self.bandwidth).sum(axis=-1).mean()
-            return mse + self.l0_coefficient * l0, {"mse": mse.item(), "l0": l0.item()}
-        if dead is None or not dead.any():
-            return mse, {"mse": mse.item(), "auxk": 0.0}
-        auxk = self.auxk_loss(pi, Tensor(error.data), dead)
-        return mse + self.aux_coefficient * auxk, {"mse": mse.item(), "auxk": auxk.item()}
+            total, parts = mse + self.l0_coefficient * l0, {"l0": l0.item()}
+        elif dead is None or not dead.any():
+            total, parts = mse, {"auxk": 0.0}
+        else:
+            auxk = self.auxk_loss(pi, Tensor(error.data), dead)        # e: a constant
+            total, parts = mse + self.aux_coefficient * auxk, {"auxk": auxk.item()}
+        return total, {"mse": mse.item(), **parts}, f.data
 
     def auxk_loss(self, pi: Tensor, error: Tensor, dead: np.ndarray) -> Tensor:
         """Gao et al. 2024's AuxK: the top k_aux pre-activations among the dead features
