@@ -25,9 +25,11 @@ def tiny_model(seed: int = 0) -> GlassLM:
 class Running:
     """A started server: `base` (http://127.0.0.1:PORT), `token`, `call(...)`, `stop()`."""
 
-    def __init__(self, loaded: Loaded | None, run_dir=None, limits: Limits = Limits()):
+    def __init__(self, loaded: Loaded | None, run_dir=None, limits: Limits = Limits(),
+                 features=None):
         self.server = Server(ModelStore(loaded, None if run_dir is None else str(run_dir)),
-                             run_dir=None if run_dir is None else str(run_dir), limits=limits)
+                             run_dir=None if run_dir is None else str(run_dir), limits=limits,
+                             features=features)
         ready = threading.Event()
         self.thread = threading.Thread(target=run, args=(self.server,), daemon=True,
                                        kwargs=dict(announce=lambda url: ready.set(), threads=1))

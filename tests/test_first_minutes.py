@@ -117,7 +117,7 @@ def test_help_names_every_command():
     from glassllm.cli import SUBCOMMANDS, build_parser
     parser = build_parser()
     names = [name.removeprefix("add_") for name in (add.__name__ for add in SUBCOMMANDS)]
-    assert "serve" in names and len(names) == 7
+    assert "serve" in names and len(names) == 8
     for name in names:
         assert name in parser.description, (name, parser.description)
         assert name in parser.format_help()

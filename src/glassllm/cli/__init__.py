@@ -1,4 +1,4 @@
-"""The `glassllm` command line: train, generate, prepare, convert, plot, inspect, serve.
+"""The `glassllm` command line: train, generate, prepare, convert, plot, inspect, serve, features.
 
 One module per command, each a pair of functions: `add_<name>(subparsers)` declares its options
 and `run_<name>(args)` parses them into a call of the library and prints the result

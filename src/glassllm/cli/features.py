@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from .common import UsageError, load_model_and_tokenizer, non_negative_int, one_line
+from .features_show import add_show
 
 
 def positive_int(text: str) -> int:
@@ -45,7 +46,7 @@ def add_features_train(sub) -> None:
     p.set_defaults(func=run_features_train)
 
 
-FEATURE_COMMANDS = [add_features_train]  # `features show` is added here
+FEATURE_COMMANDS = [add_features_train, add_show]
 
 
 def add_features(sub) -> None:

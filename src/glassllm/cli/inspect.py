@@ -22,6 +22,10 @@ def add_inspect(sub) -> None:
                    help="HTML report to write (default report.html)")
     p.add_argument("--run", default=None, metavar="DIR",
                    help="training run directory (history.csv, health.jsonl) to add its curves")
+    p.add_argument("--features", default=None, metavar="DIR",
+                   help="a dictionary of this model (SAELens directory: cfg.json + "
+                        "sae_weights.safetensors): its features on the prompt, per token, "
+                        "with the tokens each promotes, as the report's Features view")
     p.add_argument("--top-k", type=int, default=5, metavar="K",
                    help="alternatives shown per position (default 5)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
@@ -54,6 +58,7 @@ def run_inspect(args) -> int:
     if note:
         print(f"glassllm inspect: note: {note}", file=sys.stderr, flush=True)
     ins = inspect_model(model, ids, tokenizer, run_dir=args.run, k=args.top_k, note=note,
+                        dictionary=_dictionary(args.features, model),
                         title=f"glassllm inspect: {os.path.basename(args.model.rstrip(os.sep))}")
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     report = write_html(ins, args.out)  # first: a reader that leaves early loses nothing
@@ -65,3 +70,17 @@ def run_inspect(args) -> int:
         # as Unix tools do (stdout -> devnull: the interpreter's final flush stays quiet)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _dictionary(path, model):
+    """--features DIR: the dictionary, checked against the model before anything runs."""
+    if path is None:
+        return None
+    from ..lens.features import browse, load_saelens
+    from .common import one_line
+    try:
+        sae = load_saelens(path)
+        browse.check_fits(model, sae)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--features {path}: {one_line(e)}") from None
+    return sae

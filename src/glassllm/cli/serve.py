@@ -26,6 +26,14 @@ def add_serve(sub) -> None:
     p.add_argument("--run", metavar="DIR",
                    help="training run directory to watch (history.csv, per-step CSV, "
                         "health.jsonl, saved models); it may not exist yet")
+    p.add_argument("--features", metavar="DIR",
+                   help="the Features view's dictionaries: a SAELens directory (cfg.json + "
+                        "sae_weights.safetensors), or a directory of them; the page opens "
+                        "these only, by name")
+    p.add_argument("--features-data", metavar="D",
+                   help="the corpus of the Features view's top contexts and histograms: a "
+                        "UTF-8 text file or a `glassllm prepare` token file/directory (its "
+                        "first 16,384 tokens)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; "
                         "0.0.0.0 opens it to the network, with a warning)")
@@ -67,7 +75,8 @@ def run_serve(args) -> int:
         print(f"glassllm serve: warning: --host {args.host} lets other machines reach this "
               f"server (plain HTTP, no TLS); anyone with its URL and token can use it",
               file=sys.stderr, flush=True)
-    server = Server(ModelStore(main_model, args.run), run_dir=args.run, bind=args.host)
+    server = Server(ModelStore(main_model, args.run), run_dir=args.run, bind=args.host,
+                    features=_feature_store(args))
 
     def announce(url: str) -> None:
         print(f"glassllm serve: {url}", flush=True)
@@ -139,3 +148,21 @@ def _served(child):
                     child.kill()
                     child.wait()
     return held()
+
+
+def _feature_store(args):
+    """The Features view's dictionaries (`glassllm.serve.features.FeatureStore`), or None."""
+    if args.features is None:
+        if args.features_data is not None:
+            raise UsageError("--features-data needs --features DIR (the dictionaries)")
+        return None
+    if not os.path.isdir(args.features):
+        raise UsageError(f"--features {args.features}: not a directory")
+    if args.features_data is not None and not os.path.exists(args.features_data):
+        raise UsageError(f"--features-data {args.features_data}: no such file or directory")
+    from ..serve.features import FeatureStore
+    store = FeatureStore(args.features, args.features_data)
+    if not store.names():
+        raise UsageError(f"--features {args.features}: no dictionary there (a directory "
+                         f"holding cfg.json, or sub-directories that do)")
+    return store

@@ -51,10 +51,12 @@ class Inspection:
     health: list[dict] | None = None
     title: str = "glassllm inspect"
     note: str | None = None  # said above the views: e.g. the prompt cut to max_len (`fit_prompt`)
+    features: dict | None = None  # a dictionary on the prompt (`browse.prompt_section`)
 
 
 def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
-                  title: str = "glassllm inspect", note: str | None = None) -> Inspection:
+                  title: str = "glassllm inspect", note: str | None = None,
+                  dictionary=None) -> Inspection:
     """Run every analysis of the report on one prompt (ids (T,), T >= 2).
 
     Attribution at position t is for the token that actually comes next (t < T-1), and for
@@ -63,6 +65,8 @@ def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
     they appear in a top-k list they read "(padding id N)", `token_text`). run_dir: a
     training run directory; its history.csv / health.jsonl, when present, are included.
     note: a line shown above the report's views and in the summary (`fit_prompt`'s).
+    dictionary: an SAE or transcoder of this model (`glassllm.lens.features`): its features
+    on the prompt become the report's Features view (`browse.prompt_section`).
 
     Raises ValueError for a prompt of fewer than 2 tokens (nothing to predict) and the
     errors of `glassllm.lens.interpret`'s functions.
@@ -89,8 +93,15 @@ def inspect_model(model: GlassLM, ids, tokenizer=None, run_dir=None, k: int = 5,
     history = health = None
     if run_dir is not None:
         history, health = read_run(run_dir)
-    return Inspection(model.cfg.to_dict(), ids[0], TokenTexts(tokenizer), surprise, lens,
-                      attributions, patterns, head_kinds, history, health, title, note)
+    texts = TokenTexts(tokenizer)
+    features = None
+    if dictionary is not None:
+        from .features.browse import prompt_section
+        bos = getattr(tokenizer, "bos_id", None)
+        features = prompt_section(model, dictionary, ids[0], texts, k=k, vocab_limit=limit,
+                                  ignore=() if bos is None else (int(bos),))
+    return Inspection(model.cfg.to_dict(), ids[0], texts, surprise, lens, attributions,
+                      patterns, head_kinds, history, health, title, note, features)
 
 
 def fit_prompt(ids, max_len: int) -> tuple[list[int], str | None]:
@@ -201,7 +212,24 @@ def summary(ins: Inspection, color: bool = False, top: int = 5) -> str:
         else:
             lines.append(f"strongest {name} head: L{layer}H{head} "
                          f"score {scores[layer, head]:.2f}")
+    if ins.features is not None:
+        lines += _features_summary(ins, top)
     return "\n".join(lines)
+
+
+def _features_summary(ins: Inspection, top: int) -> list[str]:
+    """The dictionary's strongest features on the prompt, each with where it peaks and the
+    tokens it promotes."""
+    f = ins.features["facts"]
+    lines = [f"features of the {f['kind']} dictionary on {f['hook_name']} ({f['d_sae']}), "
+             f"strongest on the prompt:"]
+    for feat in [f for f in ins.features["features"] if f["listed"]][:top]:
+        at = feat["at"]
+        promotes = ", ".join(f"'{_visible(t)}'" for t, _, _ in (feat["promoted"] or [])[:4])
+        lines.append(f"  #{feat['feature']}: max {feat['max']:.3f} at token {at} "
+                     f"'{_visible(ins.text(ins.ids[at]))}'" +
+                     (f"; promotes {promotes}" if promotes else ""))
+    return lines
 
 
 # --------------------------------------------------------------------------- HTML
@@ -252,7 +280,7 @@ def page_data(ins: Inspection) -> dict:
                   target_prob=_r(lens.target_prob), target_rank=lens.target_rank.tolist()),
         attention=attention, attributions=attributions,
         heads={kind: _r(v, 3) for kind, v in ins.head_kinds.items()},
-        run=None)
+        run=None, features=ins.features)
     if ins.history is not None or ins.health:
         from .health import BANDS
         data["run"] = dict(history={k: _r(v, 5) for k, v in (ins.history or {}).items()},

@@ -38,6 +38,7 @@ from ..generate import Sampling
 from ..lens.interpret import AttributionError, Cancelled
 from ..lens.trace import TraceTooLarge
 from . import analyses
+from . import features as feature_answers
 from .fields import (RequestError, get_choice, get_int, get_list, get_real, get_str,
                      json_body)
 from .generation import Generation, send_line, stream_tokens
@@ -60,13 +61,14 @@ class Server:
         store: the models (`ModelStore`). run_dir: the training run to watch (None: none).
         limits: `Limits`. token: the session token (default: a fresh one).
         bind: the address the server binds (for the Host check). workers: threads of the model
-            lane (`Lanes`).
+            lane (`Lanes`). features: the Features view's dictionaries
+            (`glassllm.serve.features.FeatureStore`), or None (no such view).
     """
 
     def __init__(self, store: ModelStore, run_dir: str | None = None,
                  limits: Limits = Limits(), token: str | None = None, bind: str = "127.0.0.1",
-                 workers: int = 8):
-        self.store, self.limits = store, limits
+                 workers: int = 8, features=None):
+        self.store, self.limits, self.features = store, limits, features
         self.watcher = RunWatcher(run_dir) if run_dir is not None else None
         self.gate = Gate(token or new_token(), port=0, bind=bind)
         self.lanes = Lanes(workers, limits.client_requests)
@@ -88,7 +90,8 @@ class Server:
                     default_model=None if main is not None else self.store.newest_model(),
                     run=None if self.watcher is None else self.watcher.run_dir,
                     run_models=self.store.run_models(), limits=self.limits.to_dict(),
-                    targets=list(analyses.PATCH_TARGETS))
+                    targets=list(analyses.PATCH_TARGETS),
+                    features=None if self.features is None else self.features.describe())
 
 
 # --------------------------------------------------------------------------- the guard
@@ -353,6 +356,49 @@ def patch(server, loaded, body, should_stop):
                              should_stop=should_stop)
 
 
+# --------------------------------------------------------------------------- features
+@_model_call(("dictionary",))
+def features_open(server, loaded, body, should_stop):
+    """POST /api/features/open: a dictionary's facts, evaluation and most frequent features."""
+    name, held = feature_answers.held(server.features, body, loaded, should_stop)
+    return feature_answers.opened(held, loaded, name)
+
+
+@_model_call(("dictionary", "feature", "k"))
+def features_feature(server, loaded, body, should_stop):
+    """POST /api/features/feature: one feature's contexts, histogram and logit weights."""
+    _, held = feature_answers.held(server.features, body, loaded, should_stop)
+    return feature_answers.feature(held, loaded, feature_answers.index(body, held),
+                                   _k(server, body, 10))
+
+
+@_model_call(("dictionary", "token", "k"))
+def features_search(server, loaded, body, should_stop):
+    """POST /api/features/search: features that fire on, or promote, one token."""
+    _, held = feature_answers.held(server.features, body, loaded, should_stop)
+    token = _token(loaded, body.get("token"), "token")
+    if token is None:
+        raise RequestError("token is required: one token's text, or its id")
+    return feature_answers.search(held, loaded, token, _k(server, body, 10))
+
+
+@_model_call(("dictionary", "prompt", "k"))
+def features_prompt(server, loaded, body, should_stop):
+    """POST /api/features/prompt: the active features at each token of the prompt."""
+    _, held = feature_answers.held(server.features, body, loaded, should_stop)
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
+    return feature_answers.prompt(held, loaded, ids, _k(server, body))
+
+
+@_model_call(("dictionary", "feature", "prompt", "how", "alpha", "max_new_tokens"))
+def features_steer(server, loaded, body, should_stop):
+    """POST /api/features/steer: greedy continuations, clean and with the feature steered or
+    ablated."""
+    _, held = feature_answers.held(server.features, body, loaded, should_stop)
+    ids = _prompt_ids(server, loaded, get_str(body, "prompt", server.limits.prompt_bytes), 1)
+    return feature_answers.steer(held, loaded, ids, body)
+
+
 def _sampling(body: dict, vocab: int) -> tuple[Sampling, int | None]:
     temperature = get_real(body, "temperature", 0.0, 1e4, default=0.8)
     top_k = get_int(body, "top_k", 1, vocab, default=None)
@@ -460,7 +506,11 @@ def make_app(server: Server) -> web.Application:
     for path, handler in (("tokenize", tokenize), ("analyze", analyze),
                           ("attention", attention), ("attribution", attribution),
                           ("ablate", ablate), ("patch", patch), ("generate", generate),
-                          ("run/sample", run_sample)):
+                          ("run/sample", run_sample), ("features/open", features_open),
+                          ("features/feature", features_feature),
+                          ("features/search", features_search),
+                          ("features/prompt", features_prompt),
+                          ("features/steer", features_steer)):
         app.router.add_post("/api/" + path, handler)
     return app
 

@@ -5,6 +5,8 @@
 - `train`: `train_dictionary`, streaming activations from a model over a corpus;
 - `evaluate`: `evaluate_dictionary`, L0, FVU, dead/dense features, CE loss recovered;
 - `saelens`: `save_saelens` / `load_saelens`, SAELens' on-disk format.
+- `browse`: looking at features: top contexts, histograms, logit weights, a prompt's
+  features, steering and ablation (`glassllm features show`, serve's Features view).
 
 docs/features.md walks through them.
 """

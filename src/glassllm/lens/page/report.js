@@ -151,13 +151,54 @@ function buildTraining() {
     if (y.some((v) => v !== null)) lineChart($("health-charts"), title, [{name: key, x: steps, y: y}]); }
 }
 
+// ------------------------------------------------------------------ features (inspect --features)
+function featureBars(box, rows) { box.textContent = "";
+  if (!rows) { box.appendChild(el("p", {"class": "note"}, "none: the decoder writes no residual direction")); return; }
+  const scale = Math.max(...rows.map((r) => Math.abs(r[1]))) || 1;
+  rows.forEach(([t, v]) => { const row = el("div", {"class": "bar-row"}); row.appendChild(el("div", {"class": "bar-label"}, cellText(t, vis)));
+    const track = el("div", {"class": "bar-track"}), bar = el("div", {"class": "bar"});
+    bar.style.width = (100 * Math.abs(v) / scale) + "%"; bar.style.left = "0"; bar.style.background = v >= 0 ? "#1d6fb8" : "#c82828";
+    track.appendChild(bar); row.appendChild(track); row.appendChild(el("div", {"class": "bar-value"}, fmt(v, 3))); box.appendChild(row); });
+}
+function pickFeature(i) {
+  const F = DATA.features, f = F.features.find((x) => x.feature === i);
+  for (const li of document.querySelectorAll("#feat-list li")) li.classList.toggle("picked", li.dataset.feature === String(i));
+  $("feat-detail").dataset.feature = i;
+  $("feat-title").textContent = "feature #" + i + (f ? ": largest activation on the prompt " + fmt(f.max, 3) : " (not among the strongest listed)");
+  const box = $("feat-tokens"); box.textContent = "";
+  if (!f) { featureBars($("feat-promoted"), null); featureBars($("feat-suppressed"), null); return; }
+  DATA.tokens.forEach((t, j) => { const span = el("span", {"class": "tok"}, vis(t)); span.style.background = blue(f.activations[j] / (f.max || 1));
+    span.addEventListener("mousemove", (ev) => showTip(ev, quoted(t) + ": activation " + fmt(f.activations[j], 4))); span.addEventListener("mouseleave", hideTip);
+    box.appendChild(span); });
+  featureBars($("feat-promoted"), f.promoted); featureBars($("feat-suppressed"), f.suppressed);
+}
+function buildFeatures() {
+  const F = DATA.features;
+  if (!F) return;
+  const f = F.facts;
+  $("feat-facts").textContent = f.kind + " dictionary of " + f.hook_name + (f.out_name ? " \u2192 " + f.out_name : "") + ", d_in " + f.d_in + ", d_sae " + f.d_sae + (f.k ? ", k " + f.k : "");
+  F.features.filter((x) => x.listed).forEach((x) => { const li = el("li", {"data-feature": x.feature}, "#" + x.feature + "  max " + fmt(x.max, 3));
+    li.addEventListener("click", () => pickFeature(x.feature)); $("feat-list").appendChild(li); });
+  const table = el("table", {"class": "grid", "id": "feat-table"}), head = el("tr");
+  ["#", "token", "active features (activation)"].forEach((t) => head.appendChild(el("th", {}, t))); table.appendChild(head);
+  const top = Math.max(1e-9, ...F.per_token.flat().map((p) => p[1]));
+  DATA.tokens.forEach((t, i) => { const tr = el("tr"); tr.appendChild(el("td", {}, String(i))); tr.appendChild(el("td", {}, cellText(t, vis)));
+    const td = el("td"); td.style.textAlign = "left";
+    F.per_token[i].forEach(([feat, v]) => { const chip = el("span", {"class": "chip", "data-feature": feat}, "#" + feat + " " + fmt(v, 2));
+      chip.style.background = blue(v / top); chip.addEventListener("click", () => pickFeature(feat)); td.appendChild(chip); });
+    tr.appendChild(td); table.appendChild(tr); });
+  $("feat-per-token").appendChild(table);
+  if (F.features.length) pickFeature(F.features[0].feature);
+}
+
 function main() {
   $("title").textContent = DATA.title;
   const m = DATA.model;
   $("meta").textContent = m.family + " model: d_model " + m.d_model + ", " + m.n_layers + " layers, " + m.n_heads +
     " heads (" + m.n_kv_heads + " kv), vocab " + m.vocab_size + "; " + DATA.tokens.length + " tokens";
   if (DATA.note) { $("prompt-note").textContent = "Note: " + DATA.note + "."; $("prompt-note").hidden = false; }
-  buildNav(DATA.run); show("attention"); buildAttention(); buildLens(); buildSurprise(); buildAttribution(); buildHeads(); buildTraining();
+  if (!DATA.features) $("view-features").remove();
+  buildNav(DATA.run); show("attention"); buildAttention(); buildLens(); buildSurprise(); buildAttribution(); buildHeads(); buildTraining(); buildFeatures();
   document.body.dataset.ready = "1";
 }
 main();

@@ -56,6 +56,7 @@ function show(name) {
   state.view = name;
   if (name === "attribution" && state.analysis) runAttribution();
   if (name === "ablate" && state.analysis) runAblation();
+  if (name === "features" && state.analysis) { if (!state.featuresOpened) { state.featuresOpened = true; openDictionary(); } else runFeaturePrompt(); }
 }
 
 // ------------------------------------------------------------------ the model and the prompt
@@ -101,6 +102,7 @@ function drawAll() {
   if (!$("patch-corrupted").value) $("patch-corrupted").value = state.prompt;
   if (state.view === "attribution") runAttribution();
   if (state.view === "ablate") runAblation();
+  if (state.view === "features") { if (!state.featuresOpened) { state.featuresOpened = true; openDictionary(); } else runFeaturePrompt(); }
 }
 
 // ------------------------------------------------------------------ tokens and surprise
@@ -375,6 +377,118 @@ function showStep(index) { const msg = state.genSteps[index];
   const box = $("gen-dist"); bars(box, msg.top.map(([t]) => JSON.stringify(t)), msg.top.map(([, p]) => p), true);
   box.insertBefore(el("h3", {}, "step " + index + ": drew " + JSON.stringify(msg.piece) + " (p " + fmt(msg.prob, 4) + ") from"), box.firstChild); }
 
+// ------------------------------------------------------------------ features
+// A dictionary of the server's --features directory, named by the server's own list (never a
+// path); its answers are the library's (glassllm.lens.features.browse), drawn as text only.
+function featBody(extra) { return Object.assign({model: state.model, dictionary: $("feat-dict").value}, extra); }
+function featError(e) { const f = $("feat-facts"); f.classList.add("error"); f.textContent = e.message; }
+async function openDictionary() {
+  const facts = $("feat-facts"); facts.classList.remove("error"); facts.textContent = "scanning the corpus...";
+  try {
+    const r = await latest("features-open", "/api/features/open", featBody({}));
+    if (!r) return;
+    const f = r.facts, reads = f.hook_name + (f.out_name ? " \u2192 " + f.out_name : "");
+    facts.textContent = f.kind + " dictionary of " + reads + ", d_in " + f.d_in + ", d_sae " + f.d_sae + (f.k ? ", k " + f.k : "") +
+      (r.corpus ? "; over " + Number(f.tokens).toLocaleString() + " tokens of " + INFO.features.corpus + ": L0 " + fmt(f.l0, 2) +
+        ", dead " + f.dead + ", dense " + f.dense : "; no corpus (serve --features-data D): no contexts") +
+      (r.evaluation ? "; stored evaluation: " + Object.entries(r.evaluation).map(([k, v]) => k + " " + (typeof v === "number" ? fmt(v, 4) : v)).join(", ") : "");
+    facts.dataset.dsae = f.d_sae; $("feat-index").max = f.d_sae - 1;
+    $("feat-list-title").textContent = "most frequent features";
+    featureList((r.frequent || []).map(([i, d]) => [i, "density " + fmt(100 * d, 2) + "%"]));
+    runFeaturePrompt();
+    if (r.frequent && r.frequent.length) openFeature(r.frequent[0][0]);
+  } catch (e) { featError(e); }
+}
+function featureList(items) {
+  const list = clear($("feat-list"));
+  items.forEach(([i, text]) => { const li = el("li", {"data-feature": i}, "#" + i + "  " + text);
+    li.addEventListener("click", () => openFeature(i)); list.appendChild(li); });
+  if (!items.length) list.appendChild(el("li", {"class": "none"}, "none"));
+}
+async function searchFeatures() {
+  const token = tokenField($("feat-token").value); if (token === null) return;
+  try {
+    const r = await latest("features-search", "/api/features/search", featBody({token: token, k: 15}));
+    if (!r) return;
+    $("feat-list-title").textContent = "features of " + quoted(r.token_text);
+    const items = (r.firing || []).map(([i, v]) => [i, "fires " + fmt(v, 3)]);
+    (r.promoting || []).forEach(([i, v]) => items.push([i, "promotes " + fmt(v, 3)]));
+    featureList(items);
+  } catch (e) { featError(e); }
+}
+async function openFeature(i) {
+  try {
+    const r = await latest("features-feature", "/api/features/feature", featBody({feature: Number(i), k: 10}));
+    if (!r) return;
+    state.feature = r.feature; $("feat-index").value = r.feature; $("feat-steered").textContent = "";
+    for (const li of document.querySelectorAll("#feat-list li")) li.classList.toggle("picked", li.dataset.feature === String(r.feature));
+    $("feat-title").textContent = "feature #" + r.feature; $("feat-detail").dataset.feature = r.feature;
+    $("feat-stats").textContent = r.density === null ? "no corpus: density, histogram and contexts need serve --features-data D" :
+      "active on " + fmt(100 * r.density, 3) + "% of the corpus tokens; largest activation " + fmt(r.max, 4);
+    drawHistogram(r.histogram);
+    const bar = (box, rows) => { if (rows) bars(box, rows.map(([t]) => cellText(t, vis)), rows.map(([, v]) => v)); else clear(box).appendChild(el("p", {"class": "note"}, "none: the decoder writes no residual direction")); };
+    bar($("feat-promoted"), r.promoted); bar($("feat-suppressed"), r.suppressed);
+    drawContexts(r.contexts || []);
+  } catch (e) { featError(e); }
+}
+function drawHistogram(h) {
+  const box = clear($("feat-hist")); if (!h) return;
+  const most = Math.max(1, ...h.counts), hist = el("div", {"class": "hist", "id": "feat-hist-bars"});
+  h.counts.forEach((c, j) => { const d = el("div"); d.style.height = (100 * c / most) + "%";
+    hover(d, c + " activations in " + fmt(h.edges[j], 3) + " .. " + fmt(h.edges[j + 1], 3)); hist.appendChild(d); });
+  box.appendChild(hist); const axis = el("div", {"class": "hist-axis"});
+  axis.appendChild(el("span", {}, "0")); axis.appendChild(el("span", {}, "activation (non-zero only)")); axis.appendChild(el("span", {}, fmt(h.edges[h.edges.length - 1], 3)));
+  box.appendChild(axis);
+}
+function drawContexts(contexts) {
+  const box = clear($("feat-contexts")), top = Math.max(1e-9, ...contexts.map((c) => c.value));
+  contexts.forEach((c) => { const row = el("div", {"class": "context"});
+    row.appendChild(el("span", {"class": "value"}, fmt(c.value, 3)));
+    c.texts.forEach((t, j) => { const span = el("span", {"class": "tok" + (j === c.at ? " chosen" : "")}, vis(t));
+      span.style.background = blue(c.activations[j] / top);
+      hover(span, quoted(t) + ": activation " + fmt(c.activations[j], 4)); row.appendChild(span); });
+    box.appendChild(row); });
+  if (!contexts.length) box.appendChild(el("p", {"class": "note"}, "none"));
+}
+async function runFeaturePrompt() {
+  if (!INFO.features || !state.prompt) return;
+  try {
+    const r = await latest("features-prompt", "/api/features/prompt", featBody({prompt: state.prompt, k: 5}));
+    if (!r) return;
+    const table = el("table", {"class": "grid", "id": "feat-prompt-table"}), head = el("tr");
+    ["#", "token", "active features (activation)"].forEach((t) => head.appendChild(el("th", {}, t))); table.appendChild(head);
+    const top = Math.max(1e-9, ...r.activations.flat());
+    r.tokens.texts.forEach((t, i) => { const tr = el("tr"); tr.appendChild(el("td", {}, String(i))); tr.appendChild(el("td", {}, cellText(t, vis)));
+      const td = el("td"); td.style.textAlign = "left";
+      r.features[i].forEach((f, j) => { if (f < 0) return;
+        const chip = el("span", {"class": "chip", "data-feature": f}, "#" + f + " " + fmt(r.activations[i][j], 2));
+        chip.style.background = blue(r.activations[i][j] / top); chip.addEventListener("click", () => openFeature(f)); td.appendChild(chip); });
+      tr.appendChild(td); table.appendChild(tr); });
+    clear($("feat-prompt")).appendChild(table);
+  } catch (e) { featError(e); }
+}
+async function steerFeature(how) {
+  if (state.feature === undefined) return;
+  const out = $("feat-steered"); out.textContent = "generating...";
+  try {
+    const r = await latest("features-steer", "/api/features/steer", featBody({feature: state.feature, how: how, alpha: Number($("feat-alpha").value),
+                                                                             prompt: state.prompt, max_new_tokens: 20}));
+    if (!r) return;
+    out.textContent = "clean:   " + r.clean.join("") + "\n" + (how === "steer" ? "steered (alpha " + r.alpha + ")" : "ablated") + ": " + r.changed.join("");
+    out.dataset.how = how;
+  } catch (e) { out.textContent = e.message; }
+}
+function startFeatures() {
+  if (!INFO.features) { $("view-features").remove(); return; }
+  options($("feat-dict"), INFO.features.dictionaries.map((n) => [n, n || "(the --features directory)"]));
+  $("feat-dict").addEventListener("change", openDictionary);
+  $("feat-search").addEventListener("click", searchFeatures);
+  $("feat-token").addEventListener("keydown", (ev) => { if (ev.key === "Enter") searchFeatures(); });
+  $("feat-open").addEventListener("click", () => { if ($("feat-index").value !== "") openFeature($("feat-index").value); });
+  $("feat-steer").addEventListener("click", () => steerFeature("steer"));
+  $("feat-ablate").addEventListener("click", () => steerFeature("ablate"));
+}
+
 // ------------------------------------------------------------------ training
 function drawCurves(run) {
   const box = clear($("train-charts")), h = run.history, steps = run.steps, rows = run.health || [];
@@ -472,11 +586,11 @@ async function sampleRun() {
 
 // ------------------------------------------------------------------ start
 function main() {
-  buildNav(INFO.run); describe(INFO.model); fillModels(INFO.run_models);
+  startFeatures(); buildNav(INFO.run); describe(INFO.model); fillModels(INFO.run_models);
   options($("patch-target"), INFO.targets.map((t) => [t, t]));
   $("analyze").addEventListener("click", () => { state.ablated.clear(); analyze(); });
   $("prompt").addEventListener("keydown", (ev) => { if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); analyze(); } });
-  $("model").addEventListener("change", () => { state.model = $("model").value; state.ablated.clear(); analyze(); });
+  $("model").addEventListener("change", () => { state.model = $("model").value; state.featuresOpened = false; state.ablated.clear(); analyze(); });
   $("surprise-unit").addEventListener("change", drawSurprise);
   $("att-layer").addEventListener("change", pickLayer); $("att-head").addEventListener("change", drawAttention);
   $("att-canvas").addEventListener("mousemove", attentionCanvasTip); $("att-canvas").addEventListener("mouseleave", hideTip);
