@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 
@@ -57,13 +58,19 @@ class GGUFFile:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"{self.path}: no such file")
+        with open(self.path, "rb") as fh:
+            head = fh.read(4)
+        if head != b"GGUF":  # gguf.GGUF_MAGIC, as the file's first 4 bytes
+            raise ValueError(f"{self.path}: not a GGUF file: it starts with {head!r}, not "
+                             f"b'GGUF' (wrong magic)")
         try:
             reader = gguf.GGUFReader(self.path)
             self.fields = {k: f.contents() for k, f in reader.fields.items()}
             self.tensors = {t.name: t for t in reader.tensors}
         except (ValueError, KeyError, IndexError, TypeError, OverflowError,
                 UnicodeDecodeError) as e:  # what GGUFReader raises on a damaged header
-            raise ValueError(f"{self.path}: not a readable GGUF file: {_why(e)}") from None
+            raise ValueError(f"{self.path}: not a readable GGUF file (truncated or damaged): "
+                             f"{_why(e)}") from None
         except OSError as e:
             raise ValueError(f"{self.path}: cannot read: {e.strerror or e}") from None
         for t in self.tensors.values():
@@ -103,7 +110,10 @@ class GGUFFile:
 
 
 def _why(e: Exception) -> str:
+    """GGUFReader's complaint in one line; an unknown tensor type said as such."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "is not a valid GGMLQuantizationType" in text:
+        return f"unknown tensor type {re.findall(r'[0-9]+', text.split(' is not')[0])[-1]}"
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -223,7 +233,9 @@ class _Keys:
         if not ok or (kind is int and value != int(value)):
             raise ValueError(f"{self.f.path}: key {name!r} = {_short(value)} is not a "
                              f"positive {kind.__name__}")
-        return kind(value) if kind in (int, float) else value
+        if kind is float:
+            return _decimal(value)
+        return kind(value) if kind is int else value
 
     def check_rest(self) -> None:
         prefix = self.arch + "."
@@ -237,6 +249,16 @@ class _Keys:
                 raise ValueError(f"{self.f.path}: key {name!r} (= {_short(value)}) is not "
                                  f"implemented by glassllm; refusing to load a model it "
                                  f"would compute differently")
+
+
+def _decimal(value) -> float:
+    """A float key as the decimal it was written from: GGUF stores floats as float32, so 1e-5
+    reads 9.99999974e-06; the shortest decimal that rounds to the same float32 is 1e-05
+    (a float64 key that is no float32 stays as it is)."""
+    value = float(value)
+    if float(np.float32(value)) != value:
+        return value
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
 
 
 def _short(value) -> str:

@@ -37,21 +37,18 @@ def tokenizer_from_gguf(f):
     kind = f.get(_TOK + "model")
     if kind is None:
         return None
+    if kind not in ("llama", "gpt2"):
+        raise ValueError(f"{f.path}: tokenizer.ggml.model {kind!r} is not supported by "
+                         f"glassllm (supported: 'llama' SentencePiece, 'gpt2' byte-level BPE)")
     tokens = f.get(_TOK + "tokens")
     if not isinstance(tokens, list) or not tokens:
         raise ValueError(f"{f.path}: key 'tokenizer.ggml.tokens' is missing or empty")
     try:
-        if kind == "llama":
-            return _sentencepiece(f, tokens)
-        if kind == "gpt2":
-            return _byte_level_bpe(f, tokens)
+        return _sentencepiece(f, tokens) if kind == "llama" else _byte_level_bpe(f, tokens)
     except ValueError as e:
         if str(e).startswith(f.path):
             raise
         raise ValueError(f"{f.path}: the {kind!r} vocabulary: {e}") from None
-    raise ValueError(f"{f.path}: tokenizer.ggml.model {kind!r} is not supported by glassllm "
-                     f"(supported: 'llama' SentencePiece, 'gpt2' byte-level BPE)")
-
 
 def _require_id(f, key: str, expected: int) -> None:
     value = f.get(_TOK + key)
