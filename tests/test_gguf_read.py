@@ -302,3 +302,37 @@ def test_a_missing_or_misshapen_tensor_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"tensor 'blk\.0\.attn_k\.bias' has shape \(16,\), "
                                          r"the keys imply one for \(32,\)"):
         read_gguf(tmp_path / "short.gguf")
+
+
+# --------------------------------------------------------------------------- llama.cpp itself
+def _llama_cpp():
+    from conftest import skip_or_fail
+    try:
+        import llama_cpp
+    except ImportError as e:
+        skip_or_fail(f"llama-cpp-python is not installed ({e}); the test extra builds it")
+    return llama_cpp
+
+
+def test_llama_cpp_reads_the_same_tokens_and_logits(stories, tmp_path):
+    """What glassllm reads from a GGUF is what llama.cpp runs: stories260K's ids (with BOS)
+    and logits (llama.cpp with a float32 KV cache: 1e-4 x max|logit|), and GPT-2's BPE ids
+    on text with accents, CJK, emoji, digits and runs of spaces."""
+    llama_cpp = _llama_cpp()
+    _, _, path = stories
+    lm = glassllm.load(path)
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=256,
+                          n_batch=256, n_threads=1, type_k=0, type_v=0)  # 0: GGML_TYPE_F32
+    ids = lm.encode(SAMPLE)
+    assert llm.tokenize(SAMPLE.encode(), add_bos=True, special=False) == ids
+    llm.eval(ids)
+    theirs, ours = np.array(llm.scores[:len(ids)]), lm.model(np.array(ids)).data[0]
+    assert np.abs(theirs - ours).max() <= 1e-4 * np.abs(ours).max()
+    tok = BPETokenizer.from_gpt2_files(shared_data_path("gpt2", "vocab.json"),
+                                       shared_data_path("gpt2", "merges.txt"))
+    gpt2 = tmp_path / "gpt2.gguf"
+    write_gguf(gpt2, tiny_model("gpt2", vocab_size=tok.vocab_size, d_model=32, n_layers=1), tok)
+    vocab = llama_cpp.Llama(model_path=str(gpt2), vocab_only=True, verbose=False)
+    text = shared_data_path("utf8-sample.txt").read_text()[:4000] + SAMPLE + "  x\n\n\n 123456"
+    assert vocab.tokenize(text.encode(), add_bos=False, special=False) == \
+        glassllm.load(gpt2).tokenizer.encode(text).tolist()
