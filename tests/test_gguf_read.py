@@ -336,3 +336,21 @@ def test_llama_cpp_reads_the_same_tokens_and_logits(stories, tmp_path):
     text = shared_data_path("utf8-sample.txt").read_text()[:4000] + SAMPLE + "  x\n\n\n 123456"
     assert vocab.tokenize(text.encode(), add_bos=False, special=False) == \
         glassllm.load(gpt2).tokenizer.encode(text).tolist()
+
+
+def test_a_bidirectional_model_and_user_defined_tokens_are_refused(tmp_path):
+    path = _rewritten(tmp_path, lambda w: w.add_causal_attention(False))
+    with pytest.raises(ValueError, match=r"key 'llama\.attention\.causal' is false"):
+        read_gguf(path)
+    tok = tokenizer_from_llama2c(shared_data_path("llama2c", "tok512.bin"))
+    path = _rewritten(tmp_path, lambda w: _vocab_with_types(w, tok))
+    with pytest.raises(ValueError, match=r"marks 512 user-defined token\(s\)"):
+        read_gguf(path)
+
+
+def _vocab_with_types(w, tok) -> None:
+    """tok512 as a `llama` vocabulary whose every token is USER_DEFINED (type 4)."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list([gguf_names.sp_piece_to_gguf(p) for p in tok.pieces])
+    w.add_token_scores([float(s) for s in tok.scores])
+    w.add_token_types([gguf_names.TOKEN_USER_DEFINED] * tok.vocab_size)

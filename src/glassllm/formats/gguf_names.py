@@ -84,6 +84,7 @@ KEYS = {
 }
 NORM_EPS_KEYS = {"rms": _A.LAYERNORM_RMS_EPS, "layer": _A.LAYERNORM_EPS}
 VALUE_LENGTH_KEY = _A.VALUE_LENGTH  # = head_dim (glassllm's values are head_dim wide)
+CAUSAL_KEY = _A.CAUSAL  # absent or true: glassllm's models are causal
 ARCH_KEY = gguf.Keys.General.ARCHITECTURE
 
 

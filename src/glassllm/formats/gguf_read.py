@@ -40,8 +40,8 @@ _SLIDING, _FULL = "sliding_attention", "full_attention"
 _HARMLESS_PREFIXES = ("general.", "tokenizer.", "GGUF.", "split.", "quantize.")
 # {arch}.* keys that change nothing glassllm computes (llama.cpp's own use: the vocab size
 # also given by token_embd; `value_length` checked equal to key_length where read)
-_HARMLESS_KEYS = ("vocab_size", "tensor_data_layout", "attention.causal",
-                  "rope.scaling.type", "pooling_type", "expert_gating_func")
+_HARMLESS_KEYS = ("vocab_size", "tensor_data_layout", "rope.scaling.type", "pooling_type",
+                  "expert_gating_func")
 
 
 class GGUFFile:
@@ -307,6 +307,9 @@ def _switches(k: _Keys, f: GGUFFile, family: str, kw: dict) -> dict:
     caps = {"gemma2": (50.0, 30.0)}.get(family, (None, None))
     sw["attn_softcap"] = k.get(K["attn_softcap"], caps[0], float)
     sw["final_softcap"] = k.get(K["final_softcap"], caps[1], float)
+    if k.get(names.CAUSAL_KEY, True, bool) is not True:  # false: a bidirectional encoder
+        raise ValueError(f"{f.path}: key {names.key(names.CAUSAL_KEY, k.arch)!r} is false; "
+                         f"glassllm's models are causal language models")
     if family == "neox":
         sw["parallel_block"] = bool(k.get(K["parallel_block"], True, bool))
     sw.update(_from_tensors(f, family))

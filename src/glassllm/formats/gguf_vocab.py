@@ -68,6 +68,10 @@ def _sentencepiece(f, tokens: list) -> SentencePieceTokenizer:
     if f.get(_TOK + "add_space_prefix", True) is not True:
         raise ValueError(f"{f.path}: tokenizer.ggml.add_space_prefix is false; glassllm's "
                          f"SentencePiece tokenizer always adds the dummy-prefix space")
+    user = sum(kind == names.TOKEN_USER_DEFINED for kind in f.get(_TOK + "token_type", []))
+    if user:  # llama.cpp matches these as whole strings before SentencePiece runs
+        raise ValueError(f"{f.path}: tokenizer.ggml.token_type marks {user} user-defined "
+                         f"token(s), which glassllm's SentencePiece tokenizer does not match")
     return SentencePieceTokenizer([names.sp_piece_from_gguf(t) for t in tokens], scores)
 
 
