@@ -247,10 +247,11 @@ def test_damaged_files_exit_2_and_write_nothing(small_file, tmp_path, capsys):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"], label
 
 
-def _rewritten(tmp_path, edit) -> str:
-    """A llama F32 file written with `edit(writer)` applied before the tensors."""
-    model = tiny_model("llama")
-    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "llama")
+def _rewritten(tmp_path, edit, model=None) -> str:
+    """An F32 file of `model` (default: a tiny llama) written with `edit(writer)` applied
+    before the tensors."""
+    model = model or tiny_model("llama")
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), gguf_names.ARCH_OF_FAMILY[model.cfg.family])
     from gguf_files import _keys, _tensors
     _keys(w, model.cfg)
     edit(w)
@@ -348,9 +349,32 @@ def test_a_bidirectional_model_and_user_defined_tokens_are_refused(tmp_path):
         read_gguf(path)
 
 
-def _vocab_with_types(w, tok) -> None:
-    """tok512 as a `llama` vocabulary whose every token is USER_DEFINED (type 4)."""
+def _vocab_with_types(w, tok, pad_to: int = 0) -> None:
+    """tok512 as a `llama` vocabulary: every token USER_DEFINED, or (pad_to) NORMAL and padded
+    with UNUSED "[PAD<i>]" tokens to `pad_to` ids, as llama.cpp's converter pads."""
     w.add_tokenizer_model("llama")
-    w.add_token_list([gguf_names.sp_piece_to_gguf(p) for p in tok.pieces])
-    w.add_token_scores([float(s) for s in tok.scores])
-    w.add_token_types([gguf_names.TOKEN_USER_DEFINED] * tok.vocab_size)
+    pad = range(tok.vocab_size, pad_to)
+    w.add_token_list([gguf_names.sp_piece_to_gguf(p) for p in tok.pieces]
+                     + [f"[PAD{i}]" for i in pad])
+    w.add_token_scores([float(s) for s in tok.scores] + [-1000.0] * len(pad))
+    kind = gguf_names.TOKEN_NORMAL if pad_to else gguf_names.TOKEN_USER_DEFINED
+    w.add_token_types([kind] * tok.vocab_size + [gguf_names.TOKEN_UNUSED] * len(pad))
+
+
+def test_what_llama_cpp_s_converter_writes_besides_is_read(tmp_path):
+    """A vocabulary padded to the model's size with "[PAD<i>]" tokens of type UNUSED (the
+    tokenizer keeps its own ids), tokenizer model "none" (no tokenizer), a final soft-cap of 0
+    (none)."""
+    tok = tokenizer_from_llama2c(shared_data_path("llama2c", "tok512.bin"))
+
+    def padded(w):
+        _vocab_with_types(w, tok, pad_to=600)
+    path = _rewritten(tmp_path, padded, tiny_model("llama", vocab_size=600))
+    model, tokenizer = read_gguf(path)
+    assert model.cfg.vocab_size == 600 and tokenizer.vocab_size == 512
+    assert tokenizer.encode(SAMPLE).tolist() == tok.encode(SAMPLE).tolist()
+    path = _rewritten(tmp_path, lambda w: w.add_tokenizer_model("none"))
+    assert read_gguf(path)[1] is None
+    gemma2 = tiny_model("gemma2", final_softcap=None)
+    path = _rewritten(tmp_path, lambda w: w.add_final_logit_softcapping(0.0), gemma2)
+    assert read_gguf(path)[0].cfg.final_softcap is None

@@ -219,6 +219,7 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL = (int(gguf.TokenType.NORMAL),
                                               int(gguf.TokenType.UNKNOWN),
                                               int(gguf.TokenType.CONTROL))
 TOKEN_USER_DEFINED, TOKEN_BYTE = int(gguf.TokenType.USER_DEFINED), int(gguf.TokenType.BYTE)
+TOKEN_UNUSED = int(gguf.TokenType.UNUSED)  # the "[PAD<i>]" ids padding a vocab to the model's
 
 
 def sp_piece_to_gguf(piece: str) -> str:

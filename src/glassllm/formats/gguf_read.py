@@ -220,10 +220,14 @@ class _Keys:
     def __init__(self, f: GGUFFile, arch: str):
         self.f, self.arch, self.read = f, arch, set()
 
-    def get(self, template: str, default=None, kind=int):
+    def get(self, template: str, default=None, kind=int, zero=...):
+        """The key's value (`kind`: a positive int or float, or as stored); absent: `default`
+        (... for required); 0 where `zero` is given: `zero`."""
         name = names.key(template, self.arch)
         self.read.add(name)
         value = self.f.get(name)
+        if zero is not ... and value == 0 and not isinstance(value, bool):
+            return zero
         if value is None:
             if default is ...:
                 raise ValueError(f"{self.f.path}: key {name!r} is missing")
@@ -305,8 +309,8 @@ def _switches(k: _Keys, f: GGUFFile, family: str, kw: dict) -> dict:
     if (family, kw["n_layers"]) in (("gemma2", 46), ("gemma3", 62)):  # the 27B models
         sw["attn_scale"] = (kw["d_model"] / kw["n_heads"]) ** -0.5
     caps = {"gemma2": (50.0, 30.0)}.get(family, (None, None))
-    sw["attn_softcap"] = k.get(K["attn_softcap"], caps[0], float)
-    sw["final_softcap"] = k.get(K["final_softcap"], caps[1], float)
+    for name, default in zip(("attn_softcap", "final_softcap"), caps):
+        sw[name] = k.get(K[name], default, float, zero=None)  # 0: no cap
     if k.get(names.CAUSAL_KEY, True, bool) is not True:  # false: a bidirectional encoder
         raise ValueError(f"{f.path}: key {names.key(names.CAUSAL_KEY, k.arch)!r} is false; "
                          f"glassllm's models are causal language models")

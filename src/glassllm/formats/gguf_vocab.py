@@ -35,7 +35,7 @@ def tokenizer_from_gguf(f):
             the tokenizer's, a vocabulary the tokenizer class refuses.
     """
     kind = f.get(_TOK + "model")
-    if kind is None:
+    if kind in (None, "none"):  # "none": llama.cpp runs on ids alone
         return None
     if kind not in ("llama", "gpt2"):
         raise ValueError(f"{f.path}: tokenizer.ggml.model {kind!r} is not supported by "
@@ -43,12 +43,23 @@ def tokenizer_from_gguf(f):
     tokens = f.get(_TOK + "tokens")
     if not isinstance(tokens, list) or not tokens:
         raise ValueError(f"{f.path}: key 'tokenizer.ggml.tokens' is missing or empty")
+    tokens = tokens[:_used(f, len(tokens))]
     try:
         return _sentencepiece(f, tokens) if kind == "llama" else _byte_level_bpe(f, tokens)
     except ValueError as e:
         if str(e).startswith(f.path):
             raise
         raise ValueError(f"{f.path}: the {kind!r} vocabulary: {e}") from None
+
+def _used(f, n: int) -> int:
+    """Tokens before the trailing UNUSED ones: llama.cpp's converter pads a vocabulary to the
+    model's size with "[PAD<i>]" tokens of that type (the model keeps the rows; the
+    tokenizer, its own ids)."""
+    types = f.get(_TOK + "token_type") or []
+    while n > 0 and len(types) >= n and types[n - 1] == names.TOKEN_UNUSED:
+        n -= 1
+    return n
+
 
 def _require_id(f, key: str, expected: int) -> None:
     value = f.get(_TOK + key)
@@ -59,6 +70,7 @@ def _require_id(f, key: str, expected: int) -> None:
 
 def _sentencepiece(f, tokens: list) -> SentencePieceTokenizer:
     scores = f.get(_TOK + "scores")
+    scores = scores[:len(tokens)] if isinstance(scores, list) else scores
     if not isinstance(scores, list) or len(scores) != len(tokens):
         raise ValueError(f"{f.path}: key 'tokenizer.ggml.scores' is missing or not one score "
                          f"per token")
@@ -84,7 +96,7 @@ def _byte_level_bpe(f, tokens: list) -> BPETokenizer:
     merges = f.get(_TOK + "merges", [])
     if not all(isinstance(m, str) and m.count(" ") == 1 for m in merges):
         raise ValueError(f"{f.path}: tokenizer.ggml.merges must be strings 'a b'")
-    types = f.get(_TOK + "token_type") or [names.TOKEN_NORMAL] * len(tokens)
+    types = (f.get(_TOK + "token_type") or [names.TOKEN_NORMAL] * len(tokens))[:len(tokens)]
     if len(types) != len(tokens):
         raise ValueError(f"{f.path}: tokenizer.ggml.token_type has {len(types)} entries for "
                          f"{len(tokens)} tokens")
