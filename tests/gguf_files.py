@@ -87,7 +87,7 @@ def _tensors(w: gguf.GGUFWriter, model, qtype) -> None:
         _tensor(w, theirs, value, qtype)
 
 
-def _vocab(w: gguf.GGUFWriter, tok) -> None:
+def _vocab(w: gguf.GGUFWriter, tok, pre: str = "gpt-2") -> None:
     if isinstance(tok, SentencePieceTokenizer):
         types = [names.TOKEN_NORMAL] * tok.vocab_size
         types[0], types[1], types[2] = names.TOKEN_UNKNOWN, names.TOKEN_CONTROL, names.TOKEN_CONTROL
@@ -106,7 +106,7 @@ def _vocab(w: gguf.GGUFWriter, tok) -> None:
         special = {t["content"] for t in spec["added_tokens"] if t["special"]}
         merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt-2")
+        w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
         w.add_token_types([names.TOKEN_CONTROL if t in special else names.TOKEN_NORMAL
                            for t in tokens])

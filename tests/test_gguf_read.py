@@ -180,6 +180,34 @@ def test_gpt2_bpe_vocabulary_through_gguf(tmp_path):
     assert checked >= 30
 
 
+def gpt2_vocab_gguf(path, pre: str) -> None:
+    """A tiny gpt2 model with GPT-2's vocabulary, its text split as `pre` says."""
+    tok = BPETokenizer.from_gpt2_files(shared_data_path("gpt2", "vocab.json"),
+                                       shared_data_path("gpt2", "merges.txt"))
+    model = tiny_model("gpt2", vocab_size=tok.vocab_size, d_model=32, n_layers=1)
+
+    def vocab(w):
+        from gguf_files import _vocab
+        _vocab(w, tok, pre)
+    path.mkdir(exist_ok=True)
+    return _rewritten(path, vocab, model)
+
+
+@pytest.mark.parametrize("pre, pieces", [("llama-bpe", [" ", "123", "45"]),
+                                         ("qwen2", [" ", "1", "2", "3", "4", "5"]),
+                                         ("gpt-2", [" 123", "45"])])
+def test_bpe_pre_tokenizers_split_as_llama_cpp_s(tmp_path, pre, pieces):
+    """Llama 3 splits digits from the space and in runs of 3, Qwen2 one by one, GPT-2 keeps
+    the space and the run (BPE then merges what it can); the split survives a glassllm
+    model file."""
+    lm = glassllm.load(gpt2_vocab_gguf(tmp_path, pre))
+    ids = lm.tokenizer.encode(" 12345").tolist()
+    assert [lm.tokenizer.decode([i]) for i in ids] == pieces
+    out = tmp_path / "m.safetensors"
+    files.save(lm.model, out, lm.tokenizer)
+    assert files.load_tokenizer(out).encode(SAMPLE).tolist() == lm.tokenizer.encode(SAMPLE).tolist()
+
+
 # --------------------------------------------------------------------------- refusals
 def _tensor_info(data: bytes, name: str) -> int:
     """Offset of tensor `name`'s n_dims in the header (its name's bytes end there)."""
@@ -270,8 +298,8 @@ def _rewritten(tmp_path, edit, model=None) -> str:
     (lambda w: w.add_tensor("rope_freqs.weight", np.ones(8, np.float32)),
      "tensor 'rope_freqs.weight' is not part of a glassllm llama model"),
     (lambda w: w.add_tokenizer_model("bert"), "tokenizer.ggml.model 'bert' is not supported"),
-    (lambda w: (w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("qwen2"),
-                w.add_token_list(["a"])), "tokenizer.ggml.pre 'qwen2' is not supported"),
+    (lambda w: (w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("deepseek-llm"),
+                w.add_token_list(["a"])), "tokenizer.ggml.pre 'deepseek-llm' is not supported"),
 ])
 def test_what_glassllm_does_not_compute_is_refused_naming_it(tmp_path, edit, says):
     path = _rewritten(tmp_path, edit)
@@ -333,10 +361,13 @@ def test_llama_cpp_reads_the_same_tokens_and_logits(stories, tmp_path):
                                        shared_data_path("gpt2", "merges.txt"))
     gpt2 = tmp_path / "gpt2.gguf"
     write_gguf(gpt2, tiny_model("gpt2", vocab_size=tok.vocab_size, d_model=32, n_layers=1), tok)
-    vocab = llama_cpp.Llama(model_path=str(gpt2), vocab_only=True, verbose=False)
-    text = shared_data_path("utf8-sample.txt").read_text()[:4000] + SAMPLE + "  x\n\n\n 123456"
-    assert vocab.tokenize(text.encode(), add_bos=False, special=False) == \
-        glassllm.load(gpt2).tokenizer.encode(text).tolist()
+    text = shared_data_path("utf8-sample.txt").read_text()[:4000] + SAMPLE + \
+        " I'M HE'LL 12345678  x\n\n\n \t\ty \r\n z's  "
+    for pre in ("gpt-2", "llama-bpe", "qwen2"):
+        path = gpt2_vocab_gguf(tmp_path / pre, pre) if pre != "gpt-2" else gpt2
+        vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        assert vocab.tokenize(text.encode(), add_bos=False, special=False) == \
+            glassllm.load(path).tokenizer.encode(text).tolist(), pre
 
 
 def test_a_bidirectional_model_and_user_defined_tokens_are_refused(tmp_path):

@@ -7,10 +7,15 @@ Two of llama.cpp's vocabulary kinds (`tokenizer.ggml.model`, llama.cpp src/llama
   adjacent pair first, as llama2.c's run.c does: this is `SentencePieceTokenizer` (ids fixed
   as Llama's: <unk> 0, BOS 1, EOS 2, the byte pieces at 3..258, a dummy-prefix space).
 - "gpt2": byte-level BPE, `tokens` (GPT-2's printable stand-ins for bytes), `merges`
-  ("a b", rank order), `token_type` (3: control tokens, which stand for no bytes). With
-  `tokenizer.ggml.pre` "gpt-2" (or absent) the text is split by GPT-2's regex: this is
-  `BPETokenizer`. Other pre-tokenizers (llama3's, qwen2's, ...) split differently and are
-  refused.
+  ("a b", rank order), `token_type` (3: control tokens, which stand for no bytes; 4:
+  user-defined tokens, which llama.cpp matches as whole strings before BPE). This is
+  `BPETokenizer`, with the text split as `tokenizer.ggml.pre` says (llama.cpp's
+  `llama_vocab::impl::load` regexes): "gpt-2" (or absent) GPT-2's own split; "llama-bpe" /
+  "llama3" / "llama-v3" Llama 3's (digits in runs of at most 3, and a word found whole in the
+  vocabulary taken whole: `ignore_merges`); "qwen2" Qwen2's (digits one by one). Checked
+  against llama.cpp's tokenizer on GPT-2's vocabulary (tests/test_gguf_read.py).
+  llama.cpp puts BOS first where `add_bos_token` says so; glassllm's BPE tokenizer starts a
+  context without one.
 
 Anything else -- another model kind or pre-tokenizer, special ids elsewhere than the
 tokenizer class has them, no space prefix -- is refused in one line naming the file and key.
@@ -23,7 +28,12 @@ from ..tokenizers.sentencepiece import SP_BOS_ID, SP_EOS_ID, SP_UNK_ID
 from . import gguf_names as names
 
 _TOK = "tokenizer.ggml."
-GPT2_PRE = ("gpt-2",)
+# `tokenizer.ggml.pre` -> (split regex, ignore_merges); None: GPT-2's own ByteLevel split
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"
+           r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+PRE_TOKENIZERS = {"gpt-2": None, "llama-bpe": (_LLAMA3, True), "llama3": (_LLAMA3, True),
+                  "llama-v3": (_LLAMA3, True), "qwen2": (_QWEN2, False)}
 
 
 def tokenizer_from_gguf(f):
@@ -89,10 +99,10 @@ def _sentencepiece(f, tokens: list) -> SentencePieceTokenizer:
 
 def _byte_level_bpe(f, tokens: list) -> BPETokenizer:
     from tokenizers import AddedToken, Tokenizer, models
-    pre = f.get(_TOK + "pre")
-    if pre is not None and pre not in GPT2_PRE:
+    pre = f.get(_TOK + "pre", "gpt-2")
+    if pre not in PRE_TOKENIZERS:
         raise ValueError(f"{f.path}: tokenizer.ggml.pre {pre!r} is not supported by glassllm "
-                         f"(only GPT-2's pre-tokenizer, {GPT2_PRE[0]!r})")
+                         f"(supported: {sorted(PRE_TOKENIZERS)})")
     merges = f.get(_TOK + "merges", [])
     if not all(isinstance(m, str) and m.count(" ") == 1 for m in merges):
         raise ValueError(f"{f.path}: tokenizer.ggml.merges must be strings 'a b'")
@@ -103,15 +113,35 @@ def _byte_level_bpe(f, tokens: list) -> BPETokenizer:
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise ValueError(f"{f.path}: tokenizer.ggml.tokens holds a token twice")
-    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges])
-    hf = BPETokenizer._byte_level(Tokenizer(bpe))
+    split, ignore_merges = PRE_TOKENIZERS[pre] or (None, False)
+    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges],
+                     ignore_merges=ignore_merges)
+    hf = _split_by(BPETokenizer._byte_level(Tokenizer(bpe)), split)
+    eot = _eot(f, tokens)
+    hf.add_special_tokens([AddedToken(t, special=True) for t, kind in zip(tokens, types)
+                           if kind == names.TOKEN_CONTROL or t == eot])
+    hf.add_tokens([AddedToken(t, special=False) for t, kind in zip(tokens, types)
+                   if kind == names.TOKEN_USER_DEFINED and t != eot])
+    return BPETokenizer(hf, eot_token=eot)
+
+
+def _split_by(hf, split: str | None):
+    """The tokenizer splitting text by `split` (a regex; matches kept as pieces) before the
+    byte-level mapping; None: as it is (GPT-2's split, inside ByteLevel)."""
+    if split is None:
+        return hf
+    from tokenizers import Regex, pre_tokenizers
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return hf
+
+
+def _eot(f, tokens: list) -> str:
+    """The end-of-text token: eos_token_id's, else GPT-2's "<|endoftext|>"."""
     eos = f.get(_TOK + "eos_token_id")
     if eos is None:
-        eot = "<|endoftext|>"
-    elif isinstance(eos, int) and 0 <= eos < len(tokens):
-        eot = tokens[eos]
-    else:
-        raise ValueError(f"{f.path}: tokenizer.ggml.eos_token_id {eos!r} is not a token id")
-    special = [t for t, kind in zip(tokens, types) if kind == names.TOKEN_CONTROL or t == eot]
-    hf.add_special_tokens([AddedToken(t, special=True) for t in special])
-    return BPETokenizer(hf, eot_token=eot)
+        return "<|endoftext|>"
+    if isinstance(eos, int) and 0 <= eos < len(tokens):
+        return tokens[eos]
+    raise ValueError(f"{f.path}: tokenizer.ggml.eos_token_id {eos!r} is not a token id")
