@@ -23,7 +23,7 @@ import glassllm  # noqa: E402
 from conftest import shared_data_path  # noqa: E402
 from gguf_files import QT, tiny_model, write_gguf  # noqa: E402
 from glassllm.cli import main  # noqa: E402
-from glassllm.formats import files, gguf_names  # noqa: E402
+from glassllm.formats import files, gguf_names, gguf_quants  # noqa: E402
 from glassllm.formats.gguf_compare import compare  # noqa: E402
 from glassllm.formats.gguf_read import read_gguf  # noqa: E402
 from glassllm.formats.llama2c import from_llama2c, tokenizer_from_llama2c  # noqa: E402
@@ -409,3 +409,43 @@ def test_what_llama_cpp_s_converter_writes_besides_is_read(tmp_path):
     gemma2 = tiny_model("gemma2", final_softcap=None)
     path = _rewritten(tmp_path, lambda w: w.add_final_logit_softcapping(0.0), gemma2)
     assert read_gguf(path)[0].cfg.final_softcap is None
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.BF16, QT.F16])
+def test_k_quant_and_half_tensors_load_as_their_dequantization(tmp_path, qtype):
+    """A file whose matrices are K-quants (random blocks: gguf has no K-quantizer) or 16-bit
+    floats: the model's weights are gguf's dequantization of the bytes, layouts undone."""
+    from test_gguf_quants import random_blocks
+    model = tiny_model("llama", d_model=256, d_ff=256, n_heads=4, n_layers=1)
+    w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
+    from gguf_files import _keys
+    _keys(w, model.cfg)
+    state = dict(model.named_parameters())
+    stored = {}
+    for ours, theirs in gguf_names.tensor_names(model.cfg).items():
+        value = gguf_names.to_gguf(model.cfg, ours, state[ours].data)
+        if value.ndim == 2 and qtype in (QT.F16, QT.BF16):
+            raw = gguf.quants.quantize(value, qtype)
+        elif value.ndim == 2:
+            raw = random_blocks(qtype, value.size // gguf.GGML_QUANT_SIZES[qtype][0],
+                                seed=len(stored))
+            blocks = raw.reshape(-1).view(gguf_quants.BLOCKS[qtype])
+            for field in ("d", "dmin"):  # scaled: random weights of O(0.1)
+                if field in blocks.dtype.names:
+                    blocks[field] = (blocks[field].astype(np.float32) * 1e-3).astype(np.float16)
+            raw = raw.reshape(value.shape[0], -1)  # whole blocks per row
+        else:
+            w.add_tensor(theirs, value)
+            continue
+        w.add_tensor(theirs, raw, raw_dtype=qtype)
+        stored[ours] = (raw, theirs)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    loaded, _ = read_gguf(tmp_path / "k.gguf")
+    params = dict(loaded.named_parameters())
+    for ours, (raw, theirs) in stored.items():
+        expected = gguf_names.from_gguf(loaded.cfg, ours, gguf.quants.dequantize(raw, qtype))
+        assert np.array_equal(params[ours].data, expected), (ours, theirs)
+    assert np.isfinite(loaded(np.arange(10)).data).all()
