@@ -8,10 +8,24 @@ import gguf
 import numpy as np
 
 from glassllm.formats import gguf_names as names
+from glassllm.formats.gguf_quants import BLOCKS
 from glassllm.tokenizers import SentencePieceTokenizer
 from glassllm.tokenizers.bpe import BPETokenizer
 
 QT = gguf.GGMLQuantizationType
+
+
+def random_blocks(qtype, n_blocks: int, seed: int = 0) -> np.ndarray:
+    """n_blocks random blocks of `qtype` as raw bytes (n_blocks, type_size): every quant bit
+    random, the float scales finite (normal(0, 1) rounded to their type)."""
+    rng = np.random.default_rng(seed)
+    dtype = BLOCKS[qtype]
+    raw = rng.integers(0, 256, size=(n_blocks, dtype.itemsize), dtype=np.uint8)
+    blocks = raw.view(dtype).reshape(-1)
+    for field in ("d", "dmin", "m"):
+        if field in dtype.names:
+            blocks[field] = rng.normal(size=n_blocks).astype(dtype[field])
+    return raw
 
 
 def tiny_model(family: str, seed: int = 0, **overrides):

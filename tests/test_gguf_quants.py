@@ -10,6 +10,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from glassllm.formats import gguf_quants as gq  # noqa: E402
+from gguf_files import random_blocks  # noqa: E402
 
 QT = gguf.GGMLQuantizationType
 QUANTIZED = [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K]
@@ -18,19 +19,6 @@ GGUF_QUANTIZES = [QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1]
 
 def _bits(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-
-
-def random_blocks(qtype, n_blocks: int, seed: int = 0) -> np.ndarray:
-    """n_blocks random blocks of `qtype` as raw bytes (n_blocks, type_size): every quant bit
-    random, the float scales finite (normal(0, 1) rounded to their type)."""
-    rng = np.random.default_rng(seed)
-    dtype = gq.BLOCKS[qtype]
-    raw = rng.integers(0, 256, size=(n_blocks, dtype.itemsize), dtype=np.uint8)
-    blocks = raw.view(dtype).reshape(-1)
-    for field in ("d", "dmin", "m"):
-        if field in dtype.names:
-            blocks[field] = rng.normal(size=n_blocks).astype(dtype[field])
-    return raw
 
 
 def test_block_structs_have_ggml_sizes():

@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 
 import glassllm  # noqa: E402
 from conftest import shared_data_path  # noqa: E402
-from gguf_files import QT, tiny_model, write_gguf  # noqa: E402
+from gguf_files import QT, random_blocks, tiny_model, write_gguf  # noqa: E402
 from glassllm.cli import main  # noqa: E402
 from glassllm.formats import files, gguf_names, gguf_quants  # noqa: E402
 from glassllm.formats.gguf_compare import compare  # noqa: E402
@@ -415,7 +415,6 @@ def test_what_llama_cpp_s_converter_writes_besides_is_read(tmp_path):
 def test_k_quant_and_half_tensors_load_as_their_dequantization(tmp_path, qtype):
     """A file whose matrices are K-quants (random blocks: gguf has no K-quantizer) or 16-bit
     floats: the model's weights are gguf's dequantization of the bytes, layouts undone."""
-    from test_gguf_quants import random_blocks
     model = tiny_model("llama", d_model=256, d_ff=256, n_heads=4, n_layers=1)
     w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
     from gguf_files import _keys
