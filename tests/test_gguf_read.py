@@ -329,7 +329,7 @@ def test_a_missing_or_misshapen_tensor_is_refused(tmp_path):
     # a bias row shorter than the keys say: attn_k.bias ne0 32 -> 16 (bytes still there)
     (tmp_path / "short.gguf").write_bytes(_set_ne0(data, "blk.0.attn_k.bias", 16))
     with pytest.raises(ValueError, match=r"tensor 'blk\.0\.attn_k\.bias' has shape \(16,\), "
-                                         r"the keys imply one for \(32,\)"):
+                                         r"the keys imply \(32,\)"):
         read_gguf(tmp_path / "short.gguf")
 
 
@@ -448,3 +448,23 @@ def test_k_quant_and_half_tensors_load_as_their_dequantization(tmp_path, qtype):
         expected = gguf_names.from_gguf(loaded.cfg, ours, gguf.quants.dequantize(raw, qtype))
         assert np.array_equal(params[ours].data, expected), (ours, theirs)
     assert np.isfinite(loaded(np.arange(10)).data).all()
+
+
+def test_a_non_finite_weight_and_a_missing_tensor_are_refused(tmp_path):
+    model = tiny_model("gpt2")
+    model.blocks[0].attention.key.weight.data[0, 0] = np.nan  # lands in the fused attn_qkv
+    path = tmp_path / "nan.gguf"
+    write_gguf(path, model)
+    with pytest.raises(ValueError, match=r"tensor 'blk\.0\.attn_qkv\.weight' holds NaN"):
+        read_gguf(path)
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    from gguf_files import _keys
+    _keys(w, tiny_model("llama").cfg)
+    w.add_tensor("token_embd.weight", np.zeros((300, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"m\.gguf: tensor 'blk\.0\.attn_norm\.weight' is "
+                                         r"missing"):
+        read_gguf(tmp_path / "m.gguf")

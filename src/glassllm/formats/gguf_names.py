@@ -160,6 +160,13 @@ def _stem(ours: str) -> tuple[str, str]:
     return m.group(2), m.group(3)
 
 
+def gguf_shape(ours: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The NumPy shape `to_gguf` gives glassllm parameter `ours` of `shape` (projections
+    transposed)."""
+    stem, part = _stem(ours)
+    return tuple(shape[::-1]) if stem in _LINEARS and part == "weight" else tuple(shape)
+
+
 def to_gguf(cfg: Config, ours: str, value: np.ndarray) -> np.ndarray:
     """A glassllm parameter -> the array llama.cpp's converter stores under `gguf_name(ours)`:
     projections transposed to (out, in), llama's q/k rows permuted, Gemma's norms plus 1.

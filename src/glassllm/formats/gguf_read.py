@@ -138,44 +138,45 @@ def model_from_gguf(f: GGUFFile, cfg: Config) -> GlassLM:
     """The GlassLM of `cfg` holding `f`'s tensors (dequantized, layouts undone).
 
     Raises:
-        ValueError: naming the file and tensor: missing, unexpected or mis-shaped.
+        ValueError: naming the file and tensor: missing, unexpected, mis-shaped, or holding
+            NaN or infinite values.
     """
-    arch = names.ARCH_OF_FAMILY[cfg.family]
+    from ..model import parameter_shapes
     fused = names.fused_qkv_name(0, "weight") in f.tensors
     wanted = names.tensor_names(cfg, fused=fused)
-    state, used, fused_parts = {}, set(), {}
-    for ours, theirs in wanted.items():
-        if theirs not in f.tensors:
-            raise ValueError(f"{f.path}: tensor {theirs!r} is missing (a {arch} model with "
-                             f"these keys has it)")
-        used.add(theirs)
-        if ".attn_qkv." not in theirs:
+    state, fused_parts = {}, {}
+    for ours, shape in parameter_shapes(cfg):
+        theirs = wanted[ours]
+        fused_part = theirs.rsplit(".", 1)[1] if ".attn_qkv." in theirs else None
+        _check_shape(f, theirs, _fused_shape(cfg, fused_part) if fused_part else
+                     names.gguf_shape(ours, shape), ours, cfg)
+        if fused_part is None:
             state[ours] = names.from_gguf(cfg, ours, f.array(theirs))
-            continue
-        if theirs not in fused_parts:  # dequantized once, split in three
-            part = theirs.rsplit(".", 1)[1]
-            fused_parts[theirs] = names.split_qkv(cfg, f.array(theirs), part) \
-                if _shape_ok(f, theirs, cfg, part) else (None, None, None)
-        which = ("query", "key", "value").index(ours.split(".")[3])
-        state[ours] = fused_parts[theirs][which]
-    _check_rest(f, cfg, used)
+        else:
+            if theirs not in fused_parts:  # dequantized once, split in three
+                fused_parts[theirs] = names.split_qkv(cfg, f.array(theirs), fused_part)
+            state[ours] = fused_parts[theirs][("query", "key", "value").index(
+                ours.split(".")[3])]
+        if not np.isfinite(state[ours]).all():
+            raise ValueError(f"{f.path}: tensor {theirs!r} holds NaN or infinite values")
+    _check_rest(f, cfg, set(wanted.values()))
     model = GlassLM(cfg)
-    expected = dict(model.named_parameters())
-    for ours, value in state.items():
-        if value is None or value.shape != expected[ours].shape:
-            raise ValueError(f"{f.path}: tensor {wanted[ours]!r} has shape "
-                             f"{f.shape(wanted[ours])}, the keys imply one for "
-                             f"{expected[ours].shape} ({ours})")
-        if not np.isfinite(value).all():
-            raise ValueError(f"{f.path}: tensor {wanted[ours]!r} holds NaN or infinite values")
     model.load_state_dict(state)
     return model
 
 
-def _shape_ok(f: GGUFFile, name: str, cfg: Config, part: str) -> bool:
+def _fused_shape(cfg: Config, part: str) -> tuple[int, ...]:
     rows = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-    want = (rows, cfg.d_model) if part == "weight" else (rows,)
-    return f.shape(name) == want
+    return (rows, cfg.d_model) if part == "weight" else (rows,)
+
+
+def _check_shape(f: GGUFFile, name: str, want: tuple, ours: str, cfg: Config) -> None:
+    if name not in f.tensors:
+        raise ValueError(f"{f.path}: tensor {name!r} is missing (a "
+                         f"{names.ARCH_OF_FAMILY[cfg.family]} model with these keys has it)")
+    if f.shape(name) != want:
+        raise ValueError(f"{f.path}: tensor {name!r} has shape {f.shape(name)}, the keys "
+                         f"imply {want} ({ours})")
 
 
 def _check_rest(f: GGUFFile, cfg: Config, used: set) -> None:
