@@ -10,7 +10,7 @@ from .common import UsageError, one_line
 CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
                  "--from-llama2c CKPT.bin [--tokenizer TOK.bin] --out FILE [--max-len T], "
                  "--model FILE --to-hf DIR [--force] [--max-shard-size SIZE] or --model FILE "
-                 "--to-llama2c OUT.bin")
+                 "--to-llama2c OUT.bin, or --from-gguf FILE.gguf --out FILE")
 
 
 def add_convert(sub) -> None:
@@ -25,12 +25,17 @@ def add_convert(sub) -> None:
                     "--from-llama2c CKPT.bin --out FILE: a llama2.c checkpoint (legacy "
                     "version 0, float32) to a glassllm model file, with llama2.c's "
                     "tokenizer.bin given by --tokenizer. --model FILE --to-llama2c OUT.bin: "
-                    "the reverse, a file llama2.c's run.c runs.")
+                    "the reverse, a file llama2.c's run.c runs. --from-gguf FILE.gguf --out "
+                    "FILE: a llama.cpp GGUF file (float or quantized tensors, dequantized to "
+                    "float32) to a glassllm model file, with its tokenizer.")
     p.add_argument("--from-hf", metavar="DIR", help="Hugging Face checkpoint directory to read")
     p.add_argument("--from-llama2c", metavar="CKPT.bin",
                    help="llama2.c checkpoint to read (legacy version 0, e.g. stories260K.bin)")
+    p.add_argument("--from-gguf", metavar="FILE.gguf",
+                   help="GGUF file to read (llama.cpp's format; docs/files-and-formats.md)")
     p.add_argument("--out", metavar="FILE",
-                   help="glassllm model file to write (with --from-hf / --from-llama2c)")
+                   help="glassllm model file to write (with --from-hf / --from-llama2c / "
+                        "--from-gguf)")
     p.add_argument("--model", metavar="FILE",
                    help="glassllm model file to read (with --to-hf / --to-llama2c)")
     p.add_argument("--to-hf", metavar="DIR", help="Hugging Face directory to write (with --model)")
@@ -56,7 +61,7 @@ def add_convert(sub) -> None:
 
 
 def run_convert(args) -> int:
-    sources = [flag for flag in ("from_hf", "from_llama2c", "model")
+    sources = [flag for flag in ("from_hf", "from_llama2c", "from_gguf", "model")
                if getattr(args, flag) is not None]
     targets = [flag for flag in ("out", "to_hf", "to_llama2c") if getattr(args, flag) is not None]
     extras = {flag for flag in ("tokenizer", "max_len", "max_shard_size")
@@ -64,7 +69,7 @@ def run_convert(args) -> int:
     if args.force:
         extras.add("force")
     allowed = {("from_hf", "out"): {"tokenizer", "max_len"},
-               ("from_llama2c", "out"): {"tokenizer", "max_len"},
+               ("from_llama2c", "out"): {"tokenizer", "max_len"}, ("from_gguf", "out"): set(),
                ("model", "to_hf"): {"force", "max_shard_size"}, ("model", "to_llama2c"): set()}
     mode = (sources[0], targets[0]) if len(sources) == len(targets) == 1 else None
     if mode not in allowed or not extras <= allowed[mode]:
@@ -73,6 +78,8 @@ def run_convert(args) -> int:
         model, tokenizer = _convert_from_hf(args)
     elif mode == ("from_llama2c", "out"):
         model, tokenizer = _convert_from_llama2c(args)
+    elif mode == ("from_gguf", "out"):
+        model, tokenizer = _convert_from_gguf(args)
     elif mode == ("model", "to_hf"):
         model, tokenizer = _convert_to_hf(args)
     else:
@@ -135,6 +142,16 @@ def _convert_from_llama2c(args):
     return _save_converted(model, tokenizer, args.out, (
         "no --tokenizer", "give llama2.c's tokenizer.bin (e.g. tok512.bin for stories260K.bin) "
         "here, or a tokenizer to `glassllm generate --tokenizer`"))
+
+
+def _convert_from_gguf(args):
+    from ..formats import gguf_read
+
+    _check_out_file(args.out, args.from_gguf, "--from-gguf file")
+    model, tokenizer = gguf_read.read_gguf(args.from_gguf)
+    return _save_converted(model, tokenizer, args.out, (
+        f"{args.from_gguf} has no tokenizer.ggml.model", "give a tokenizer to `glassllm "
+        "generate --tokenizer`"))
 
 
 def _save_converted(model, tokenizer, out: str, without: tuple[str, str]):
