@@ -33,14 +33,13 @@ import numpy as np
 
 from ..config import Config
 from ..model import GlassLM
+from . import gguf_names as names
 from .atomic import atomic_replace
 from .gguf_quantize import BLOCK_SIZE, QUANTIZERS
 
 TYPES = ("f32", "f16", "q8_0", "q4_0")
 # glassllm family -> llama.cpp architecture (GPT-Neo has none in llama.cpp)
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                 "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3", "phi": "phi2",
-                 "neox": "gptneox", "gpt2": "gpt2", "olmo2": "olmo2"}
+ARCHITECTURES = names.ARCH_OF_FAMILY
 # Switches a GGUF key or tensor carries, per family, beyond the sizes, rope_theta, norm_eps,
 # tie_embeddings and head_dim every family may change. Any other switch must keep the preset's
 # value: llama.cpp's graph for that architecture hard-codes it.
@@ -57,6 +56,7 @@ _NEEDS_OUTPUT = {"gptneox", "phi2", "olmo2"}   # graphs with no tied fallback: a
 _NEVER_OUTPUT = {"gemma", "gemma2"}            # graphs that always use token_embd as the head
 # llama.cpp's file types (llama.h LLAMA_FTYPE_*): general.file_type
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}
+_TOKEN_UNUSED = 5  # gguf.TokenType.UNUSED: the converter's "[PAD<i>]" filler ids
 
 
 def architecture(cfg: Config) -> str:
@@ -105,81 +105,33 @@ def _check_arch_limits(cfg: Config, arch: str) -> None:
 
 
 # --------------------------------------------------------------------------- tensors
-def permute_for_llama(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Rows of a q or k projection from rotate-half RoPE order to llama.cpp's adjacent pairs.
-
-    Within each head, rows [0..D/2) and [D/2..D) (the halves rotate-half pairs) are
-    interleaved as 0, D/2, 1, D/2+1, ...: the pairs llama.cpp's `llama` rope rotates.
-    Source: `LlamaModel.permute` in llama.cpp's converter (conversion/llama.py).
-
-    Args:
-        w: [n_heads * D, ...] float32 (GGUF order: output rows first; a bias is 1-D).
-    Returns:
-        the same shape, rows reordered.
-    """
-    return (w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
-
-
-def _gguf_name(name: str) -> str:
-    """glassllm parameter name -> GGUF tensor name (llama.cpp's llama-arch.cpp names)."""
-    top = {"token_embedding.weight": "token_embd.weight",
-           "position_embedding.weight": "position_embd.weight",
-           "final_norm.weight": "output_norm.weight", "final_norm.bias": "output_norm.bias",
-           "lm_head.weight": "output.weight", "lm_head.bias": "output.bias"}
-    if name in top:
-        return top[name]
-    _, layer, rest = name.split(".", 2)
-    part, leaf = rest.rsplit(".", 1)
-    per_layer = {"attention_norm": "attn_norm", "attention.query": "attn_q",
-                 "attention.key": "attn_k", "attention.value": "attn_v",
-                 "attention.output": "attn_output", "attention.q_norm": "attn_q_norm",
-                 "attention.k_norm": "attn_k_norm", "attention_post_norm": "attn_post_norm",
-                 "mlp_norm": "ffn_norm", "mlp.gate": "ffn_gate", "mlp.up": "ffn_up",
-                 "mlp.down": "ffn_down", "mlp_post_norm": "ffn_post_norm"}
-    return f"blk.{layer}.{per_layer[part]}.{leaf}"
-
-
 def gguf_tensors(model: GlassLM, arch: str) -> dict[str, np.ndarray]:
     """The model's parameters as llama.cpp's `arch` reads them: GGUF name -> float32 array in
-    GGUF's NumPy order (a matrix [out, in], the transpose of glassllm's Linear [in, out]; the
-    embedding [V, C] as is).
+    GGUF's NumPy order (`gguf_names.to_gguf`: a matrix (out, in), llama's q/k rows permuted,
+    Gemma's norms plus 1; GPT-2's and GPT-NeoX's q, k, v joined into `attn_qkv`).
 
     Returns:
-        dict in the order to write; Gemma's norms shifted, llama's q/k permuted, GPT-2's and
-        GPT-NeoX's q, k, v fused, the head added or left out as the graph needs.
+        dict in the order to write, the head added (a copy of the embedding) where the graph
+        has no tied fallback, Phi's head bias added (zeros) where the model has none.
     """
     cfg = model.cfg
+    state = {name: p.data for name, p in model.named_parameters()}
+    fused = names.tensor_names(cfg)
     out: dict[str, np.ndarray] = {}
-    for name, p in model.named_parameters():
-        w = np.asarray(p.data, dtype=np.float32)
-        is_linear = w.ndim == 2 and name != "token_embedding.weight" \
-            and name != "position_embedding.weight"
-        w = np.ascontiguousarray(w.T if is_linear else w)
-        if cfg.norm_offset and "norm" in name and name.endswith(".weight"):
-            w = w + np.float32(1)  # llama.cpp's Gemma graphs: plain RMSNorm, weight 1 + w
-        key = _gguf_name(name)
-        if arch == "llama" and (".attn_q." in key or ".attn_k." in key):
-            w = permute_for_llama(w, cfg.n_heads if ".attn_q." in key else cfg.n_kv_heads)
-        out[key] = w
-    if arch in ("gpt2", "gptneox"):
-        _fuse_qkv(out, cfg.n_layers)
+    for ours, value in state.items():
+        theirs = fused[ours]
+        if ".attn_qkv." in theirs:
+            if ".attention.query." in ours:  # once per layer and part, from q's name
+                part = ours.rsplit(".", 1)[1]
+                q, k, v = (state[ours.replace("query", x)] for x in ("query", "key", "value"))
+                out[theirs] = names.join_qkv(q, k, v, part)
+            continue
+        out[theirs] = names.to_gguf(cfg, ours, value)
     if "output.weight" not in out and arch in _NEEDS_OUTPUT:
         out["output.weight"] = out["token_embd.weight"]  # tied: the graph reads a copy
     if arch == "phi2" and "output.bias" not in out:
         out["output.bias"] = np.zeros(cfg.vocab_size, np.float32)  # the graph always adds one
     return out
-
-
-def _fuse_qkv(tensors: dict[str, np.ndarray], n_layers: int) -> None:
-    """attn_q, attn_k, attn_v (weights and biases) -> one attn_qkv, rows q | k | v, in place
-    (llama.cpp's gpt2/gptneox graphs view the fused output as three blocks)."""
-    for i in range(n_layers):
-        for leaf in ("weight", "bias"):
-            parts = [f"blk.{i}.attn_{x}.{leaf}" for x in "qkv"]
-            if parts[0] in tensors:
-                fused = np.concatenate([tensors.pop(n) for n in parts], axis=0)
-                tensors[f"blk.{i}.attn_qkv.{leaf}"] = fused
 
 
 def tensor_type(name: str, array: np.ndarray, requested: str) -> str:
@@ -349,7 +301,7 @@ def _write_tokenizer(writer, tokenizer, vocab_size: int) -> None:
     for i in range(len(tokens), vocab_size):
         tokens.append(f"[PAD{i}]")
         scores.append(-1000.0)
-        types.append(5)  # gguf.TokenType.UNUSED
+        types.append(_TOKEN_UNUSED)
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
@@ -361,15 +313,15 @@ def _sentencepiece_vocab(tok) -> tuple[list[str], list[float], list[int]]:
     tokens, types = [], []
     for i, piece in enumerate(tok.pieces):
         if i == 0:
-            types.append(2)  # UNKNOWN
+            types.append(names.TOKEN_UNKNOWN)
         elif i in (1, 2):
-            types.append(3)  # CONTROL: BOS, EOS
+            types.append(names.TOKEN_CONTROL)  # BOS, EOS
         elif SP_BYTE_OFFSET <= i < SP_BYTE_OFFSET + 256:
-            types.append(6)  # BYTE
+            types.append(names.TOKEN_BYTE)
             piece = f"<0x{i - SP_BYTE_OFFSET:02X}>"
         else:
-            types.append(1)  # NORMAL
-        tokens.append(piece.replace(" ", "\u2581"))
+            types.append(names.TOKEN_NORMAL)
+        tokens.append(names.sp_piece_to_gguf(piece))
     return tokens, [float(s) for s in tok.scores], types
 
 
@@ -382,6 +334,7 @@ def _bpe_vocab(tok) -> tuple[list[str], list[float], list[int], list[str]]:
     for t in spec.get("added_tokens", []):
         by_id[t["id"]] = t["content"]
     tokens = [by_id.get(i, f"[PAD{i}]") for i in range(tok.vocab_size)]
-    types = [3 if i in special else (1 if i in by_id else 5) for i in range(tok.vocab_size)]
+    types = [names.TOKEN_CONTROL if i in special else names.TOKEN_NORMAL if i in by_id
+             else _TOKEN_UNUSED for i in range(tok.vocab_size)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     return tokens, [0.0] * len(tokens), types, merges
