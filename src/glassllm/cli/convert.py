@@ -10,8 +10,8 @@ from .common import UsageError, one_line
 CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
                  "--from-llama2c CKPT.bin [--tokenizer TOK.bin] --out FILE [--max-len T], "
                  "--model FILE --to-hf DIR [--force] [--max-shard-size SIZE], --model FILE "
-                 "--to-llama2c OUT.bin or --model FILE --to-gguf OUT.gguf "
-                 "[--type f32|f16|q8_0|q4_0]")
+                 "--to-llama2c OUT.bin, --model FILE --to-gguf OUT.gguf "
+                 "[--type f32|f16|q8_0|q4_0], or --from-gguf FILE.gguf --out FILE")
 
 
 def add_convert(sub) -> None:
@@ -26,13 +26,19 @@ def add_convert(sub) -> None:
                     "--from-llama2c CKPT.bin --out FILE: a llama2.c checkpoint (legacy "
                     "version 0, float32) to a glassllm model file, with llama2.c's "
                     "tokenizer.bin given by --tokenizer. --model FILE --to-llama2c OUT.bin: "
-                    "the reverse, a file llama2.c's run.c runs. --model FILE --to-gguf "
-                    "OUT.gguf [--type T]: a GGUF file llama.cpp runs (with the tokenizer).")
+                    "the reverse, a file llama2.c's run.c runs. --from-gguf FILE.gguf --out "
+                    "FILE: a llama.cpp GGUF file (float or quantized tensors, dequantized to "
+                    "float32) to a glassllm model file, with its tokenizer. --model FILE "
+                    "--to-gguf OUT.gguf [--type T]: the reverse, a GGUF file llama.cpp runs "
+                    "(with the tokenizer).")
     p.add_argument("--from-hf", metavar="DIR", help="Hugging Face checkpoint directory to read")
     p.add_argument("--from-llama2c", metavar="CKPT.bin",
                    help="llama2.c checkpoint to read (legacy version 0, e.g. stories260K.bin)")
+    p.add_argument("--from-gguf", metavar="FILE.gguf",
+                   help="GGUF file to read (llama.cpp's format; docs/files-and-formats.md)")
     p.add_argument("--out", metavar="FILE",
-                   help="glassllm model file to write (with --from-hf / --from-llama2c)")
+                   help="glassllm model file to write (with --from-hf / --from-llama2c / "
+                        "--from-gguf)")
     p.add_argument("--model", metavar="FILE",
                    help="glassllm model file to read (with --to-hf / --to-llama2c)")
     p.add_argument("--to-hf", metavar="DIR", help="Hugging Face directory to write (with --model)")
@@ -63,7 +69,7 @@ def add_convert(sub) -> None:
 
 
 def run_convert(args) -> int:
-    sources = [flag for flag in ("from_hf", "from_llama2c", "model")
+    sources = [flag for flag in ("from_hf", "from_llama2c", "from_gguf", "model")
                if getattr(args, flag) is not None]
     targets = [flag for flag in ("out", "to_hf", "to_llama2c", "to_gguf")
                if getattr(args, flag) is not None]
@@ -72,7 +78,7 @@ def run_convert(args) -> int:
     if args.force:
         extras.add("force")
     allowed = {("from_hf", "out"): {"tokenizer", "max_len"},
-               ("from_llama2c", "out"): {"tokenizer", "max_len"},
+               ("from_llama2c", "out"): {"tokenizer", "max_len"}, ("from_gguf", "out"): set(),
                ("model", "to_hf"): {"force", "max_shard_size"}, ("model", "to_llama2c"): set(),
                ("model", "to_gguf"): {"type"}}
     mode = (sources[0], targets[0]) if len(sources) == len(targets) == 1 else None
@@ -82,6 +88,8 @@ def run_convert(args) -> int:
         model, tokenizer = _convert_from_hf(args)
     elif mode == ("from_llama2c", "out"):
         model, tokenizer = _convert_from_llama2c(args)
+    elif mode == ("from_gguf", "out"):
+        model, tokenizer = _convert_from_gguf(args)
     elif mode == ("model", "to_hf"):
         model, tokenizer = _convert_to_hf(args)
     elif mode == ("model", "to_gguf"):
@@ -146,6 +154,16 @@ def _convert_from_llama2c(args):
     return _save_converted(model, tokenizer, args.out, (
         "no --tokenizer", "give llama2.c's tokenizer.bin (e.g. tok512.bin for stories260K.bin) "
         "here, or a tokenizer to `glassllm generate --tokenizer`"))
+
+
+def _convert_from_gguf(args):
+    from ..formats import gguf_read
+
+    _check_out_file(args.out, args.from_gguf, "--from-gguf file")
+    model, tokenizer = gguf_read.read_gguf(args.from_gguf)
+    return _save_converted(model, tokenizer, args.out, (
+        f"{args.from_gguf} has no tokenizer.ggml.model", "give a tokenizer to `glassllm "
+        "generate --tokenizer`"))
 
 
 def _save_converted(model, tokenizer, out: str, without: tuple[str, str]):

@@ -14,9 +14,11 @@ def add_inspect(sub) -> None:
                     "and head types in the terminal, and one self-contained HTML page "
                     "(attention per layer and head, logit lens grid, surprise, attribution "
                     "bars; training curves and health panels with --run).")
-    p.add_argument("--model", required=True, metavar="PATH",
-                   help="glassllm model file or Hugging Face directory (as generate)")
-    p.add_argument("--prompt", required=True, metavar="TEXT", help="text to inspect")
+    p.add_argument("--model", metavar="PATH",
+                   help="glassllm model file, Hugging Face directory or GGUF file (as "
+                        "generate); required unless --compare")
+    p.add_argument("--prompt", metavar="TEXT", help="text to inspect (required unless "
+                   "--compare; with --compare, the sample of the agreement)")
     p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
     p.add_argument("--out", default="report.html", metavar="FILE",
                    help="HTML report to write (default report.html)")
@@ -26,6 +28,15 @@ def add_inspect(sub) -> None:
                    help="alternatives shown per position (default 5)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the terminal summary (default: when stdout is a terminal)")
+    p.add_argument("--compare", nargs=2, metavar=("A.gguf", "B"),
+                   help="what quantization did: GGUF file A against its float original B (a "
+                        "model path as --model): per tensor error and, over --prompt or "
+                        "--corpus, next-token agreement")
+    p.add_argument("--corpus", metavar="FILE",
+                   help="with --compare: a UTF-8 text file whose first --tokens tokens are "
+                        "the agreement's sample")
+    p.add_argument("--tokens", type=int, default=512, metavar="N",
+                   help="with --compare --corpus: tokens of the sample (default 512)")
     p.set_defaults(func=run_inspect)
 
 
@@ -33,6 +44,10 @@ def run_inspect(args) -> int:
     from ..lens.report import (check_report_path, fit_prompt, inspect_model, summary,
                                write_html)
 
+    if args.compare is not None:
+        return run_compare(args)
+    if args.model is None or args.prompt is None:
+        raise UsageError("give --model PATH --prompt TEXT, or --compare A.gguf B")
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -65,3 +80,45 @@ def run_inspect(args) -> int:
         # as Unix tools do (stdout -> devnull: the interpreter's final flush stays quiet)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def run_compare(args) -> int:
+    """`inspect --compare A.gguf B`: the quantization report (`formats.gguf_compare`)."""
+    from ..formats import gguf_compare
+    from .common import load_model_and_tokenizer
+
+    quantized, original = args.compare
+    if not quantized.lower().endswith(".gguf"):
+        raise UsageError(f"--compare {quantized}: the first file is the GGUF (.gguf) to judge")
+    if args.tokens < 1:
+        raise UsageError(f"--tokens must be >= 1, got {args.tokens}")
+    if args.prompt is not None and args.corpus is not None:
+        raise UsageError("give --prompt or --corpus as the sample, not both")
+    model, tokenizer = load_model_and_tokenizer(original)
+    ids = None
+    if args.prompt is not None or args.corpus is not None:
+        if tokenizer is None:
+            tokenizer = load_model_and_tokenizer(quantized)[1]
+        if tokenizer is None:
+            raise UsageError("neither file holds a tokenizer to encode the sample with")
+        text = args.prompt if args.corpus is None else _read_text(args.corpus)
+        ids = [int(i) for i in tokenizer.encode(text)][:args.tokens]
+    report = gguf_compare.compare(quantized, model, ids or None)
+    print(f"{'tensor':<34} {'type':<6} {'rel RMS':>9} {'max |err|':>10}")
+    for t in report.tensors:
+        print(f"{t.gguf_name:<34} {t.type:<6} {t.rel_rms:>9.2e} {t.max_abs:>10.2e}")
+    print(f"all weights: relative RMS error {report.overall_rel_rms:.2e}")
+    a = report.agreement
+    if a is not None:
+        print(f"next-token agreement {100 * a.top1:.1f}% over {a.positions} positions; mean KL "
+              f"{a.mean_kl:.2e} nats; max |logit difference| {a.max_logit_diff:.3g} (largest "
+              f"|logit| {a.max_logit:.3g})", flush=True)
+    return 0
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(1 << 22)  # 4 MiB: far more than a sample of tokens needs
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--corpus {path} is not UTF-8 text (byte {e.start})") from None

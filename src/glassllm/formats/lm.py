@@ -3,6 +3,7 @@
     lm = glassllm.load("model.safetensors")            # a glassllm model file
     lm = glassllm.load("gpt2/")                        # a Hugging Face directory
     lm = glassllm.load("stories260K.bin", tokenizer="tok512.bin")   # llama2.c
+    lm = glassllm.load("model.gguf")                   # llama.cpp's GGUF (dequantized)
     lm.generate("Once upon a time", max_new_tokens=50, seed=0)   # the continuation, a str
     for piece in lm.stream("Once upon a time", seed=0):         # the same text, piece by piece
         print(piece, end="", flush=True)
@@ -44,7 +45,8 @@ def load(path, tokenizer=None) -> "LM":
         path: a glassllm model file (`glassllm.formats.files`), a Hugging Face GPT-2/Llama
             directory (config.json + model.safetensors, tokenizer files beside them:
             `glassllm.formats.hf`), or a llama2.c checkpoint (a `.bin` file:
-            `glassllm.formats.llama2c`, whose tokenizer must be given).
+            `glassllm.formats.llama2c`, whose tokenizer must be given), or a GGUF file (a
+            `.gguf` file: `glassllm.formats.gguf_read`, run on its dequantized weights).
         tokenizer: None (the model's own), a tokenizer object, or a path as `glassllm generate
             --tokenizer` takes it: a tokenizer JSON, a directory with GPT-2's vocab.json +
             merges.txt, a llama2.c `tokenizer.bin` (`.bin`), or "byte".
@@ -79,8 +81,8 @@ def load(path, tokenizer=None) -> "LM":
 
 def load_model_and_tokenizer(path) -> tuple[GlassLM, object]:
     """(GlassLM, tokenizer or None) from a glassllm model file, a Hugging Face directory (one
-    holding config.json) or a llama2.c checkpoint (a `.bin` file; its tokenizer is None: a
-    llama2.c checkpoint holds none). The tokenizer is also None for a weights-only file or a
+    holding config.json), a llama2.c checkpoint (a `.bin` file; its tokenizer is None: a
+    llama2.c checkpoint holds none) or a GGUF file (`.gguf`: `gguf_read.read_gguf`). The tokenizer is also None for a weights-only file or a
     directory without tokenizer files.
 
     Raises:
@@ -95,6 +97,9 @@ def load_model_and_tokenizer(path) -> tuple[GlassLM, object]:
         return model, hf.tokenizer_from_hf(where, model.cfg.vocab_size)
     if where.endswith(".bin") and os.path.isfile(where):
         return llama2c.from_llama2c(where), None
+    if where.lower().endswith(".gguf"):
+        from . import gguf_read  # the `gguf` package is imported only for GGUF files
+        return gguf_read.read_gguf(where)
     return files.load(where), files.load_tokenizer(where)
 
 

@@ -1,0 +1,330 @@
+"""Read a GGUF file (llama.cpp's format) into a float32 `GlassLM` and its tokenizer.
+
+    model, tokenizer = read_gguf("model.gguf")      # also: glassllm.load("model.gguf")
+
+The container is parsed by the `gguf` package's own `GGUFReader` (llama.cpp's Python reader);
+this module turns what it returns into glassllm's terms:
+
+- the hyper-parameters from the `{arch}.*` keys (`config_from_keys`), with llama.cpp's
+  defaults where a key is absent (llama.cpp src/llama-model.cpp `load_hparams`): RoPE base
+  10000, rotated width = head_dim = d_model / n_heads, n_kv_heads = n_heads; Gemma 2's
+  soft-caps 50 and 30; Gemma 2/3's sliding-window patterns (every other layer from layer 0;
+  five of six), Gemma 3's local RoPE base 10000; the attention scale 1/sqrt(head_dim) (for
+  the 27B Gemmas, 1/sqrt(d_model / n_heads), as llama.cpp sets it by layer count). Biases and
+  the untied head follow from which tensors the file holds.
+- the tokenizer from `tokenizer.ggml.*` (`formats.gguf_vocab`);
+- the tensors by their GGUF names (`formats.gguf_names`), dequantized to float32
+  (`formats.gguf_quants`), with llama.cpp's layout changes undone.
+
+A key of the architecture that this module does not read is refused unless its value is "off"
+(0, false, empty): rope scaling, experts, alibi, logit scales and the like would compute
+another model. Every refusal is one ValueError line naming the file and the key or tensor;
+so is every damaged file (wrong magic, truncated, an unknown tensor type, a tensor whose
+bytes or shape disagree with what the keys imply).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ..config import PRESETS, Config
+from ..model import GlassLM
+from . import gguf_names as names
+from .gguf_quants import SUPPORTED, dequantize
+
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+# Keys glassllm never needs: bookkeeping, and what a loader or sampler reads
+_HARMLESS_PREFIXES = ("general.", "tokenizer.", "GGUF.", "split.", "quantize.")
+# {arch}.* keys that change nothing glassllm computes (llama.cpp's own use: the vocab size
+# also given by token_embd; `value_length` checked equal to key_length where read)
+_HARMLESS_KEYS = ("vocab_size", "tensor_data_layout", "attention.causal",
+                  "rope.scaling.type", "pooling_type", "expert_gating_func")
+
+
+class GGUFFile:
+    """A GGUF file opened by `gguf.GGUFReader`: its keys as Python values, its tensors by
+    name, every problem one line naming `path`.
+
+    Attributes:
+        path: the file (str). fields: key -> value (str, int, float, bool or a list).
+        tensors: GGUF name -> `gguf.ReaderTensor` (raw bytes, ggml type, ne).
+    """
+
+    def __init__(self, path):
+        import gguf
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(f"{self.path}: no such file")
+        try:
+            reader = gguf.GGUFReader(self.path)
+            self.fields = {k: f.contents() for k, f in reader.fields.items()}
+            self.tensors = {t.name: t for t in reader.tensors}
+        except (ValueError, KeyError, IndexError, TypeError, OverflowError,
+                UnicodeDecodeError) as e:  # what GGUFReader raises on a damaged header
+            raise ValueError(f"{self.path}: not a readable GGUF file: {_why(e)}") from None
+        except OSError as e:
+            raise ValueError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        for t in self.tensors.values():
+            self._check_tensor(t)
+
+    def _check_tensor(self, t) -> None:
+        """The tensor's type is one glassllm dequantizes and its bytes are all in the file."""
+        import gguf
+        qtype = gguf.GGMLQuantizationType(int(t.tensor_type))
+        if qtype not in SUPPORTED:
+            raise ValueError(f"{self.path}: tensor {t.name!r} has type {qtype.name}, which "
+                             f"glassllm does not read (supported: "
+                             f"{', '.join(q.name for q in SUPPORTED)})")
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        n = int(np.prod([int(x) for x in t.shape], dtype=object))
+        if int(t.shape[0]) % block:
+            raise ValueError(f"{self.path}: tensor {t.name!r} ({qtype.name}) has rows of "
+                             f"{int(t.shape[0])} values, not a multiple of its block of {block}")
+        if t.data.nbytes != n // block * type_size:
+            raise ValueError(f"{self.path}: tensor {t.name!r} needs {n // block * type_size} "
+                             f"bytes, the file holds {t.data.nbytes} (truncated or damaged)")
+
+    def get(self, key: str, default=None):
+        return self.fields.get(key, default)
+
+    def array(self, name: str) -> np.ndarray:
+        """Tensor `name` as float32 of its NumPy shape (ggml's ne reversed)."""
+        t = self.tensors[name]
+        shape = tuple(int(x) for x in reversed(t.shape))
+        try:
+            return dequantize(t.data, t.tensor_type, shape)
+        except ValueError as e:
+            raise ValueError(f"{self.path}: tensor {name!r}: {e}") from None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in reversed(self.tensors[name].shape))
+
+
+def _why(e: Exception) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+# --------------------------------------------------------------------------- the model
+def read_gguf(path) -> tuple[GlassLM, object]:
+    """(float32 GlassLM, tokenizer) from a GGUF file. The tokenizer is None when the file has
+    no `tokenizer.ggml.model`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: one line naming the file: a damaged file, an architecture or key glassllm
+            does not implement, a missing, unexpected or mis-shaped tensor, a tokenizer it
+            cannot represent.
+    """
+    from .gguf_vocab import tokenizer_from_gguf
+    f = GGUFFile(path)
+    cfg = config_from_keys(f)
+    return model_from_gguf(f, cfg), tokenizer_from_gguf(f)
+
+
+def model_from_gguf(f: GGUFFile, cfg: Config) -> GlassLM:
+    """The GlassLM of `cfg` holding `f`'s tensors (dequantized, layouts undone).
+
+    Raises:
+        ValueError: naming the file and tensor: missing, unexpected or mis-shaped.
+    """
+    arch = names.ARCH_OF_FAMILY[cfg.family]
+    fused = names.fused_qkv_name(0, "weight") in f.tensors
+    wanted = names.tensor_names(cfg, fused=fused)
+    state, used, fused_parts = {}, set(), {}
+    for ours, theirs in wanted.items():
+        if theirs not in f.tensors:
+            raise ValueError(f"{f.path}: tensor {theirs!r} is missing (a {arch} model with "
+                             f"these keys has it)")
+        used.add(theirs)
+        if ".attn_qkv." not in theirs:
+            state[ours] = names.from_gguf(cfg, ours, f.array(theirs))
+            continue
+        if theirs not in fused_parts:  # dequantized once, split in three
+            part = theirs.rsplit(".", 1)[1]
+            fused_parts[theirs] = names.split_qkv(cfg, f.array(theirs), part) \
+                if _shape_ok(f, theirs, cfg, part) else (None, None, None)
+        which = ("query", "key", "value").index(ours.split(".")[3])
+        state[ours] = fused_parts[theirs][which]
+    _check_rest(f, cfg, used)
+    model = GlassLM(cfg)
+    expected = dict(model.named_parameters())
+    for ours, value in state.items():
+        if value is None or value.shape != expected[ours].shape:
+            raise ValueError(f"{f.path}: tensor {wanted[ours]!r} has shape "
+                             f"{f.shape(wanted[ours])}, the keys imply one for "
+                             f"{expected[ours].shape} ({ours})")
+        if not np.isfinite(value).all():
+            raise ValueError(f"{f.path}: tensor {wanted[ours]!r} holds NaN or infinite values")
+    model.load_state_dict(state)
+    return model
+
+
+def _shape_ok(f: GGUFFile, name: str, cfg: Config, part: str) -> bool:
+    rows = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    want = (rows, cfg.d_model) if part == "weight" else (rows,)
+    return f.shape(name) == want
+
+
+def _check_rest(f: GGUFFile, cfg: Config, used: set) -> None:
+    """Tensors the model does not use: a copy of the tied head is allowed (old GPT-2
+    conversions write one); llama.cpp's `rope_freqs` (scaled RoPE) and anything else are
+    refused."""
+    for name in sorted(set(f.tensors) - used):
+        if name == "output.weight" and cfg.tie_embeddings and \
+                np.array_equal(f.array(name), f.array("token_embd.weight")):
+            continue
+        raise ValueError(f"{f.path}: tensor {name!r} is not part of a glassllm {cfg.family} "
+                         f"model (not implemented; refusing to load a model computed "
+                         f"differently)")
+
+
+# --------------------------------------------------------------------------- the keys
+def config_from_keys(f: GGUFFile) -> Config:
+    """glassllm Config from the file's keys and tensor list (see the module docstring).
+
+    Raises:
+        ValueError: naming the file and key: an unsupported architecture, a missing or
+            malformed size, a key glassllm does not implement.
+    """
+    arch = f.get(names.ARCH_KEY)
+    if arch not in names.FAMILY_OF_ARCH:
+        raise ValueError(f"{f.path}: general.architecture {arch!r} is not supported by "
+                         f"glassllm (supported: {sorted(names.FAMILY_OF_ARCH)})")
+    keys = _Keys(f, arch)
+    family = names.FAMILY_OF_ARCH[arch]
+    kw = _sizes(keys, f)
+    kw.update(_switches(keys, f, family, kw))
+    keys.check_rest()
+    try:
+        return Config.preset(family, **kw)
+    except ValueError as e:
+        raise ValueError(f"{f.path}: {e}") from None
+
+
+class _Keys:
+    """The `{arch}.*` keys, with a record of those read (the rest must be "off")."""
+
+    def __init__(self, f: GGUFFile, arch: str):
+        self.f, self.arch, self.read = f, arch, set()
+
+    def get(self, template: str, default=None, kind=int):
+        name = names.key(template, self.arch)
+        self.read.add(name)
+        value = self.f.get(name)
+        if value is None:
+            if default is ...:
+                raise ValueError(f"{self.f.path}: key {name!r} is missing")
+            return default
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value) and value > 0) if kind in (int, float) else True
+        if not ok or (kind is int and value != int(value)):
+            raise ValueError(f"{self.f.path}: key {name!r} = {_short(value)} is not a "
+                             f"positive {kind.__name__}")
+        return kind(value) if kind in (int, float) else value
+
+    def check_rest(self) -> None:
+        prefix = self.arch + "."
+        for name in sorted(self.f.fields):
+            if name.startswith(_HARMLESS_PREFIXES) or name in self.read:
+                continue
+            value = self.f.fields[name]
+            if name.startswith(prefix) and name[len(prefix):] in _HARMLESS_KEYS:
+                continue
+            if not name.startswith(prefix) or value not in (None, False, 0, [], "", "none"):
+                raise ValueError(f"{self.f.path}: key {name!r} (= {_short(value)}) is not "
+                                 f"implemented by glassllm; refusing to load a model it "
+                                 f"would compute differently")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _sizes(k: _Keys, f: GGUFFile) -> dict:
+    K = names.KEYS
+    d_model, n_heads = k.get(K["d_model"], ...), k.get(K["n_heads"], ...)
+    kw = dict(d_model=d_model, n_heads=n_heads, n_layers=k.get(K["n_layers"], ...),
+              d_ff=k.get(K["d_ff"], ...), max_len=k.get(K["max_len"], ...),
+              n_kv_heads=k.get(K["n_kv_heads"], n_heads))
+    if "token_embd.weight" not in f.tensors:
+        raise ValueError(f"{f.path}: tensor 'token_embd.weight' is missing")
+    kw["vocab_size"] = f.shape("token_embd.weight")[0]
+    head_dim = k.get(K["head_dim"], None)
+    value_dim = k.get(names.VALUE_LENGTH_KEY, head_dim)
+    if value_dim != head_dim:
+        raise ValueError(f"{f.path}: value_length {value_dim} differs from key_length "
+                         f"{head_dim}; glassllm's heads have one width")
+    kw["head_dim"] = head_dim if head_dim is not None and head_dim * n_heads != d_model \
+        else None
+    return kw
+
+
+def _switches(k: _Keys, f: GGUFFile, family: str, kw: dict) -> dict:
+    """RoPE, norms, windows, caps, biases and the head, from keys and tensor names."""
+    K, preset = names.KEYS, PRESETS[family]
+    head_dim = kw["head_dim"] or kw["d_model"] // kw["n_heads"]
+    sw = dict(rope_theta=k.get(K["rope_theta"], 10000.0, float))
+    rotary = k.get(K["rotary_dim"], head_dim)
+    sw["rotary_pct"] = rotary / head_dim
+    if rotary != head_dim and family not in ("phi", "neox"):  # pairs/halves differ otherwise
+        raise ValueError(f"{f.path}: rope.dimension_count {rotary} differs from the head "
+                         f"width {head_dim}; glassllm's {family} rotates whole heads")
+    if int(head_dim * sw["rotary_pct"]) != rotary:
+        raise ValueError(f"{f.path}: rope.dimension_count {rotary} is not representable for "
+                         f"head_dim {head_dim}")
+    eps_key = names.NORM_EPS_KEYS[preset["norm"]]
+    sw["norm_eps"] = k.get(eps_key, ..., float)
+    sw.update(_windows(k, f, family, kw["n_layers"]))
+    sw["attn_scale"] = k.get(K["attn_scale"], None, float)
+    if (family, kw["n_layers"]) in (("gemma2", 46), ("gemma3", 62)):  # the 27B models
+        sw["attn_scale"] = (kw["d_model"] / kw["n_heads"]) ** -0.5
+    caps = {"gemma2": (50.0, 30.0)}.get(family, (None, None))
+    sw["attn_softcap"] = k.get(K["attn_softcap"], caps[0], float)
+    sw["final_softcap"] = k.get(K["final_softcap"], caps[1], float)
+    if family == "neox":
+        sw["parallel_block"] = bool(k.get(K["parallel_block"], True, bool))
+    sw.update(_from_tensors(f, family))
+    return sw
+
+
+def _windows(k: _Keys, f: GGUFFile, family: str, n_layers: int) -> dict:
+    """sliding_window, layer_types and Gemma 3's local RoPE base. llama.cpp runs `llama`,
+    `qwen2`, `qwen3`, `phi2`, `gptneox`, `gpt2`, `gemma` with full attention whatever the file
+    says, so a window key there is read and not used."""
+    K = names.KEYS
+    window = k.get(K["sliding_window"], ... if family == "gemma2" else None)
+    pattern = k.get(K["layer_types"], None, list)
+    out = dict(sliding_window=None, layer_types=None)
+    if family == "gemma3":
+        out["rope_local_theta"] = k.get(K["rope_local_theta"], 10000.0, float)
+    if family not in ("gemma2", "gemma3", "olmo2") or window is None:
+        return out
+    if pattern is None:
+        pattern = {"gemma2": (True, False), "gemma3": (True,) * 5 + (False,)}.get(family)
+        if pattern is None:  # olmo2 without a pattern: every layer full
+            return out
+        pattern = [pattern[i % len(pattern)] for i in range(n_layers)]
+    if len(pattern) != n_layers:
+        raise ValueError(f"{f.path}: sliding_window_pattern has {len(pattern)} entries for "
+                         f"{n_layers} layers")
+    out["sliding_window"] = window
+    out["layer_types"] = tuple(_SLIDING if s else _FULL for s in pattern)
+    return out
+
+
+def _from_tensors(f: GGUFFile, family: str) -> dict:
+    """Biases and the untied head: llama.cpp uses those tensors when present."""
+    has = f.tensors.__contains__
+    qkv = has("blk.0.attn_q.bias") or has("blk.0.attn_qkv.bias")
+    out = has("blk.0.attn_output.bias")
+    sw = dict(attn_bias={(False, False): "none", (True, False): "qkv", (False, True): "out",
+                         (True, True): "all"}[(qkv, out)],
+              mlp_bias=has("blk.0.ffn_up.bias"), lm_head_bias=has("output.bias"),
+              tie_embeddings=not has("output.weight") or family == "gpt2")
+    if PRESETS[family]["norm"] == "layer":
+        sw["norm_bias"] = has("output_norm.bias")
+    return sw
