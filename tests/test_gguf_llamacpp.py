@@ -7,9 +7,8 @@ they fail instead.
 For every family llama.cpp runs (a tiny random model each, with its special features binding:
 grouped kv heads, a window shorter than the prompt, soft-caps, partial rotary, biases, norm
 weights far from 1) plus stories260K, and every type (f32, f16, q8_0, q4_0):
-- llama.cpp's logits on a prompt equal glassllm's on the same weights: glassllm runs the
-  model whose weights are what the file holds (quantized then dequantized by the `gguf`
-  package's own dequantizers). Bounds, relative to the largest logit: f32 1e-4, but 1e-3 for
+- llama.cpp's logits on a prompt equal glassllm's on the same file: glassllm reads the GGUF
+  back (`formats.gguf_read`, quantized tensors dequantized to float32). Bounds, relative to the largest logit: f32 1e-4, but 1e-3 for
   the GELU families (gpt2, neox, phi, gemma*: ggml's CPU GELU reads a float16 table,
   `GGML_GELU_FP16` in ggml-cpu/vec.h, so its input and output are float16-rounded); f16
   2e-3; q8_0 6e-2 and q4_0 2e-1, since llama.cpp's quantized dot products also round the
@@ -27,14 +26,13 @@ f32 logits by ~5e-4.
 """
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
 from conftest import shared_data_path, skip_or_fail
 from glassllm import Config, GlassLM
 from glassllm.formats import gguf_write, llama2c
+from glassllm.formats.gguf_read import read_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -127,24 +125,6 @@ def model_and_tokenizer(name: str):
     return _MODELS[name]
 
 
-def as_stored(model: GlassLM, kind: str) -> GlassLM:
-    """A copy of `model` whose weights are what a `kind` GGUF file holds: each tensor through
-    `gguf_write.tensor_type`'s choice, quantized and dequantized by the `gguf` package.
-    (Quantization blocks run along GGUF's rows, glassllm's Linear input axis; the q/k
-    permutation and the qkv join move whole rows, so they commute with it.)"""
-    twin = copy.deepcopy(model)
-    for name, p in twin.named_parameters():
-        linear = p.data.ndim == 2 and "embedding" not in name
-        rows = np.ascontiguousarray(p.data.T if linear else p.data)
-        stored = gguf_write.tensor_type("x.weight" if rows.ndim == 2 else "x.bias", rows, kind)
-        if stored == "f32":
-            continue
-        qtype = getattr(gguf.GGMLQuantizationType, stored.upper())
-        back = gguf.quants.dequantize(gguf.quants.quantize(rows, qtype), qtype)
-        p.data[...] = back.T if linear else back
-    return twin
-
-
 def prompt_ids(tok, n: int = 24) -> list[int]:
     ids = tok.encode(SAMPLE).tolist()[:n]
     return ([tok.bos_id] if getattr(tok, "bos_id", None) is not None else []) + ids
@@ -159,24 +139,33 @@ def llama_logits(llm, ids: list[int]) -> np.ndarray:
 _FILES: dict = {}
 
 
+def export(name: str, kind: str, tmp_path_factory):
+    """(model name, type, glassllm model, tokenizer, .gguf path written by write_gguf)."""
+    model, tok = model_and_tokenizer(name)
+    if (name, kind) not in _FILES:
+        path = tmp_path_factory.mktemp("gguf") / f"{name}-{kind}.gguf"
+        gguf_write.write_gguf(model, path, tok, type=kind)
+        _FILES[name, kind] = path
+    return name, kind, model, tok, _FILES[name, kind]
+
+
 @pytest.fixture(params=[(m, t) for m in MODELS for t in TYPES],
                 ids=[f"{m}-{t}" for m in MODELS for t in TYPES])
 def exported(request, tmp_path_factory):
-    """(model name, type, glassllm model, tokenizer, .gguf path written by write_gguf)."""
-    name, kind = request.param
-    model, tok = model_and_tokenizer(name)
-    if request.param not in _FILES:
-        path = tmp_path_factory.mktemp("gguf") / f"{name}-{kind}.gguf"
-        gguf_write.write_gguf(model, path, tok, type=kind)
-        _FILES[request.param] = path
-    return name, kind, model, tok, _FILES[request.param]
+    return export(*request.param, tmp_path_factory)
+
+
+@pytest.fixture(params=[(m, t) for m in MODELS for t in ("f32", "f16")],
+                ids=[f"{m}-{t}" for m in MODELS for t in ("f32", "f16")])
+def exported_float(request, tmp_path_factory):
+    return export(*request.param, tmp_path_factory)
 
 
 def test_llamacpp_logits_equal_glassllms(exported):
     name, kind, model, tok, path = exported
     ids = prompt_ids(tok)
     theirs = llama_logits(open_llama(path), ids)
-    ours = as_stored(model, kind)(np.array([ids])).data[0]
+    ours = read_gguf(path)[0](np.array([ids])).data[0]
     scale = max(1.0, float(np.abs(ours).max()))
     err = float(np.abs(theirs - ours).max()) / scale
     bound = GELU_F32_TOLERANCE if kind == "f32" and name in GELU_FAMILIES else TOLERANCE[kind]
@@ -205,12 +194,10 @@ def greedy_llamacpp(llm, ids: list[int], n: int) -> list[int]:
     return out
 
 
-def test_greedy_20_tokens_equal(exported):
-    name, kind, model, tok, path = exported
-    if kind not in ("f32", "f16"):
-        pytest.skip("greedy equality is asked of f32 and f16 files")
+def test_greedy_20_tokens_equal(exported_float):
+    name, kind, model, tok, path = exported_float
     ids = prompt_ids(tok, n=12)
-    ours = greedy_glassllm(as_stored(model, kind), ids, 20)
+    ours = greedy_glassllm(read_gguf(path)[0], ids, 20)
     assert greedy_llamacpp(open_llama(path), ids, 20) == ours
 
 

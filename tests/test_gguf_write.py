@@ -185,3 +185,73 @@ def test_cli_convert_to_gguf(tmp_path, capsys):
                  str(tmp_path / "neo.gguf")]) == 2
     assert not (tmp_path / "neo.gguf").exists()
     assert "gptneo" in capsys.readouterr().err
+
+
+def as_stored(model: GlassLM, kind: str) -> GlassLM:
+    """A copy of `model` whose weights are what a `kind` GGUF file holds: each tensor through
+    `gguf_write.tensor_type`'s choice, quantized and dequantized by the `gguf` package.
+    (Quantization blocks run along GGUF's rows, glassllm's Linear input axis; the q/k
+    permutation and the qkv join move whole rows, so they commute with it.)"""
+    import copy
+    from glassllm.formats.gguf_names import gguf_name
+    twin = copy.deepcopy(model)
+    for name, p in twin.named_parameters():
+        linear = p.data.ndim == 2 and "embedding" not in name
+        rows = np.ascontiguousarray(p.data.T if linear else p.data)
+        stored = gguf_write.tensor_type(gguf_name(name), rows, kind)
+        if stored == "f32":
+            continue
+        qtype = getattr(gguf.GGMLQuantizationType, stored.upper())
+        back = gguf.quants.dequantize(gguf.quants.quantize(rows, qtype), qtype)
+        p.data[...] = back.T if linear else back
+    return twin
+
+
+ROUND_TRIP = {"llama": dict(n_kv_heads=2), "qwen2": dict(n_kv_heads=2),
+              "qwen3": dict(n_kv_heads=2, head_dim=32), "gemma": dict(head_dim=32),
+              "gemma2": dict(n_kv_heads=2, sliding_window=8, attn_softcap=5.0,
+                             final_softcap=20.0),
+              "gemma3": dict(sliding_window=8, rope_local_theta=100.0,
+                             layer_types=("sliding_attention", "full_attention")),
+              "phi": {}, "neox": {}, "gpt2": {}, "olmo2": dict(n_kv_heads=2)}
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+@pytest.mark.parametrize("family", sorted(ROUND_TRIP))
+def test_glassllm_reads_back_what_it_wrote(family, kind, tmp_path):
+    """glassllm.load of an exported file: the same config and, weight for weight, what the
+    file holds (the float weights for f32; gguf's dequantization of the quantized ones)."""
+    from glassllm.formats.gguf_read import read_gguf
+    model = tiny(family, **ROUND_TRIP[family])
+    gguf_write.write_gguf(model, tmp_path / "m.gguf", type=kind)
+    back, tokenizer = read_gguf(tmp_path / "m.gguf")
+    assert tokenizer is None  # tokenizer model "none"
+    ours = model.cfg.to_dict()
+    ours["norm_eps"] = float(np.float32(ours["norm_eps"]))  # GGUF keeps float32 keys
+    assert back.cfg.to_dict() == ours
+    expected = dict(as_stored(model, kind).named_parameters())
+    for name, p in back.named_parameters():
+        np.testing.assert_allclose(p.data, expected[name].data, rtol=0, atol=1e-6,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["sp", "bpe"])
+def test_the_tokenizer_reads_back_with_the_same_ids(kind, tmp_path):
+    import glassllm
+    from glassllm.formats import llama2c
+    from glassllm.formats.gguf_read import read_gguf
+    from glassllm.tokenizers.bpe import BPETokenizer
+    if kind == "sp":
+        tok = llama2c.tokenizer_from_llama2c(shared_data_path("llama2c", "tok512.bin"))
+    else:
+        tok = BPETokenizer.from_gpt2_files(shared_data_path("gpt2", "vocab.json"),
+                                           shared_data_path("gpt2", "merges.txt"))
+    model = tiny("llama" if kind == "sp" else "gpt2", vocab_size=tok.vocab_size + 3)
+    gguf_write.write_gguf(model, tmp_path / "m.gguf", tok)  # 3 "[PAD<i>]" ids at the end
+    read, back = read_gguf(tmp_path / "m.gguf")
+    text = "Once upon a time,  Lily said: \"don't!\"\n\nCaf\u00e9 \u6771\u4eac 42."
+    assert back.encode(text).tolist() == tok.encode(text).tolist()
+    assert back.decode(tok.encode(text)) == text
+    assert read.cfg.vocab_size == tok.vocab_size + 3
+    # the "[PAD<i>]" ids stay, as pieces no text encodes to
+    assert glassllm.load(str(tmp_path / "m.gguf")).tokenizer.vocab_size == tok.vocab_size + 3

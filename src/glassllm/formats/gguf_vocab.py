@@ -35,7 +35,7 @@ def tokenizer_from_gguf(f):
             the tokenizer's, a vocabulary the tokenizer class refuses.
     """
     kind = f.get(_TOK + "model")
-    if kind is None:
+    if kind is None or kind in ("none", "no_vocab"):  # llama.cpp's names for "ids only"
         return None
     tokens = f.get(_TOK + "tokens")
     if not isinstance(tokens, list) or not tokens:

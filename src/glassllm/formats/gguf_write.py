@@ -92,9 +92,10 @@ def _check_arch_limits(cfg: Config, arch: str) -> None:
     if cfg.attn_scale is not None and not np.isclose(cfg.attn_scale, scale, rtol=1e-6):
         raise ValueError(f"Config.attn_scale = {cfg.attn_scale}: llama.cpp's {arch} graph "
                          f"scales scores by {scale:.6g}")
-    if arch == "gemma2" and cfg.attn_softcap is None:
-        raise ValueError("Config.attn_softcap = None: llama.cpp's gemma2 graph always caps "
-                         "the scores")
+    for field in ("attn_softcap", "final_softcap"):
+        if arch == "gemma2" and getattr(cfg, field) is None:
+            raise ValueError(f"Config.{field} = None: llama.cpp's gemma2 graph always caps "
+                             f"the {'scores' if field == 'attn_softcap' else 'logits'}")
     if arch in _NEVER_OUTPUT and not cfg.tie_embeddings:
         raise ValueError(f"Config.tie_embeddings = False: llama.cpp's {arch} graph uses the "
                          f"token embedding as the output projection")
@@ -245,7 +246,8 @@ def _write_gemma_keys(writer, cfg: Config, arch: str, sliding: list[bool]) -> No
     llama.cpp's `load_swa_pattern`), the local layers' RoPE base."""
     if cfg.attn_softcap is not None:
         writer.add_attn_logit_softcapping(cfg.attn_softcap)
-    writer.add_final_logit_softcapping(cfg.final_softcap or 0.0)
+    if cfg.final_softcap is not None:
+        writer.add_final_logit_softcapping(cfg.final_softcap)
     if cfg.sliding_window is not None and any(sliding):
         writer.add_sliding_window(cfg.sliding_window)
         writer.add_sliding_window_pattern(sliding)
