@@ -9,8 +9,9 @@ from .common import UsageError, one_line
 
 CONVERT_USAGE = ("give either --from-hf DIR --out FILE [--tokenizer PATH] [--max-len T], "
                  "--from-llama2c CKPT.bin [--tokenizer TOK.bin] --out FILE [--max-len T], "
-                 "--model FILE --to-hf DIR [--force] [--max-shard-size SIZE] or --model FILE "
-                 "--to-llama2c OUT.bin, or --from-gguf FILE.gguf --out FILE")
+                 "--model FILE --to-hf DIR [--force] [--max-shard-size SIZE], --model FILE "
+                 "--to-llama2c OUT.bin, --model FILE --to-gguf OUT.gguf "
+                 "[--type f32|f16|q8_0|q4_0], or --from-gguf FILE.gguf --out FILE")
 
 
 def add_convert(sub) -> None:
@@ -27,7 +28,9 @@ def add_convert(sub) -> None:
                     "tokenizer.bin given by --tokenizer. --model FILE --to-llama2c OUT.bin: "
                     "the reverse, a file llama2.c's run.c runs. --from-gguf FILE.gguf --out "
                     "FILE: a llama.cpp GGUF file (float or quantized tensors, dequantized to "
-                    "float32) to a glassllm model file, with its tokenizer.")
+                    "float32) to a glassllm model file, with its tokenizer. --model FILE "
+                    "--to-gguf OUT.gguf [--type T]: the reverse, a GGUF file llama.cpp runs "
+                    "(with the tokenizer).")
     p.add_argument("--from-hf", metavar="DIR", help="Hugging Face checkpoint directory to read")
     p.add_argument("--from-llama2c", metavar="CKPT.bin",
                    help="llama2.c checkpoint to read (legacy version 0, e.g. stories260K.bin)")
@@ -41,6 +44,11 @@ def add_convert(sub) -> None:
     p.add_argument("--to-hf", metavar="DIR", help="Hugging Face directory to write (with --model)")
     p.add_argument("--to-llama2c", metavar="OUT.bin",
                    help="llama2.c checkpoint (version 0) to write (with --model)")
+    p.add_argument("--to-gguf", metavar="OUT.gguf",
+                   help="GGUF file llama.cpp runs, to write (with --model; docs/gguf.md)")
+    p.add_argument("--type", choices=("f32", "f16", "q8_0", "q4_0"),
+                   help="with --to-gguf: the matrices' type (default f32; norms, biases and "
+                        "position tables stay f32)")
     p.add_argument("--tokenizer", metavar="PATH",
                    help="with --from-hf: tokenizer to store when DIR has none (tokenizer JSON, "
                         "or a directory with vocab.json + merges.txt); with --from-llama2c: "
@@ -63,14 +71,16 @@ def add_convert(sub) -> None:
 def run_convert(args) -> int:
     sources = [flag for flag in ("from_hf", "from_llama2c", "from_gguf", "model")
                if getattr(args, flag) is not None]
-    targets = [flag for flag in ("out", "to_hf", "to_llama2c") if getattr(args, flag) is not None]
-    extras = {flag for flag in ("tokenizer", "max_len", "max_shard_size")
+    targets = [flag for flag in ("out", "to_hf", "to_llama2c", "to_gguf")
+               if getattr(args, flag) is not None]
+    extras = {flag for flag in ("tokenizer", "max_len", "max_shard_size", "type")
               if getattr(args, flag) is not None}
     if args.force:
         extras.add("force")
     allowed = {("from_hf", "out"): {"tokenizer", "max_len"},
                ("from_llama2c", "out"): {"tokenizer", "max_len"}, ("from_gguf", "out"): set(),
-               ("model", "to_hf"): {"force", "max_shard_size"}, ("model", "to_llama2c"): set()}
+               ("model", "to_hf"): {"force", "max_shard_size"}, ("model", "to_llama2c"): set(),
+               ("model", "to_gguf"): {"type"}}
     mode = (sources[0], targets[0]) if len(sources) == len(targets) == 1 else None
     if mode not in allowed or not extras <= allowed[mode]:
         raise UsageError(CONVERT_USAGE)
@@ -82,6 +92,8 @@ def run_convert(args) -> int:
         model, tokenizer = _convert_from_gguf(args)
     elif mode == ("model", "to_hf"):
         model, tokenizer = _convert_to_hf(args)
+    elif mode == ("model", "to_gguf"):
+        model, tokenizer = _convert_to_gguf(args)
     else:
         model, tokenizer = _convert_to_llama2c(args)
     src, dst = getattr(args, mode[0]), getattr(args, mode[1])
@@ -226,3 +238,20 @@ def _convert_to_llama2c(args):
               f"tokenizer; run.c reads a tokenizer.bin given with -z); the {kind} tokenizer "
               f"stays in {args.model}", file=sys.stderr, flush=True)
     return model, None
+
+
+def _convert_to_gguf(args):
+    from ..formats import gguf_write
+
+    if os.path.isdir(args.to_gguf):
+        raise UsageError(f"--to-gguf {args.to_gguf} is a directory; give a file path")
+    if os.path.exists(args.to_gguf) and os.path.exists(args.model) and \
+            os.path.samefile(args.to_gguf, args.model):
+        raise UsageError(f"--to-gguf {args.to_gguf} is the model being converted; write the "
+                         f"GGUF file elsewhere")
+    model, tokenizer = _convert_source(args.model)
+    gguf_write.write_gguf(model, args.to_gguf, tokenizer, type=args.type or "f32")
+    if tokenizer is None:
+        print(f"note: {args.model} holds no tokenizer: {args.to_gguf} has tokenizer model "
+              f"\"none\" (llama.cpp runs it on token ids only)", file=sys.stderr, flush=True)
+    return model, tokenizer

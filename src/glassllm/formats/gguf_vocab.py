@@ -45,7 +45,7 @@ def tokenizer_from_gguf(f):
             the tokenizer's, a vocabulary the tokenizer class refuses.
     """
     kind = f.get(_TOK + "model")
-    if kind in (None, "none"):  # "none": llama.cpp runs on ids alone
+    if kind is None or kind in ("none", "no_vocab"):  # llama.cpp's names for "ids only"
         return None
     if kind not in ("llama", "gpt2"):
         raise ValueError(f"{f.path}: tokenizer.ggml.model {kind!r} is not supported by "
