@@ -154,6 +154,13 @@ def zeros(shape: tuple, device: str, dtype: str = "float32"):
         return xp.zeros(shape, dtype=getattr(xp, dtype))
 
 
+def host_dtype(array) -> np.dtype:
+    """The NumPy dtype of an array of any device (its values' dtype once on the host)."""
+    if isinstance(array.dtype, np.dtype):  # NumPy's and CuPy's arrays
+        return array.dtype
+    return np.dtype(str(array.dtype).rsplit(".", 1)[-1])   # array_api_strict.float32
+
+
 def to_host(array) -> np.ndarray:
     """A NumPy array holding `array`'s values: the array itself when it is one already, else
     an explicit copy from its device (what the strict device allows; `np.asarray` of a strict
