@@ -33,6 +33,11 @@ ENV_VAR = "GLASSLLM_DEVICE"
 _STRICT_DEVICE = "device1"  # array_api_strict's second device: not the host, see above
 
 
+class DeviceUnavailable(ValueError):
+    """The device named cannot be used here: CuPy is not installed, or no GPU answers. A
+    ValueError, as a misspelt device name is: one line wherever it is reported."""
+
+
 def parse(device) -> str:
     """The canonical name of a device: "cpu", "strict", or "cuda:N" ("cuda" is "cuda:0").
     None: the default device (`default_device`).
@@ -77,7 +82,7 @@ def namespace_for(device: str):
     """The namespace of a device name: numpy, array_api_strict, or CuPy's standard namespace.
 
     Raises:
-        RuntimeError: "cuda" without CuPy installed or without a usable GPU (one line).
+        DeviceUnavailable: "cuda" without CuPy installed or without a usable GPU (one line).
     """
     device = parse(device)
     if device == "cpu":
@@ -93,13 +98,14 @@ def _cupy_namespace():
         import cupy
         count = cupy.cuda.runtime.getDeviceCount()
     except ImportError:
-        raise RuntimeError("device cuda: CuPy is not installed (pip install "
-                           "'glassllm[cuda]', CUDA 12)") from None
+        raise DeviceUnavailable("device cuda: CuPy is not installed (pip install "
+                                "'glassllm[cuda]', for CUDA 12)") from None
     except Exception as error:  # CuPy's CUDARuntimeError: no driver, no GPU
-        raise RuntimeError(f"device cuda: no usable GPU ({type(error).__name__}: "
-                           f"{str(error).splitlines()[0] if str(error) else 'no detail'})") from None
+        detail = str(error).splitlines()[0] if str(error) else "no detail"
+        raise DeviceUnavailable(f"device cuda: no usable GPU ({type(error).__name__}: "
+                                f"{detail})") from None
     if count == 0:
-        raise RuntimeError("device cuda: CuPy found no GPU")
+        raise DeviceUnavailable("device cuda: CuPy found no GPU")
     import array_api_compat.cupy
     return array_api_compat.cupy
 

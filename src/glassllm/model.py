@@ -197,7 +197,8 @@ class GlassLM(Module):
             machine's physical memory. Checked before anything is allocated: each layer's
             arrays would fit, so under Linux's memory overcommit NumPy would never raise, and
             the kernel's OOM killer would end the process silently once memory ran out.
-        ValueError: an unknown device name. RuntimeError: "cuda" without CuPy or a GPU.
+        ValueError: an unknown device name, or "cuda" without CuPy or a GPU
+                (`glassllm.devices.DeviceUnavailable`).
     """
 
     def __init__(self, cfg: Config, seed: int = 0, device: str | None = None):

@@ -86,7 +86,8 @@ class Module:
         are its own: build the optimizer after the move.
 
         Raises:
-            ValueError: an unknown device name. RuntimeError: "cuda" without CuPy or a GPU.
+            ValueError: an unknown device name, or "cuda" without CuPy or a GPU
+                (`glassllm.devices.DeviceUnavailable`).
         """
         device = devices.parse(device)
         seen: set[int] = set()

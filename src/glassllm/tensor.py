@@ -284,7 +284,8 @@ class Tensor:
         there already, else a new leaf holding a copy (requires_grad kept, no grad, no graph).
 
         Raises:
-            ValueError: an unknown device name. RuntimeError: "cuda" without CuPy or a GPU.
+            ValueError: an unknown device name, or "cuda" without CuPy or a GPU
+                (`glassllm.devices.DeviceUnavailable`).
         """
         device = devices.parse(device)
         if device == self.device:

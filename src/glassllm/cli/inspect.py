@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import TOKENIZER_HELP, UsageError, model_with_tokenizer
+from .common import TOKENIZER_HELP, UsageError, add_device_option, model_with_tokenizer
 
 def add_inspect(sub) -> None:
     p = sub.add_parser(
@@ -26,6 +26,7 @@ def add_inspect(sub) -> None:
                    help="alternatives shown per position (default 5)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the terminal summary (default: when stdout is a terminal)")
+    add_device_option(p)
     p.set_defaults(func=run_inspect)
 
 
