@@ -237,7 +237,9 @@ def test_trainer_checkpoint_from_strict_resumes_on_cpu(tmp_path):
     assert model.device == "cpu" and resumed.steps == whole.steps == 6
     assert resumed.best_val_loss == pytest.approx(whole.best_val_loss, rel=1e-5)
     for p, q in zip(whole_model.parameters(), model.parameters()):
-        np.testing.assert_allclose(q.data, p.data, rtol=1e-4, atol=1e-5)  # Adam: g / sqrt(v)
+        # Adam steps by about lr where a gradient is tiny: rounding may flip such a step
+        np.testing.assert_allclose(q.data, p.data, rtol=1e-4, atol=1e-4)
+        assert float(np.abs(q.data - p.data).mean()) < 1e-6
 
 
 def dataclass_replace(obj, **changes):
