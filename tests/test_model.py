@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM
+from glassllm import Config, GlassLM, devices
 from glassllm.config import PRESETS
 from glassllm import functional as F
 from glassllm.model import KVCache
@@ -35,11 +35,11 @@ def small_config(**overrides) -> Config:
 def perturbed_model(cfg: Config, seed: int = 0) -> GlassLM:
     """A model whose norm gains and biases are not their init values 1 and 0, and whose weights
     are large enough that every path (attention pattern, residual) matters to the loss."""
-    model = GlassLM(cfg, seed=seed)
+    model = GlassLM(cfg, seed=seed, device="cpu")
     rng = np.random.default_rng(seed + 100)
     for p in model.parameters():
         p.data = (p.data + rng.normal(0.0, 0.2, p.shape)).astype(p.dtype)
-    return model
+    return model.to(devices.default_device())  # GLASSLLM_DEVICE=strict: the .ci/run pass
 
 
 def ids(cfg: Config, shape, seed: int) -> np.ndarray:
