@@ -71,9 +71,9 @@ class Module:
         for name, p in params.items():
             if isinstance(p.data, np.ndarray):
                 p.data = np.array(state[name], dtype=p.dtype)  # a copy, in the model's dtype
-            else:  # on the parameter's device, in its dtype
-                value = devices.to_device(np.array(devices.to_host(state[name])), p.device)
-                p.data = devices.namespace(value).astype(value, p.dtype)
+            else:  # cast on the host (float16 files: the standard has no float16), then moved
+                value = np.array(devices.to_host(state[name]), dtype=devices.host_dtype(p.data))
+                p.data = devices.to_device(value, p.device)
 
     def zero_grad(self) -> None:
         for p in self.parameters():

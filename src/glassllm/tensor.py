@@ -305,6 +305,7 @@ class Tensor:
     def __add__(self, other):
         if not isinstance(other, Tensor):
             a = self  # `other` may be a broadcasting ndarray: undo it in the gradient too
+            other = _operand(other, a.data)
             return Tensor.from_op(a.data + other, (a,), lambda g: (unbroadcast(g, a.shape),))
         a, b = self, other
         return Tensor.from_op(a.data + b.data, (a, b),
@@ -324,6 +325,7 @@ class Tensor:
     def __mul__(self, other):
         a = self
         if not isinstance(other, Tensor):
+            other = _operand(other, a.data)
             return Tensor.from_op(a.data * other, (a,),
                                   lambda g: (unbroadcast(g * other, a.shape),))
         b = other
@@ -336,6 +338,7 @@ class Tensor:
     def __truediv__(self, other):
         a = self
         if not isinstance(other, Tensor):
+            other = _operand(other, a.data)
             return Tensor.from_op(a.data / other, (a,),
                                   lambda g: (unbroadcast(g / other, a.shape),))
         b = other
@@ -481,6 +484,14 @@ def _sum_to(grad: np.ndarray, shape: tuple, mm) -> np.ndarray:
     if summed.shape != grad.shape and mm is kernels.matmul:
         summed = kernels.round_product(summed)
     return summed
+
+
+def _operand(other, like):
+    """A plain operand of an op on `like`: a host NumPy array moves to like's device (a
+    number, or anything on the CPU, stays as it is)."""
+    if isinstance(like, np.ndarray) or not isinstance(other, np.ndarray):
+        return other
+    return devices.to_device(other, devices.device_of(like))
 
 
 def _is_integer(array) -> bool:
