@@ -165,7 +165,7 @@ def _trainer(plan, emit):
     # A fine-tune trains a copy: the plan's model stays the weights it starts from, so a second
     # execute of the same plan starts where the first did (as a new run starts from its seed).
     model = copy.deepcopy(plan.initial_model) if plan.initial_model is not None else \
-        GlassLM(plan.config, seed=settings.seed, device=plan.device)
+        GlassLM(plan.config, seed=settings.seed)
     if plan.device is not None:
         model.to(plan.device)
     # Output paths relative to the checkpoint's folder: a run moved as a whole (`mv runs
