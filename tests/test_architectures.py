@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM, kernels
+from glassllm import Config, GlassLM, devices, kernels
 from glassllm.config import FAMILIES, PRESETS
 from glassllm.generate import next_token_logits
 from glassllm.lens.trace import names_for, run_with_cache
@@ -98,6 +98,7 @@ def twin_of(torch):
 
 
 def _relative(a, b) -> float:
+    a, b = devices.to_host(a), devices.to_host(b)  # GLASSLLM_DEVICE=strict: values of a device
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
@@ -106,6 +107,8 @@ def _assert_grads_close(grads: dict, expected: dict) -> None:
     element; a gradient that is 0 but for rounding (1e-6 of the largest of all) only small on
     both sides: a key bias under full RoPE shifts every score of a query's row alike, and
     softmax ignores a constant added to a row."""
+    grads = {name: devices.to_host(g) for name, g in grads.items()}
+    expected = {name: devices.to_host(g) for name, g in expected.items()}
     largest = max(np.abs(g).max() for g in expected.values())
     for name, g in grads.items():
         if np.abs(expected[name]).max() <= 1e-6 * largest:
@@ -125,7 +128,7 @@ def test_logits_loss_and_every_gradient_match_torch(case, twin_of):
     twin_loss = twin.loss(x, y)
     twin_loss.backward()
     assert abs(loss.item() - twin_loss.item()) <= 1e-5 * max(1.0, abs(twin_loss.item()))
-    assert _relative(model(x).data, twin(x).detach().numpy()) <= 1e-5
+    assert _relative(model(x).numpy(), twin(x).detach().numpy()) <= 1e-5
     twin_grads = reference.glassllm_gradients(twin)
     assert sorted(twin_grads) == sorted(n for n, _ in model.named_parameters())
     _assert_grads_close({n: p.grad for n, p in model.named_parameters()}, twin_grads)
@@ -135,6 +138,8 @@ def _to_float64(model: GlassLM) -> GlassLM:
     """The model in float64, its RoPE tables computed again in float64 (float32 tables would
     cap the precision)."""
     from glassllm import functional as F
+    device = model.device  # converted on the host, then moved back
+    model.to("cpu")
     for p in model.parameters():
         p.data = p.data.astype(np.float64)
     cfg = model.cfg
@@ -143,7 +148,7 @@ def _to_float64(model: GlassLM) -> GlassLM:
             tables = F.rope_tables(cfg.max_len, cfg.rotary_dim, theta, dtype=np.float64)
             setattr(model, f"{prefix}_cos", tables[0])
             setattr(model, f"{prefix}_sin", tables[1])
-    return model
+    return model.to(device)
 
 
 # the families, and the one switch no family uses
@@ -159,11 +164,11 @@ def test_float64_logits_and_gradients_equal_torch_to_1e_10(case, twin_of, torch)
     x, y = ids(model.cfg, (2, T), 1), ids(model.cfg, (2, T), 2)
     model.loss(x, y).backward()
     twin.loss(x, y).backward()
-    assert _relative(model(x).data, twin(x).detach().numpy()) <= 1e-10
+    assert _relative(model(x).numpy(), twin(x).detach().numpy()) <= 1e-10
     twin_grads = reference.glassllm_gradients(twin)
     largest = max(np.abs(g).max() for g in twin_grads.values())
     for name, p in model.named_parameters():
-        assert np.abs(p.grad - twin_grads[name]).max() <= 1e-10 * largest, name
+        assert np.abs(devices.to_host(p.grad) - twin_grads[name]).max() <= 1e-10 * largest, name
 
 
 def test_parity_sees_a_missing_feature(twin_of):
@@ -172,7 +177,7 @@ def test_parity_sees_a_missing_feature(twin_of):
     twin, _ = twin_of(model)
     twin.cfg["final_softcap"] = None
     x = ids(model.cfg, (1, T), 1)
-    assert _relative(model(x).data, twin(x).detach().numpy()) > 1e-2
+    assert _relative(model(x).numpy(), twin(x).detach().numpy()) > 1e-2
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -185,7 +190,7 @@ def test_engine_forms_equal_the_reference_forms(case):
             model.zero_grad()
             loss = model.loss(x, y)
             loss.backward()
-            results[mode] = (model(x).data, {n: p.grad for n, p in model.named_parameters()})
+            results[mode] = (model(x).numpy(), {n: p.grad for n, p in model.named_parameters()})
     (z_engine, g_engine), (z_ref, g_ref) = results["engine"], results["reference"]
     assert _relative(z_engine, z_ref) <= 1e-5
     _assert_grads_close(g_engine, g_ref)
@@ -195,10 +200,10 @@ def test_engine_forms_equal_the_reference_forms(case):
 def test_decoding_with_a_kv_cache_equals_the_full_forward(case):
     model = model_of(case)
     x = ids(model.cfg, (1, T), 5)
-    full = model(x).data[0]
+    full = model(x).numpy()[0]
     cache = KVCache(model.cfg)
     prompt = 4  # a prompt in one call, then one token at a time (the generate path)
-    rows = [model(x[:, :prompt], cache=cache).data[0]]
+    rows = [model(x[:, :prompt], cache=cache).numpy()[0]]
     rows += [next_token_logits(model, cache, int(t))[None] for t in x[0, prompt:]]
     np.testing.assert_allclose(np.concatenate(rows), full, rtol=0, atol=2e-5 * np.abs(full).max())
 
@@ -209,7 +214,7 @@ def test_trace_gives_every_name_and_the_plain_logits(case):
     x = ids(model.cfg, (2, T), 6)
     logits, cache = run_with_cache(model, x)
     assert list(cache) == names_for(model.cfg)
-    np.testing.assert_array_equal(logits, model(x).data)
+    np.testing.assert_array_equal(logits, model(x).numpy())
     cfg = model.cfg
     if cfg.final_softcap is not None:
         c = cfg.final_softcap

@@ -222,7 +222,7 @@ def reference_generate(model, prompt, n, sampling, rng, forced=None):
             tokens.append(forced[step])
             continue
         with no_grad():
-            logits = model(np.array(tokens[-model.cfg.max_len:])[None]).data[0, -1]
+            logits = model(np.array(tokens[-model.cfg.max_len:])[None]).numpy()[0, -1]
         token = sample_next(logits, sampling, rng)
         tokens.append(token)
         out.append(token)
@@ -253,7 +253,7 @@ def test_generator_logits_match_full_forward_at_every_step(family):
     rng = np.random.default_rng(0)
     for _ in range(30):  # 5 + 30 > max_len: the last steps run cropped windows
         with no_grad():
-            full = model(np.array(gen.tokens[-model.cfg.max_len:])[None]).data[0, -1]
+            full = model(np.array(gen.tokens[-model.cfg.max_len:])[None]).numpy()[0, -1]
         np.testing.assert_allclose(gen.next_logits(), full, rtol=1e-5, atol=1e-5)
         gen.next_token(Sampling(), rng)
     assert len(gen.tokens) == 35
@@ -426,7 +426,7 @@ def test_vocab_limit_never_draws_ids_a_smaller_tokenizer_lacks():
     the highest logits; the Generator's own logits stay the model's."""
     model = GlassLM(Config(vocab_size=300, d_model=16, n_layers=1, n_heads=2, max_len=8),
                     seed=0)
-    model.token_embedding.weight.data[257:] *= 50  # tied head: the padded ids dominate
+    model.token_embedding.weight.data[257:, ...] *= 50  # tied head: the padded ids dominate
     greedy = generate(model, [1, 2], 12, Sampling(0.0))
     assert max(greedy) >= 257  # the case the limit is for
     for sampling in (Sampling(0.0), Sampling(1.0), Sampling(5.0, top_k=290)):

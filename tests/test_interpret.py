@@ -29,7 +29,7 @@ def test_logit_lens_rows_by_hand(name):
     assert lens.max_last_layer_diff < 1e-6
     _, cache = run_with_cache(model, ids)
     # row 1 (after block 0) by hand: final norm + unembedding of blocks.0.residual_out
-    w = {n: p.data.astype(np.float64) for n, p in model.named_parameters()}
+    w = {n: p.numpy().astype(np.float64) for n, p in model.named_parameters()}
     r = cache["blocks.0.residual_out"][0].astype(np.float64)
     if model.cfg.family == "gpt2":
         rc = r - r.mean(-1, keepdims=True)
@@ -67,7 +67,7 @@ def test_attribution_parts_sum_to_the_logit(name, position):
     # one head by hand: its slice of head_output through its rows of W_O, normed, unembedded
     D = model.cfg.head_dim
     h, layer = 1, L - 1
-    w_o = model.blocks[layer].attention.output.weight.data.astype(np.float64)
+    w_o = model.blocks[layer].attention.output.weight.numpy().astype(np.float64)
     part = cache[f"blocks.{layer}.attention.head_output"][0, position, h] @ \
         w_o[h * D:(h + 1) * D]
     final = cache[f"blocks.{L - 1}.residual_out"][0, position].astype(np.float64)
@@ -76,7 +76,7 @@ def test_attribution_parts_sum_to_the_logit(name, position):
         final = final - final.mean()
     rstd = 1 / math.sqrt((final ** 2).mean() + model.cfg.norm_eps)
     u = interpret.unembedding_matrix(model)[:, 3].astype(np.float64)
-    by_hand = (part * rstd * model.final_norm.weight.data) @ u
+    by_hand = (part * rstd * model.final_norm.weight.numpy()) @ u
     assert attr.values[attr.labels.index(f"L{layer}H{h}")] == pytest.approx(by_hand, rel=1e-5)
 
 

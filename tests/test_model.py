@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from glassllm import Config, GlassLM
+from glassllm import Config, GlassLM, devices
 from glassllm.config import PRESETS
 from glassllm import functional as F
 from glassllm.model import KVCache
@@ -35,11 +35,11 @@ def small_config(**overrides) -> Config:
 def perturbed_model(cfg: Config, seed: int = 0) -> GlassLM:
     """A model whose norm gains and biases are not their init values 1 and 0, and whose weights
     are large enough that every path (attention pattern, residual) matters to the loss."""
-    model = GlassLM(cfg, seed=seed)
+    model = GlassLM(cfg, seed=seed, device="cpu")
     rng = np.random.default_rng(seed + 100)
     for p in model.parameters():
         p.data = (p.data + rng.normal(0.0, 0.2, p.shape)).astype(p.dtype)
-    return model
+    return model.to(devices.default_device())  # GLASSLLM_DEVICE=strict: the .ci/run pass
 
 
 def ids(cfg: Config, shape, seed: int) -> np.ndarray:
@@ -53,12 +53,14 @@ def reference(torch):
 
 
 def to_float64(model: GlassLM) -> GlassLM:
+    device = model.device  # converted on the host, then moved back
+    model.to("cpu")
     for p in model.parameters():
         p.data = p.data.astype(np.float64)
     if model.cfg.family == "llama":  # rope tables rounded to float32 would cap the precision
         model.rope_cos, model.rope_sin = F.rope_tables(model.cfg.max_len, model.cfg.head_dim,
                                                        model.cfg.rope_theta, dtype=np.float64)
-    return model
+    return model.to(device)
 
 
 def loss_and_grads_diff(model, reference, torch_dtype):
@@ -77,9 +79,10 @@ def loss_and_grads_diff(model, reference, torch_dtype):
     for name, p in model.named_parameters():
         assert p.grad is not None and twin_grads[name] is not None, name
         assert p.grad.shape == p.shape
-        assert np.abs(p.grad).max() > 0, f"{name} got an all-zero gradient"
-        grad_diffs[name] = float(np.abs(p.grad - twin_grads[name]).max())
-    logits_diff = float(np.abs(model(x).data - twin(x).detach().numpy()).max())
+        grad = devices.to_host(p.grad)
+        assert np.abs(grad).max() > 0, f"{name} got an all-zero gradient"
+        grad_diffs[name] = float(np.abs(grad - twin_grads[name]).max())
+    logits_diff = float(np.abs(model(x).numpy() - twin(x).detach().numpy()).max())
     return abs(loss.item() - twin_loss.item()), grad_diffs, logits_diff
 
 
@@ -122,13 +125,13 @@ def test_logits_shape_dtype_and_loss_is_mean_nats():
     model = perturbed_model(cfg)
     x, y = ids(cfg, (2, 5), 3), ids(cfg, (2, 5), 4)
     logits = model(x)
-    assert logits.shape == (2, 5, cfg.vocab_size) and logits.dtype == np.float32
-    z = logits.data.astype(np.float64)
+    assert logits.shape == (2, 5, cfg.vocab_size) and logits.numpy().dtype == np.float32
+    z = logits.numpy().astype(np.float64)
     logp = z - z.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     expected = -np.take_along_axis(logp, y[..., None], -1).mean()
     loss = model.loss(x, y)
-    assert loss.shape == () and loss.dtype == np.float32
+    assert loss.shape == () and loss.numpy().dtype == np.float32
     np.testing.assert_allclose(loss.item(), expected, rtol=1e-5)
 
 
@@ -138,8 +141,8 @@ def test_one_dimensional_idx_is_a_batch_of_one():
     x = ids(cfg, (7,), 5)
     logits = model(x)
     assert logits.shape == (1, 7, cfg.vocab_size)
-    np.testing.assert_array_equal(logits.data, model(x[None]).data)
-    np.testing.assert_array_equal(model.loss(x, x).data, model.loss(x[None], x[None]).data)
+    np.testing.assert_array_equal(logits.numpy(), model(x[None]).numpy())
+    np.testing.assert_array_equal(model.loss(x, x).numpy(), model.loss(x[None], x[None]).numpy())
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -153,20 +156,20 @@ def test_no_dropout_no_mode_same_input_same_logits(family):
     cfg = small_config(family=family)
     model = perturbed_model(cfg)
     x = ids(cfg, (3, 6), 6)
-    first = model(x).data
-    np.testing.assert_array_equal(first, model(x).data)
+    first = model(x).numpy()
+    np.testing.assert_array_equal(first, model(x).numpy())
     with no_grad():
-        np.testing.assert_array_equal(first, model(x).data)
+        np.testing.assert_array_equal(first, model(x).numpy())
     model.loss(x[:, :-1], x[:, 1:]).backward()
-    np.testing.assert_array_equal(first, model(x).data)
+    np.testing.assert_array_equal(first, model(x).numpy())
     scale = np.abs(first).max()
     for row in range(3):
-        alone = model(x[row:row + 1]).data[0]
+        alone = model(x[row:row + 1]).numpy()[0]
         np.testing.assert_allclose(alone, first[row], rtol=0, atol=1e-5 * scale)
         other = x.copy()
         other[[r for r in range(3) if r != row]] = (other[[r for r in range(3) if r != row]]
                                                      + 1) % cfg.vocab_size
-        np.testing.assert_allclose(model(other).data[row], first[row], rtol=0,
+        np.testing.assert_allclose(model(other).numpy()[row], first[row], rtol=0,
                                    atol=1e-5 * scale)
     assert not hasattr(model, "eval") and not hasattr(model, "train")
 
@@ -215,13 +218,13 @@ def test_kv_cache_logits_equal_full_forward(overrides):
     cfg = small_config(**overrides)
     model = perturbed_model(cfg)
     seq = ids(cfg, (2, cfg.max_len), 7)
-    full = model(seq).data
+    full = model(seq).numpy()
     cache = KVCache(cfg, batch_size=2)
     assert cache.k.shape == (cfg.n_layers, 2, cfg.max_len, cfg.n_kv_heads, cfg.head_dim)
-    pieces = [model(seq[:, :5], cache=cache).data]  # a prompt, then one token at a time
+    pieces = [model(seq[:, :5], cache=cache).numpy()]  # a prompt, then one token at a time
     assert cache.length == 5
     for t in range(5, cfg.max_len):
-        pieces.append(model(seq[:, t:t + 1], cache=cache).data)
+        pieces.append(model(seq[:, t:t + 1], cache=cache).numpy())
         assert cache.length == t + 1
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="max_len"):
@@ -340,9 +343,9 @@ def test_state_dict_returns_copies():
     model = GlassLM(small_config())
     state = model.state_dict()
     weight = model.token_embedding.weight
-    before = weight.data.copy()
+    before = weight.numpy().copy()
     state["token_embedding.weight"][:] = 7.0
-    np.testing.assert_array_equal(weight.data, before)
+    np.testing.assert_array_equal(weight.numpy(), before)
     weight.data += 1.0
     np.testing.assert_array_equal(state["token_embedding.weight"], 7.0)
 
@@ -353,12 +356,12 @@ def test_load_state_dict_round_trip_copies():
     state = a.state_dict()
     b.load_state_dict(state)
     for name, p in b.named_parameters():
-        np.testing.assert_array_equal(p.data, state[name])
-        assert p.dtype == np.float32
+        np.testing.assert_array_equal(p.numpy(), state[name])
+        assert devices.host_dtype(p.data) == np.float32
     state["final_norm.weight"][:] = 5.0
-    assert not np.any(b.final_norm.weight.data == 5.0)
+    assert not np.any(b.final_norm.weight.numpy() == 5.0)
     x = ids(cfg, (1, 6), 0)
-    np.testing.assert_array_equal(a(x).data, b(x).data)
+    np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())
 
 
 def test_load_state_dict_is_strict_and_names_the_tensor():
@@ -377,7 +380,7 @@ def test_load_state_dict_is_strict_and_names_the_tensor():
     with pytest.raises(ValueError, match="blocks.0.attention.key.weight"):
         model.load_state_dict(bad)
     for name, p in model.named_parameters():  # a failed load changes nothing
-        np.testing.assert_array_equal(p.data, before[name])
+        np.testing.assert_array_equal(p.numpy(), before[name])
 
 
 # --------------------------------------------------------------------------- Config types

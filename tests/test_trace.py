@@ -79,7 +79,7 @@ def test_full_trace_has_every_name_and_the_models_logits(name):
     logits, cache = run_with_cache(model, x)
     assert list(cache) == names_for(model.cfg)
     assert len(cache) == model.cfg.n_layers * (15 + (name != "gpt2")) + 3 + (name == "gpt2")
-    np.testing.assert_array_equal(logits, model(x).data)  # bit-identical: same fused ops
+    np.testing.assert_array_equal(logits, model(x).numpy())  # bit-identical: same fused ops
     np.testing.assert_array_equal(cache["logits"], logits)
     assert taps.hook_for(model) is None
     for n in cache:
@@ -115,7 +115,7 @@ def test_values_recomputed_by_hand(name):
     x, _ = batch(cfg)
     T = x.shape[1]
     _, c = run_with_cache(model, x)
-    w = {n: p.data.astype(np.float64) for n, p in model.named_parameters()}
+    w = {n: p.numpy().astype(np.float64) for n, p in model.named_parameters()}
 
     def close(name, want, tol=2e-5):
         np.testing.assert_allclose(c[name], want, rtol=tol, atol=tol, err_msg=name)
@@ -361,7 +361,7 @@ def test_traced_loss_keeps_the_logits_and_traces_do_not_nest():
         loss = model.loss(x, y)
         with pytest.raises(RuntimeError, match="already active"):
             Trace(model).__enter__()
-    np.testing.assert_array_equal(tr.cache["logits"], model(x).data)
+    np.testing.assert_array_equal(tr.cache["logits"], model(x).numpy())
     assert loss.item() == pytest.approx(model.loss(x, y).item(), abs=1e-6)
 
 
@@ -387,9 +387,9 @@ def test_untraced_forward_has_no_trace():
     model = model_for("gpt2")
     assert taps.hook_for(model) is None
     x, _ = batch(model.cfg)
-    a = model(x).data
+    a = model(x).numpy()
     run_with_cache(model, x)
-    np.testing.assert_array_equal(model(x).data, a)
+    np.testing.assert_array_equal(model(x).numpy(), a)
     assert isinstance(model(x), Tensor)
 
 
@@ -417,11 +417,11 @@ ZERO_MLP = Edit("blocks.*.mlp.output", ..., 0.0)
 def test_a_trace_neither_records_nor_edits_another_model():
     a, b = model_for("llama", seed=0), model_for("llama", seed=1)
     x, _ = batch(a.cfg)
-    clean_a, clean_b = a(x).data, b(x).data
+    clean_a, clean_b = a(x).numpy(), b(x).numpy()
     with Trace(a, names=["logits"], edits=[ZERO_MLP]) as tr:
-        inside_b = b(x).data
+        inside_b = b(x).numpy()
         assert len(tr.cache) == 0  # b's forward left no value in a's trace
-        edited_a = a(x).data
+        edited_a = a(x).numpy()
     np.testing.assert_array_equal(inside_b, clean_b)  # nor was it edited
     assert list(tr.cache) == ["logits"]
     np.testing.assert_array_equal(tr.cache["logits"], edited_a)
@@ -432,12 +432,12 @@ def test_a_trace_neither_records_nor_edits_its_model_in_another_thread():
     import threading
     a = model_for("llama")
     x, _ = batch(a.cfg)
-    clean = a(x).data
+    clean = a(x).numpy()
     seen = {}
 
     def other_thread():
         try:
-            seen["logits"] = a(x).data
+            seen["logits"] = a(x).numpy()
         except BaseException as e:  # handed to the test below
             seen["error"] = e
 
@@ -446,7 +446,7 @@ def test_a_trace_neither_records_nor_edits_its_model_in_another_thread():
         worker.start()
         worker.join()
         assert len(tr.cache) == 0
-        edited = a(x).data  # this thread's forward is traced
+        edited = a(x).numpy()  # this thread's forward is traced
     assert "error" not in seen, seen.get("error")
     np.testing.assert_array_equal(seen["logits"], clean)
     assert np.abs(edited - clean).max() > 1e-3 and list(tr.cache) == ["logits"]
@@ -484,7 +484,7 @@ def test_generation_under_a_trace_edits_every_step():
     np.testing.assert_allclose(tr.cache["logits"], edited, rtol=1e-5, atol=1e-5)
     assert traced == np.argmax(edited[0, len(prompt) - 1:], axis=-1).tolist()
     # every decoding step was edited, not the prompt only
-    assert np.abs(edited - model(seq).data)[0, len(prompt):].max(axis=-1).min() > 1e-3
+    assert np.abs(edited - model(seq).numpy())[0, len(prompt):].max(axis=-1).min() > 1e-3
 
 
 def test_generation_under_a_trace_refuses_what_it_cannot_record():
@@ -517,7 +517,7 @@ def test_fresh_forwards_replace_the_record_and_a_trace_after_prefill_starts_ther
         model(x[:, :3])
         model(x[:, 3:7])  # from position 0 again: a new sequence (a micro-batch)
     np.testing.assert_array_equal(tr.cache.tokens, x[:, 3:7])
-    np.testing.assert_array_equal(tr.cache["logits"], model(x[:, 3:7]).data)
+    np.testing.assert_array_equal(tr.cache["logits"], model(x[:, 3:7]).numpy())
     kv = KVCache(model.cfg, batch_size=2)
     model(x[:, :5], cache=kv)
     with Trace(model, names=["logits", "blocks.0.attention.pattern"]) as tr:

@@ -60,7 +60,7 @@ import threading
 
 import numpy as np
 
-from . import kernels
+from . import devices, kernels
 
 
 # The precisions a training step can run in (`--precision`), each with its autocast dtype, and
@@ -132,7 +132,10 @@ def round_to(x: np.ndarray, low) -> np.ndarray:
     Values beyond the low dtype's range become +-inf (float16: anything that rounds above
     65504); NaN stays NaN; float16 subnormals round on its 2**-24 grid. Shape is unchanged.
     Bit-identical to `x.astype(low).astype(np.float32)` (tested on millions of bit patterns).
+    On another device than the CPU, `_round_on_device`.
     """
+    if not isinstance(x, np.ndarray):
+        return _round_on_device(x, low)
     if low == _FLOAT16:
         return _round_float16(x)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is the point here
@@ -166,6 +169,22 @@ def _round_float16(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _round_on_device(x, low):
+    """round_to for an array of another device: on CuPy by its own float16 cast, bfloat16
+    (which CuPy lacks) by rounding float32's bits to their top 16, to nearest even (NaN kept);
+    elsewhere (the array API has neither bfloat16 nor bit views) through the host, by
+    `round_to`, explicitly."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+        if low == _FLOAT16:
+            return x.astype(cupy.float16).astype(cupy.float32)
+        bits = x.view(cupy.uint32)
+        rounded = (bits + cupy.uint32(0x7FFF) + ((bits >> 16) & cupy.uint32(1))) \
+            & cupy.uint32(0xFFFF0000)
+        return cupy.where(cupy.isnan(x), x, rounded.view(cupy.float32))
+    return devices.to_device(round_to(devices.to_host(x), low), devices.device_of(x))
+
+
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """a @ b (np.matmul shapes and broadcasting), float32 in and out: `glassllm.kernels.matmul`,
     the library's one product, into which autocast is installed (`_autocast_product`).
@@ -196,6 +215,20 @@ def _round_product(x: np.ndarray) -> np.ndarray:
     """x rounded as a product's output is in this thread (x itself outside autocast)."""
     low = _state.dtype
     return x if low is None else round_to(x, low)
+
+
+def _as_dtype_of(value: np.float32, array):
+    """value in array's dtype: a NumPy scalar on the CPU, a Python float elsewhere (the
+    standard rounds it to the array's dtype, as NumPy's NEP 50 does)."""
+    return value.astype(array.dtype) if isinstance(array, np.ndarray) else float(value)
+
+
+def _sum64(array) -> float:
+    """The sum of an array's elements accumulated in float64, as a Python float."""
+    if isinstance(array, np.ndarray):
+        return float(array.sum(dtype=np.float64))
+    xp = devices.namespace(array)
+    return float(xp.sum(xp.astype(array, xp.float64)))
 
 
 @contextlib.contextmanager
@@ -329,10 +362,10 @@ class GradScaler:
             if p.grad is None:
                 continue
             with np.errstate(invalid="ignore", over="ignore"):
-                p.grad *= inv_scale.astype(p.grad.dtype)
+                p.grad *= _as_dtype_of(inv_scale, p.grad)
                 # a sum is inf/NaN iff an element is inf/NaN (finite float32 sums stay finite
                 # in float64), and is faster than np.isfinite(...).all()
-                if not found_inf and not math.isfinite(float(p.grad.sum(dtype=np.float64))):
+                if not found_inf and not math.isfinite(_sum64(p.grad)):
                     found_inf = True
         state["found_inf"] = found_inf
         state["stage"] = _UNSCALED

@@ -18,6 +18,11 @@ Shapes in the comments: B batch, T time, C channels (d_model), H query heads, K 
 heads, D head_dim, V vocabulary, N rows (B*T, or any leading axes flattened). Every matrix
 product goes through `kernels.matmul` (BLAS, and autocast's rounding inside
 `glassllm.amp.autocast`).
+
+Every form takes its array functions from its input's namespace, `xp = namespace(x)` (the
+Python array API standard: `numpy` itself on the CPU, CuPy on CUDA, `array_api_strict` in the
+tests; `glassllm.devices`), so one formula runs on every device. The engine's forms are NumPy
+code: on another device an op runs its reference (`kernels.pick(..., on=x)`).
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ import math
 
 import numpy as np
 
-from . import kernels
+from . import devices, kernels
+from .devices import namespace
 from .tensor import Tensor
 
 
@@ -36,37 +42,66 @@ def _node(y, parents, backward, saved, *extra) -> Tensor:
         lambda dy: backward(dy, saved, *extra)), fresh_grads=True)
 
 
+def _forms(forward, backward, x):
+    """The forward and backward forms an op on array x runs now (`kernels.pick`): the
+    engine's pair on the CPU in engine mode, else the reference pair."""
+    return kernels.pick(forward, on=x), kernels.pick(backward, on=x)
+
+
 def _sum_rows(a):
     """Sum over every axis but the last: [..., C] -> [C] (a gradient of a per-channel vector)."""
-    return a.reshape(-1, a.shape[-1]).sum(axis=0)
+    xp = namespace(a)
+    return xp.sum(xp.reshape(a, (-1, a.shape[-1])), axis=0)
+
+
+def _like(array, like):
+    """`array` (host ids, a table) on the device of the array `like`: NumPy's asarray on the
+    CPU, else an explicit move (`glassllm.devices.to_device`)."""
+    if isinstance(like, np.ndarray):
+        return np.asarray(array)
+    return devices.to_device(array, devices.device_of(like))
+
+
+def _device(array):
+    """The array's `device` attribute for `xp.arange(..., device=)`; None for NumPy's."""
+    return None if isinstance(array, np.ndarray) else array.device
+
+
+def _contiguous(x):
+    """x in C order on NumPy (so later reshapes are views); other namespaces keep their own
+    layouts (the standard has no order, and its reshape copies where it must)."""
+    return np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x
 
 
 # --------------------------------------------------------------------------- linear
 def linear_forward(x, weight, bias=None):
     """y = x @ W + b. x [..., C_in], W [C_in, C_out] (input-major, as GPT-2's Conv1D), b [C_out]
     or None -> y [..., C_out]. The leading axes are flattened into rows: one product."""
-    x2 = x.reshape(-1, x.shape[-1])              # [N, C_in]
+    xp = namespace(x)
+    x2 = xp.reshape(x, (-1, x.shape[-1]))        # [N, C_in]
     y = kernels.matmul(x2, weight)               # [N, C_out]
     if bias is not None:
         y += bias
-    return y.reshape(*x.shape[:-1], weight.shape[1]), (x2, weight, x.shape, bias is not None)
+    return (xp.reshape(y, (*x.shape[:-1], weight.shape[1])),
+            (x2, weight, x.shape, bias is not None))
 
 
 def linear_backward(dy, saved, needs=(True, True, True)):
     """dx = dy @ W^T, dW = x^T @ dy, db = dy summed over rows; None where `needs` (one flag per
     input) says the gradient is not wanted."""
     x2, weight, x_shape, has_bias = saved
-    dy2 = dy.reshape(-1, dy.shape[-1])           # [N, C_out]
-    dx = kernels.matmul(dy2, weight.T).reshape(x_shape) if needs[0] else None
+    xp = namespace(dy)
+    dy2 = xp.reshape(dy, (-1, dy.shape[-1]))     # [N, C_out]
+    dx = xp.reshape(kernels.matmul(dy2, weight.T), x_shape) if needs[0] else None
     dw = kernels.matmul(x2.T, dy2) if needs[1] else None
-    db = dy2.sum(axis=0) if has_bias and needs[2] else None
+    db = xp.sum(dy2, axis=0) if has_bias and needs[2] else None
     return dx, dw, db
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """y = x @ weight + bias: x (..., C_in), weight (C_in, C_out), bias (C_out,) or None ->
     y (..., C_out). See `linear_forward`."""
-    forward, backward = kernels.pick(linear_forward), kernels.pick(linear_backward)
+    forward, backward = _forms(linear_forward, linear_backward, x.data)
     y, saved = forward(x.data, weight.data, None if bias is None else bias.data)
     needs = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
     parents = (x, weight) if bias is None else (x, weight, bias)
@@ -75,23 +110,25 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def unembed_forward(x, weight):
     """Logits against a tied embedding: y = x @ E^T. x [..., C], E [V, C] -> y [..., V]."""
-    x2 = x.reshape(-1, x.shape[-1])              # [N, C]
+    xp = namespace(x)
+    x2 = xp.reshape(x, (-1, x.shape[-1]))        # [N, C]
     y = kernels.matmul(x2, weight.T)             # [N, V]
-    return y.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
+    return xp.reshape(y, (*x.shape[:-1], weight.shape[0])), (x2, weight, x.shape)
 
 
 def unembed_backward(dy, saved, needs=(True, True)):
     """dx = dy @ E, dE = dy^T @ x; None where `needs` says the gradient is not wanted."""
     x2, weight, x_shape = saved
-    dy2 = dy.reshape(-1, weight.shape[0])        # [N, V]
-    dx = kernels.matmul(dy2, weight).reshape(x_shape) if needs[0] else None
+    xp = namespace(dy)
+    dy2 = xp.reshape(dy, (-1, weight.shape[0]))  # [N, V]
+    dx = xp.reshape(kernels.matmul(dy2, weight), x_shape) if needs[0] else None
     dw = kernels.matmul(dy2.T, x2) if needs[1] else None
     return dx, dw
 
 
 def unembed(x: Tensor, weight: Tensor) -> Tensor:
     """Logits against the tied embedding: x (..., C), weight (V, C) -> (..., V)."""
-    forward, backward = kernels.pick(unembed_forward), kernels.pick(unembed_backward)
+    forward, backward = _forms(unembed_forward, unembed_backward, x.data)
     y, saved = forward(x.data, weight.data)
     return _node(y, (x, weight), backward, saved, (x.requires_grad, weight.requires_grad))
 
@@ -99,22 +136,26 @@ def unembed(x: Tensor, weight: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- embedding
 def embedding_forward(ids, weight):
     """Rows of the table picked by id: ids [...] ints, W [V, C] -> y [..., C]."""
-    return weight[ids], (ids, weight)
+    xp = namespace(weight)
+    rows = xp.take(weight, xp.reshape(ids, (-1,)), axis=0)              # [N, C]
+    return xp.reshape(rows, (*ids.shape, weight.shape[1])), (ids, weight)
 
 
 def embedding_backward(dy, saved):
     """dW[v] = the sum of dy over the positions whose id is v (a repeated id adds up)."""
     ids, weight = saved
-    dw = np.zeros_like(weight)                   # [V, C]
-    np.add.at(dw, ids.reshape(-1), dy.reshape(-1, weight.shape[1]))
+    xp = namespace(weight)
+    dw = xp.zeros_like(weight)                   # [V, C]
+    devices.scatter_add(dw, xp.reshape(ids, (-1,)), xp.reshape(dy, (-1, weight.shape[1])))
     return (dw,)
 
 
 def embedding(ids: np.ndarray, weight: Tensor) -> Tensor:
     """Rows of `weight` picked by integer `ids`: (...,) ints, weight (V, C) -> (..., C).
-    Ids are not range-checked here: the model does that."""
-    forward, backward = kernels.pick(embedding_forward), kernels.pick(embedding_backward)
-    y, saved = forward(np.asarray(ids), weight.data)
+    Ids are not range-checked here: the model does that. Ids on the host are moved to
+    weight's device."""
+    forward, backward = _forms(embedding_forward, embedding_backward, weight.data)
+    y, saved = forward(_like(ids, weight.data), weight.data)
     return _node(y, (weight,), backward, saved)
 
 
@@ -122,7 +163,8 @@ def embedding(ids: np.ndarray, weight: Tensor) -> Tensor:
 def rms_norm_forward(x, weight, eps):
     """RMSNorm (Zhang & Sennrich 2019; Llama): y = x / sqrt(mean(x^2) + eps) * w.
     x [..., C], w [C] -> y [..., C]; the statistics in x's dtype."""
-    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)   # [..., 1]
+    xp = namespace(x)
+    rstd = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)   # [..., 1]
     xhat = x * rstd                                                       # [..., C]
     return xhat * weight, (xhat, rstd, weight)
 
@@ -130,8 +172,9 @@ def rms_norm_forward(x, weight, eps):
 def rms_norm_backward(dy, saved):
     """With g = dy * w: dx = rstd * (g - xhat * mean(g * xhat)); dw = sum of dy * xhat."""
     xhat, rstd, weight = saved
+    xp = namespace(dy)
     g = dy * weight                                                       # d loss / d xhat
-    dx = rstd * (g - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
+    dx = rstd * (g - xhat * xp.mean(g * xhat, axis=-1, keepdims=True))
     return dx, _sum_rows(dy * xhat)
 
 
@@ -142,8 +185,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, offset: bool = False)
     `GemmaRMSNorm`; w is stored as they store it, 0 for a unit gain). The scale 1 + w is
     rounded to w's dtype, as theirs; d(1 + w)/dw = 1, so the pair's gradients are w's as they
     stand."""
-    forward, backward = kernels.pick(rms_norm_forward), kernels.pick(rms_norm_backward)
-    scale = weight.data + weight.data.dtype.type(1) if offset else weight.data   # [C]
+    forward, backward = _forms(rms_norm_forward, rms_norm_backward, x.data)
+    scale = weight.data + 1.0 if offset else weight.data   # [C], in w's dtype
     y, saved = forward(x.data, scale, eps)
     return _node(y, (x, weight), backward, saved)
 
@@ -151,8 +194,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-5, offset: bool = False)
 def layer_norm_forward(x, weight, bias, eps):
     """LayerNorm (Ba et al. 2016; GPT-2 uses eps 1e-5): y = (x - mean) / sqrt(var + eps) * w + b.
     x [..., C], w and b [C] -> y [..., C]."""
-    xc = x - np.mean(x, axis=-1, keepdims=True)                          # [..., C]
-    rstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)  # [..., 1]
+    xp = namespace(x)
+    xc = x - xp.mean(x, axis=-1, keepdims=True)                          # [..., C]
+    rstd = 1.0 / xp.sqrt(xp.mean(xc * xc, axis=-1, keepdims=True) + eps)  # [..., 1]
     xhat = xc * rstd
     return xhat * weight + bias, (xhat, rstd, weight)
 
@@ -161,18 +205,20 @@ def layer_norm_backward(dy, saved):
     """With g = dy * w: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dw = sum of
     dy * xhat; db = sum of dy."""
     xhat, rstd, weight = saved
+    xp = namespace(dy)
     g = dy * weight
-    dx = rstd * (g - np.mean(g, axis=-1, keepdims=True)
-                 - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
+    dx = rstd * (g - xp.mean(g, axis=-1, keepdims=True)
+                 - xhat * xp.mean(g * xhat, axis=-1, keepdims=True))
     return dx, _sum_rows(dy * xhat), _sum_rows(dy)
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5) -> Tensor:
     """LayerNorm: x (..., C), weight (C,), bias (C,) or None -> (..., C). See
     `layer_norm_forward`; without a bias it is the same formula with b = 0 (and no db)."""
-    forward, backward = kernels.pick(layer_norm_forward), kernels.pick(layer_norm_backward)
+    forward, backward = _forms(layer_norm_forward, layer_norm_backward, x.data)
     if bias is None:
-        y, saved = forward(x.data, weight.data, np.zeros_like(weight.data), eps)
+        y, saved = forward(x.data, weight.data, namespace(weight.data).zeros_like(weight.data),
+                           eps)
         return _node(y, (x, weight), lambda dy, saved: backward(dy, saved)[:2], saved)
     y, saved = forward(x.data, weight.data, bias.data, eps)
     return _node(y, (x, weight, bias), backward, saved)
@@ -183,7 +229,7 @@ def sigmoid(x):
     """1 / (1 + exp(-x)), any shape. exp(-x) overflows to inf for x < -88 (float32), where
     1 / (1 + inf) = 0 is the right value, hence the silenced warning."""
     with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
+        return 1.0 / (1.0 + namespace(x).exp(-x))
 
 
 def silu_forward(x):
@@ -200,7 +246,7 @@ def silu_backward(dy, saved):
 
 def silu(x: Tensor) -> Tensor:
     """SiLU: x * sigmoid(x). Any shape."""
-    forward, backward = kernels.pick(silu_forward), kernels.pick(silu_backward)
+    forward, backward = _forms(silu_forward, silu_backward, x.data)
     y, saved = forward(x.data)
     return _node(y, (x,), backward, saved)
 
@@ -219,7 +265,7 @@ def swiglu_backward(dy, saved):
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up: gate, up (..., F) -> (..., F)."""
-    forward, backward = kernels.pick(swiglu_forward), kernels.pick(swiglu_backward)
+    forward, backward = _forms(swiglu_forward, swiglu_backward, gate.data)
     y, saved = forward(gate.data, up.data)
     return _node(y, (gate, up), backward, saved)
 
@@ -230,7 +276,7 @@ GELU_C = math.sqrt(2.0 / math.pi)
 def gelu_forward(x):
     """GELU, tanh approximation (Hendrycks & Gimpel 2016), GPT-2's `gelu_new`, any shape:
     y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)."""
-    t = np.tanh(GELU_C * (x + 0.044715 * x ** 3))
+    t = namespace(x).tanh(GELU_C * (x + 0.044715 * x ** 3))
     return 0.5 * x * (1.0 + t), (x, t)
 
 
@@ -243,7 +289,7 @@ def gelu_backward(dy, saved):
 
 def gelu(x: Tensor) -> Tensor:
     """GELU (tanh form, as GPT-2). Any shape."""
-    forward, backward = kernels.pick(gelu_forward), kernels.pick(gelu_backward)
+    forward, backward = _forms(gelu_forward, gelu_backward, x.data)
     y, saved = forward(x.data)
     return _node(y, (x,), backward, saved)
 
@@ -264,35 +310,33 @@ def geglu_backward(dy, saved):
 
 def geglu(gate: Tensor, up: Tensor) -> Tensor:
     """gelu_tanh(gate) * up: gate, up (..., F) -> (..., F). See `geglu_forward`."""
-    forward, backward = kernels.pick(geglu_forward), kernels.pick(geglu_backward)
+    forward, backward = _forms(geglu_forward, geglu_backward, gate.data)
     y, saved = forward(gate.data, up.data)
     return _node(y, (gate, up), backward, saved)
 
 
-# erf, elementwise, in float64 through the standard library's (NumPy has none): exact to
-# float64 rounding, about 50 ns an element.
-_erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def gelu_exact_forward(x):
     """GELU as defined (Hendrycks & Gimpel 2016), PyTorch's `gelu` / Hugging Face's "gelu"
     (GPT-NeoX): y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2, any shape. Phi is computed
     in float64 and rounded to x's dtype."""
-    phi = (0.5 * (1.0 + _erf(x.astype(np.float64) / math.sqrt(2.0)).astype(np.float64))
-           ).astype(x.dtype)
+    xp = namespace(x)
+    phi = xp.astype(0.5 * (1.0 + devices.erf(xp.astype(x, xp.float64) / math.sqrt(2.0))),
+                    x.dtype)
     return x * phi, (x, phi)
 
 
 def gelu_exact_backward(dy, saved):
     """dy/dx = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) the normal density."""
     x, phi = saved
-    density = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi).astype(x.dtype)
+    density = namespace(x).exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)   # in x's dtype
     return ((phi + x * density) * dy,)
 
 
 def gelu_exact(x: Tensor) -> Tensor:
     """GELU, exact (erf) form. Any shape. See `gelu_exact_forward`."""
-    forward, backward = kernels.pick(gelu_exact_forward), kernels.pick(gelu_exact_backward)
+    forward, backward = _forms(gelu_exact_forward, gelu_exact_backward, x.data)
     y, saved = forward(x.data)
     return _node(y, (x,), backward, saved)
 
@@ -300,8 +344,8 @@ def gelu_exact(x: Tensor) -> Tensor:
 def softcap_forward(x, cap):
     """Soft-capping (Gemma 2; Bello et al. 2016): y = c tanh(x / c), any shape: about x for
     |x| << c, never past +-c (so -inf becomes -c: attention caps its scores before masking)."""
-    t = np.tanh(x / x.dtype.type(cap))
-    return t * x.dtype.type(cap), t
+    t = namespace(x).tanh(x / float(cap))   # a Python float: rounded to x's dtype
+    return t * float(cap), t
 
 
 def softcap_backward(dy, t):
@@ -311,7 +355,7 @@ def softcap_backward(dy, t):
 
 def softcap(x: Tensor, cap: float) -> Tensor:
     """c tanh(x / c): any shape, same shape. See `softcap_forward`."""
-    forward, backward = kernels.pick(softcap_forward), kernels.pick(softcap_backward)
+    forward, backward = _forms(softcap_forward, softcap_backward, x.data)
     y, saved = forward(x.data, cap)
     return _node(y, (x,), backward, saved)
 
@@ -334,7 +378,7 @@ def rotate_half(x):
     """(a, b) -> (-b, a) over the two halves of the last axis: each pair (a_i, b_i) turned by
     90 degrees. Its transpose is the turn back, -rotate_half."""
     half = x.shape[-1] // 2
-    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return namespace(x).concat([-x[..., half:], x[..., :half]], axis=-1)
 
 
 def rope_forward(x, cos, sin):
@@ -346,7 +390,7 @@ def rope_forward(x, cos, sin):
     R = c.shape[-1]
     if R == x.shape[-1]:
         return x * c + rotate_half(x) * s, (c, s)
-    y = x.copy()
+    y = namespace(x).asarray(x, copy=True)
     y[..., :R] = x[..., :R] * c + rotate_half(x[..., :R]) * s
     return y, (c, s)
 
@@ -358,7 +402,7 @@ def rope_backward(dy, saved):
     R = c.shape[-1]
     if R == dy.shape[-1]:
         return (dy * c - rotate_half(dy * s),)
-    dx = dy.copy()
+    dx = namespace(dy).asarray(dy, copy=True)
     dx[..., :R] = dy[..., :R] * c - rotate_half(dy[..., :R] * s)
     return (dx,)
 
@@ -367,7 +411,7 @@ def rope(x: Tensor, cos: np.ndarray, sin: np.ndarray) -> Tensor:
     """Rotary position embedding: x (B, T, H, D), cos and sin (T, R), R <= D even ->
     (B, T, H, D). Partial rotary (R < D) runs the reference form (the engine's turns all D)."""
     if cos.shape[-1] == x.shape[-1]:
-        forward, backward = kernels.pick(rope_forward), kernels.pick(rope_backward)
+        forward, backward = _forms(rope_forward, rope_backward, x.data)
     else:
         forward, backward = rope_forward, rope_backward
     y, saved = forward(x.data, cos, sin)
@@ -379,14 +423,16 @@ def softmax_rows(x):
     """The softmax of the library, over the last axis: exp(x - max) / sum(exp(x - max)).
     Any shape, same shape out. Subtracting the row's max changes nothing mathematically and
     keeps exp from overflowing; -inf entries get probability 0."""
-    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
-    return e / np.sum(e, axis=-1, keepdims=True)
+    xp = namespace(x)
+    e = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
+    return e / xp.sum(e, axis=-1, keepdims=True)
 
 
 def log_softmax_rows(x):
     """log(softmax_rows(x)) without its rounding to 0: (x - max) - log(sum(exp(x - max)))."""
-    shifted = x - np.max(x, axis=-1, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+    xp = namespace(x)
+    shifted = x - xp.max(x, axis=-1, keepdims=True)
+    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=-1, keepdims=True))
 
 
 def softmax_forward(x):
@@ -397,12 +443,12 @@ def softmax_forward(x):
 
 def softmax_backward(dp, p):
     """dx = p (dp - sum(dp p)) over the row: the softmax's Jacobian diag(p) - p p^T, applied."""
-    return (p * (dp - np.sum(dp * p, axis=-1, keepdims=True)),)
+    return (p * (dp - namespace(p).sum(dp * p, axis=-1, keepdims=True)),)
 
 
 def softmax(x: Tensor) -> Tensor:
     """Softmax over the last axis as an autograd op: (..., N) -> (..., N)."""
-    forward, backward = kernels.pick(softmax_forward), kernels.pick(softmax_backward)
+    forward, backward = _forms(softmax_forward, softmax_backward, x.data)
     p, saved = forward(x.data)
     return _node(p, (x,), backward, saved)
 
@@ -421,20 +467,25 @@ def softmax(x: Tensor) -> Tensor:
 def repeat_kv(x, n_heads: int):
     """Each key/value head repeated for the H/K query heads that read it: [B, T, K, D] ->
     [B, T, H, D], head h = x's head h // (H/K)."""
-    return np.repeat(x, n_heads // x.shape[2], axis=2)
+    return namespace(x).repeat(x, n_heads // x.shape[2], axis=2)
 
 
 def sum_kv_groups(dx, n_kv_heads: int):
     """The transpose of `repeat_kv`: [B, T, H, D] -> [B, T, K, D], summing each group of H/K."""
     B, T, H, D = dx.shape
-    return dx.reshape(B, T, n_kv_heads, H // n_kv_heads, D).sum(axis=3)
+    xp = namespace(dx)
+    return xp.sum(xp.reshape(dx, (B, T, n_kv_heads, H // n_kv_heads, D)), axis=3)
 
 
-def causal_mask(Tq: int, Tk: int, q_start: int = 0, window: int | None = None) -> np.ndarray:
+def causal_mask(Tq: int, Tk: int, q_start: int = 0, window: int | None = None,
+                like=None) -> np.ndarray:
     """[Tq, Tk] bool: True where key j is hidden from query i: in its future (j > q_start + i),
-    or, with a window W, W or more positions back (j <= q_start + i - W)."""
-    query = (q_start + np.arange(Tq))[:, None]
-    key = np.arange(Tk)[None, :]
+    or, with a window W, W or more positions back (j <= q_start + i - W). On the device of
+    the array `like` (None: a NumPy array)."""
+    xp = np if like is None else namespace(like)
+    device = None if xp is np else like.device
+    query = (q_start + xp.arange(Tq, device=device))[:, None]
+    key = xp.arange(Tk, device=device)[None, :]
     hidden = key > query
     if window is not None:
         hidden |= key <= query - window
@@ -446,18 +497,19 @@ def attention_scores_forward(q, k, q_start: int = 0, scale=None, softcap=None, w
     (`causal_mask`). q [B, Tq, H, D], k [B, Tk, K, D] with H a multiple of K and
     Tk = q_start + Tq -> scores [B, H, Tq, Tk]."""
     D, H = q.shape[3], q.shape[2]
-    qh = q.transpose(0, 2, 1, 3)                                 # [B, H, Tq, D]
-    kh = repeat_kv(k, H).transpose(0, 2, 1, 3)                   # [B, H, Tk, D]
-    scores = kernels.matmul(qh, kh.swapaxes(-1, -2))             # [B, H, Tq, Tk]
+    xp = namespace(q)
+    qh = xp.permute_dims(q, (0, 2, 1, 3))                        # [B, H, Tq, D]
+    kh = xp.permute_dims(repeat_kv(k, H), (0, 2, 1, 3))          # [B, H, Tk, D]
+    scores = kernels.matmul(qh, xp.matrix_transpose(kh))         # [B, H, Tq, Tk]
     if scale is None:
         scores /= math.sqrt(D)
     else:
-        scores *= scores.dtype.type(scale)
+        scores *= float(scale)   # a Python float: rounded to the scores' dtype
     capped = None
     if softcap is not None:
         scores, capped = softcap_forward(scores, softcap)        # capped: tanh(scores / c)
-    hidden = causal_mask(q.shape[1], k.shape[1], q_start, window)
-    scores[..., hidden] = -np.inf
+    hidden = causal_mask(q.shape[1], k.shape[1], q_start, window, like=q)
+    scores = xp.where(hidden, -xp.inf, scores)
     return scores, (qh, kh, hidden, k.shape[2], scale, capped)
 
 
@@ -465,13 +517,15 @@ def attention_scores_backward(dscores, saved):
     """The masked scores are constants; elsewhere, through the cap (1 - tanh^2) and the
     scale s: dq = ds k s, dk = ds^T q s, dk summed over the query heads of its group."""
     qh, kh, hidden, K, scale, capped = saved
-    ds = np.where(hidden, 0.0, dscores)                             # [B, H, Tq, Tk]
+    xp = namespace(dscores)
+    ds = xp.where(hidden, 0.0, dscores)                             # [B, H, Tq, Tk]
     if capped is not None:
         (ds,) = softcap_backward(ds, capped)
-    ds = ds / math.sqrt(qh.shape[3]) if scale is None else ds * ds.dtype.type(scale)
+    ds = ds / math.sqrt(qh.shape[3]) if scale is None else ds * float(scale)
     dq = kernels.matmul(ds, kh)                                    # [B, H, Tq, D]
-    dkh = kernels.matmul(ds.swapaxes(-1, -2), qh)                  # [B, H, Tk, D]
-    return dq.transpose(0, 2, 1, 3), sum_kv_groups(dkh.transpose(0, 2, 1, 3), K)
+    dkh = kernels.matmul(xp.matrix_transpose(ds), qh)              # [B, H, Tk, D]
+    return (xp.permute_dims(dq, (0, 2, 1, 3)),
+            sum_kv_groups(xp.permute_dims(dkh, (0, 2, 1, 3)), K))
 
 
 def attention_scores(q: Tensor, k: Tensor, q_start: int = 0, scale=None, softcap=None,
@@ -484,18 +538,20 @@ def attention_scores(q: Tensor, k: Tensor, q_start: int = 0, scale=None, softcap
 
 def attention_mix_forward(pattern, v):
     """y = pattern @ v per head: pattern [B, H, Tq, Tk], v [B, Tk, K, D] -> y [B, Tq, H, D]."""
-    vh = repeat_kv(v, pattern.shape[1]).transpose(0, 2, 1, 3)    # [B, H, Tk, D]
+    xp = namespace(v)
+    vh = xp.permute_dims(repeat_kv(v, pattern.shape[1]), (0, 2, 1, 3))  # [B, H, Tk, D]
     y = kernels.matmul(pattern, vh)                               # [B, H, Tq, D]
-    return np.ascontiguousarray(y.transpose(0, 2, 1, 3)), (pattern, vh, v.shape[2])
+    return _contiguous(xp.permute_dims(y, (0, 2, 1, 3))), (pattern, vh, v.shape[2])
 
 
 def attention_mix_backward(dy, saved):
     """dpattern = dy v^T, dv = pattern^T dy (summed over the query heads of its group)."""
     pattern, vh, K = saved
-    dyh = dy.transpose(0, 2, 1, 3)                                # [B, H, Tq, D]
-    dpattern = kernels.matmul(dyh, vh.swapaxes(-1, -2))           # [B, H, Tq, Tk]
-    dvh = kernels.matmul(pattern.swapaxes(-1, -2), dyh)           # [B, H, Tk, D]
-    return dpattern, sum_kv_groups(dvh.transpose(0, 2, 1, 3), K)
+    xp = namespace(dy)
+    dyh = xp.permute_dims(dy, (0, 2, 1, 3))                       # [B, H, Tq, D]
+    dpattern = kernels.matmul(dyh, xp.matrix_transpose(vh))       # [B, H, Tq, Tk]
+    dvh = kernels.matmul(xp.matrix_transpose(pattern), dyh)       # [B, H, Tk, D]
+    return dpattern, sum_kv_groups(xp.permute_dims(dvh, (0, 2, 1, 3)), K)
 
 
 def attention_mix(pattern: Tensor, v: Tensor) -> Tensor:
@@ -533,8 +589,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int = 0, scale=No
     Tq x Tk square; it computes the plain case, and any option runs the reference form.
     """
     if scale is None and softcap is None and window is None:
-        forward = kernels.pick(causal_attention_forward)
-        backward = kernels.pick(causal_attention_backward)
+        forward, backward = _forms(causal_attention_forward, causal_attention_backward, q.data)
         y, saved = forward(q.data, k.data, v.data, q_start)
     else:
         forward, backward = causal_attention_forward, causal_attention_backward
@@ -547,17 +602,19 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     """loss = -mean over rows of log softmax(z)[target]. logits [N, V], targets [N] ints in
     [0, V) -> loss (a 0-d array of logits' dtype), saved. `overwrite_logits` lets a form keep
     its buffers in logits (the engine's memory trick); this one never writes there."""
+    xp = namespace(logits)
     logp = log_softmax_rows(logits)                                  # [N, V]
-    loss = -np.mean(logp[np.arange(len(targets)), targets])
-    return np.asarray(loss, dtype=logits.dtype), (logp, targets)
+    loss = -xp.mean(xp.take_along_axis(logp, targets[:, None], axis=1)[:, 0])
+    return xp.asarray(loss, dtype=logits.dtype), (logp, targets)
 
 
 def cross_entropy_backward(dloss, saved):
     """dz = (softmax(z) - onehot(target)) / N, times d loss."""
     logp, targets = saved
-    dz = np.exp(logp)                                                # softmax(z)
-    dz[np.arange(len(targets)), targets] -= 1.0
-    return (dz * (dloss / len(targets)),)
+    xp = namespace(logp)
+    onehot = targets[:, None] == xp.arange(logp.shape[1], device=_device(logp))    # [N, V]
+    dz = xp.exp(logp) - xp.astype(onehot, logp.dtype)                # softmax(z) - onehot
+    return (dz * (dloss / targets.shape[0]),)
 
 
 def cross_entropy(logits: Tensor, targets: np.ndarray, overwrite_logits: bool = False) -> Tensor:
@@ -574,7 +631,7 @@ def cross_entropy(logits: Tensor, targets: np.ndarray, overwrite_logits: bool = 
         ValueError: if the shapes disagree, targets are not integers or a target is outside
             [0, V).
     """
-    targets = np.asarray(targets)
+    targets = devices.to_host(targets)  # checked on the host, then moved to the logits'
     V = logits.shape[-1]
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"cross_entropy: logits {logits.shape} and targets {targets.shape} "
@@ -585,7 +642,9 @@ def cross_entropy(logits: Tensor, targets: np.ndarray, overwrite_logits: bool = 
     if flat_t.size and (flat_t.min() < 0 or flat_t.max() >= V):
         raise ValueError(f"cross_entropy: target ids must be in [0, {V}), "
                          f"got range [{flat_t.min()}, {flat_t.max()}]")
-    forward, backward = kernels.pick(cross_entropy_forward), kernels.pick(cross_entropy_backward)
-    loss, saved = forward(logits.data.reshape(-1, V), flat_t, overwrite_logits)
+    forward, backward = _forms(cross_entropy_forward, cross_entropy_backward, logits.data)
+    xp = namespace(logits.data)
+    loss, saved = forward(xp.reshape(logits.data, (-1, V)), _like(flat_t, logits.data),
+                          overwrite_logits)
     return Tensor.from_op(loss, (logits,), lambda dloss: (
-        backward(dloss, saved)[0].reshape(logits.shape),), fresh_grads=True)
+        xp.reshape(backward(dloss, saved)[0], logits.shape),), fresh_grads=True)

@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from . import functional as F
-from . import kernels, taps
+from . import devices, kernels, taps
 from .checks import check_int, check_real, is_int
 from .model import GlassLM, KVCache
 from .tensor import no_grad
@@ -162,7 +162,7 @@ def next_token_logits(model: GlassLM, cache: KVCache, token: int) -> np.ndarray:
     """
     with no_grad():
         logits = model(np.array([[token]], dtype=np.int64), cache=cache)
-    return logits.data[0, -1].copy()
+    return _host_row(logits.data[0, -1, :])
 
 
 class Generator:
@@ -216,7 +216,7 @@ class Generator:
             self.cfg.vocab_size)
         ids = _check_prompt(model, prompt_ids, start_id)
         self.tokens: list[int] = [int(t) for t in ids]
-        self._cache = KVCache(self.cfg, batch_size=1)
+        self._cache = KVCache(self.cfg, batch_size=1, device=model.device)
         self._fed = 0  # tokens[:_fed] are in the cache (meaningless once cropping starts)
         self._logits: np.ndarray | None = None  # next-token logits for tokens as they are
 
@@ -258,8 +258,8 @@ class Generator:
                     # one token against the cache: the engine's decoding step, if registered
                     # (not under a trace of this model: the trace takes the forward's taps)
                     self._fed = len(self.tokens)
-                    return kernels.pick(next_token_logits)(self.model, self._cache,
-                                                           int(fresh[0, 0]))
+                    step = kernels.pick(next_token_logits, on=self._cache.k)
+                    return step(self.model, self._cache, int(fresh[0, 0]))
                 logits = self.model(fresh, cache=self._cache)
                 self._fed = len(self.tokens)
             else:
@@ -273,7 +273,13 @@ class Generator:
                 # positions) no longer apply; re-forward the last max_len tokens.
                 window = np.asarray(self.tokens[-max_len:], dtype=np.int64)[None, :]
                 logits = self.model(window)
-        return logits.data[0, -1].copy()
+        return _host_row(logits.data[0, -1, :])
+
+
+def _host_row(logits) -> np.ndarray:
+    """The last position's logits (V,) as a new host NumPy array: sampling runs on the host,
+    with NumPy's Generator, so one seed draws the same tokens on every device."""
+    return logits.copy() if isinstance(logits, np.ndarray) else devices.to_host(logits)
 
 
 def mask_padding(logits: np.ndarray, vocab_limit: int | None) -> np.ndarray:

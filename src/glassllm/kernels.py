@@ -135,10 +135,14 @@ def _name(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def pick(reference: Callable) -> Callable:
+def pick(reference: Callable, on=None) -> Callable:
     """The form of `reference` to run now: its registered engine form in engine mode, else
-    `reference` itself (reference mode, or nothing registered)."""
+    `reference` itself (reference mode, or nothing registered). on: an array the op runs on;
+    one that is not NumPy's (another device, `glassllm.devices`) gets the reference, since
+    the engine's forms are NumPy and numba code."""
     if (_thread.name or _mode or _mode_from_environment()) == "reference":
+        return reference
+    if on is not None and not isinstance(on, np.ndarray):
         return reference
     return _fast.get(reference, reference)
 
@@ -171,10 +175,22 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     """a @ b with np.matmul's shapes, broadcasting and `out=`: the one matrix product of the
     library (every op's and `Tensor @ Tensor`'s). The GEMM computes it; inside
     `glassllm.amp.autocast` its inputs and output are rounded to the low dtype first.
-    Returns the product (`out` if given). Raises np.matmul's errors."""
+    Returns the product (`out` if given). Raises np.matmul's errors. Arrays of another device
+    (`glassllm.devices`) are multiplied by their own namespace's matmul (cuBLAS on CUDA)."""
+    gemm = _gemm if isinstance(a, np.ndarray) else _namespace_matmul
     if _autocast_matmul is None:
-        return _gemm(a, b, out=out)
-    return _autocast_matmul(_gemm, a, b, out)
+        return gemm(a, b, out=out)
+    return _autocast_matmul(gemm, a, b, out)
+
+
+def _namespace_matmul(a, b, out=None):
+    """a @ b by the arrays' own namespace (`out` filled in place if given): the GEMM of a
+    device other than the CPU's."""
+    y = a.__array_namespace__().matmul(a, b)
+    if out is None:
+        return y
+    out[...] = y
+    return out
 
 
 def keep_context(backward: Callable) -> Callable:

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from . import functional as F
-from . import config, nn
+from . import config, devices, nn
 from .config import FAMILIES, Config, dataclass_from_dict  # noqa: F401  (glassllm.model.Config)
 from .nn import Embedding, LayerNorm, Linear, Module, RMSNorm
 from .taps import attend, hook_for, tap, watch
@@ -187,16 +187,22 @@ class GlassLM(Module):
 
     `GlassLM(cfg, seed=0)` initialises deterministically from `np.random.default_rng(seed)`:
     N(0, 0.02) weights (residual projections 0.02/sqrt(2*n_layers)), unit norm gains, zero
-    biases, as nanoGPT.
+    biases, as nanoGPT. `device` ("cpu", "cuda", "cuda:N", "strict"; None: "cpu" or the
+    environment's GLASSLLM_DEVICE, `glassllm.devices`) is where the weights live: they are drawn
+    on the host and then moved, so one seed gives the same weights on every device.
+    `model.to(device)` moves a model later.
 
     Raises:
         MemoryError: the float32 weights alone (4 bytes x `cfg.n_params()`) exceed the
             machine's physical memory. Checked before anything is allocated: each layer's
             arrays would fit, so under Linux's memory overcommit NumPy would never raise, and
             the kernel's OOM killer would end the process silently once memory ran out.
+        ValueError: an unknown device name, or "cuda" without CuPy or a GPU
+                (`glassllm.devices.DeviceUnavailable`).
     """
 
-    def __init__(self, cfg: Config, seed: int = 0):
+    def __init__(self, cfg: Config, seed: int = 0, device: str | None = None):
+        device = devices.parse(device)
         _check_fits_in_memory(cfg)
         self.cfg = cfg
         rng = np.random.default_rng(seed)
@@ -210,6 +216,8 @@ class GlassLM(Module):
         self.final_norm = _norm(cfg)
         if not cfg.tie_embeddings:
             self.lm_head = Linear(cfg.d_model, cfg.vocab_size, rng, cfg.lm_head_bias)
+        if device != "cpu" and not nn.building_shapes_only():
+            self.to(device)
 
     def __call__(self, idx, cache: KVCache | None = None) -> Tensor:
         return self.forward(idx, cache)
@@ -246,20 +254,20 @@ class GlassLM(Module):
         learned positions)."""
         T = idx.shape[1]
         x = self.token_embedding(idx)
-        if self.cfg.embed_scale:  # Hugging Face rounds the factor to the dtype first
-            x = x * x.dtype.type(math.sqrt(self.cfg.d_model))
+        if self.cfg.embed_scale:  # Hugging Face rounds the factor to the dtype first (as a
+            x = x * math.sqrt(self.cfg.d_model)  # Python float does, NumPy's NEP 50)
         x = tap("token_embedding", x)
         if self.cfg.positions == "learned":
             positions = self.position_embedding(np.arange(start, start + T))
             return x + tap("position_embedding", positions), None
-        return x, (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
+        return x, (self.rope_cos[start:start + T, :], self.rope_sin[start:start + T, :])
 
     def local_rope(self, start: int, T: int) -> tuple | None:
         """The sliding layers' RoPE rows of positions start..start+T (their own base,
         rope_local_theta), or None when they share `embed`'s."""
         if self.rope_local_cos is None:
             return None
-        return self.rope_local_cos[start:start + T], self.rope_local_sin[start:start + T]
+        return self.rope_local_cos[start:start + T, :], self.rope_local_sin[start:start + T, :]
 
     def logits(self, x: Tensor) -> Tensor:
         """The final norm's output (B, T, C) -> logits (B, T, V): `unembed`, soft-capped with
@@ -299,7 +307,7 @@ class GlassLM(Module):
             ValueError: not integers, not 1-D/2-D, empty, start+T > max_len, or an id outside
                 [0, vocab_size) (the message gives the first bad id and where it is).
         """
-        idx = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
+        idx = devices.to_host(idx.data if isinstance(idx, Tensor) else idx)  # checked on host
         if idx.ndim == 1:
             idx = idx[None, :]
         if idx.ndim != 2:
@@ -327,22 +335,26 @@ class KVCache:
     A sliding-window layer's buffer keeps every position too: its attention masks the keys
     past the window (`functional.causal_mask`), so decoding gives the full forward's logits;
     it saves no memory (a ring of `sliding_window` rows would, at the cost of positions that
-    are no longer the buffer's rows).
+    are no longer the buffer's rows). The buffers live on `device` (the model's); a cache made
+    for another device moves there at its first `extend`.
     """
 
-    def __init__(self, cfg: Config, batch_size: int = 1):
+    def __init__(self, cfg: Config, batch_size: int = 1, device: str = "cpu"):
         shape = (cfg.n_layers, batch_size, cfg.max_len, cfg.n_kv_heads, cfg.head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        self.k = devices.zeros(shape, device)
+        self.v = devices.zeros(shape, device)
         self.length = 0
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store this step's k, v (B, T, K, D) of block `layer` at positions length..length+T;
         return the keys and values of every position so far, (B, length + T, K, D)."""
         start, end = self.length, self.length + k.shape[1]
-        self.k[layer, :, start:end] = k.data
-        self.v[layer, :, start:end] = v.data
-        return Tensor(self.k[layer, :, :end]), Tensor(self.v[layer, :, :end])
+        if type(self.k) is not type(k.data):  # made for another device than the model's
+            device = devices.device_of(k.data)
+            self.k, self.v = (devices.to_device(a, device) for a in (self.k, self.v))
+        self.k[layer, :, start:end, ...] = k.data
+        self.v[layer, :, start:end, ...] = v.data
+        return Tensor(self.k[layer, :, :end, ...]), Tensor(self.v[layer, :, :end, ...])
 
 
 def _norm(cfg: Config) -> Module:

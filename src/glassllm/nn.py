@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from . import devices
 from . import functional as F
 from .tensor import Tensor
 
@@ -43,8 +44,10 @@ class Module:
         return [p for _, p in self.named_parameters()]
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Copies of every parameter array, by dotted name."""
-        return {name: p.data.copy() for name, p in self.named_parameters()}
+        """Copies of every parameter array, by dotted name, as host NumPy arrays (from any
+        device: files are written on the host)."""
+        return {name: p.data.copy() if isinstance(p.data, np.ndarray) else p.numpy()
+                for name, p in self.named_parameters()}
 
     def load_state_dict(self, state: dict) -> None:
         """Copy arrays into the parameters, strictly.
@@ -61,16 +64,58 @@ class Module:
         if unexpected:
             raise KeyError(f"load_state_dict: unexpected tensor(s) {unexpected}")
         for name, p in params.items():
-            value = np.asarray(state[name])
+            value = devices.to_host(state[name])
             if value.shape != p.shape:
                 raise ValueError(f"load_state_dict: tensor {name!r} has shape {value.shape}, "
                                  f"the model expects {p.shape}")
         for name, p in params.items():
-            p.data = np.array(state[name], dtype=p.dtype)  # a copy, in the model's dtype
+            if isinstance(p.data, np.ndarray):
+                p.data = np.array(state[name], dtype=p.dtype)  # a copy, in the model's dtype
+            else:  # cast on the host (float16 files: the standard has no float16), then moved
+                value = np.array(devices.to_host(state[name]), dtype=devices.host_dtype(p.data))
+                p.data = devices.to_device(value, p.device)
 
     def zero_grad(self) -> None:
         for p in self.parameters():
             p.grad = None
+
+    def to(self, device: str) -> "Module":
+        """Move this module to `device` ("cpu", "cuda", "cuda:N", "strict"), in place: every
+        tensor it and its submodules hold (parameters, with their gradients) and every array
+        they keep (RoPE tables). Returns self, as torch's `Module.to`. An optimizer's moments
+        are its own: build the optimizer after the move.
+
+        Raises:
+            ValueError: an unknown device name, or "cuda" without CuPy or a GPU
+                (`glassllm.devices.DeviceUnavailable`).
+        """
+        device = devices.parse(device)
+        seen: set[int] = set()
+        for module in self._modules():
+            for attr, value in vars(module).items():
+                if isinstance(value, Tensor) and id(value) not in seen:
+                    seen.add(id(value))  # a tied tensor is moved once
+                    value.data = devices.to_device(value.data, device)
+                    if value.grad is not None:
+                        value.grad = devices.to_device(value.grad, device)
+                elif hasattr(value, "__array_namespace__") and not isinstance(value, Tensor):
+                    setattr(module, attr, devices.to_device(value, device))
+        return self
+
+    @property
+    def device(self) -> str:
+        """The device of the first parameter ("cpu" for a module without any)."""
+        first = next(iter(self.named_parameters()), None)
+        return "cpu" if first is None else first[1].device
+
+    def _modules(self) -> Iterator["Module"]:
+        """This module and every submodule, depth first, in definition order."""
+        yield self
+        for value in vars(self).values():
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            for item in items:
+                if isinstance(item, Module):
+                    yield from item._modules()
 
 
 class _Mode(threading.local):

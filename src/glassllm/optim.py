@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from . import kernels
+from .devices import namespace
 from .tensor import Tensor
 
 
@@ -43,7 +44,7 @@ def adamw_update(p, g, m, v, *, lr: float, beta1: float, beta2: float, eps: floa
     v[...] = beta2 * v + (1.0 - beta2) * (g * g)
     m_hat = m / (1.0 - beta1 ** step)
     v_hat = v / (1.0 - beta2 ** step)
-    p -= lr * m_hat / (np.sqrt(v_hat) + eps)
+    p -= lr * m_hat / (namespace(p).sqrt(v_hat) + eps)
 
 
 class AdamW:
@@ -72,8 +73,9 @@ class AdamW:
         self.betas = betas
         self.eps = eps
         self.weight_decay = weight_decay
-        self.m = [np.zeros_like(p.data) for p in self.params]
-        self.v = [np.zeros_like(p.data) for p in self.params]
+        # the moments live where the parameters do (build the optimizer after `model.to`)
+        self.m = [namespace(p.data).zeros_like(p.data) for p in self.params]
+        self.v = [namespace(p.data).zeros_like(p.data) for p in self.params]
         self.steps = [0] * len(self.params)
         self.t = 0
 
@@ -98,7 +100,7 @@ class AdamW:
                                  f"grad has shape {p.grad.shape}")
         lr = self.lr if lr is None else lr
         beta1, beta2 = self.betas
-        update = kernels.pick(adamw_update)
+        update = kernels.pick(adamw_update, on=self.params[0].data if self.params else None)
         self.t += 1
         for i, p in enumerate(self.params):
             g = p.grad
@@ -113,15 +115,19 @@ class AdamW:
 
 def sum_of_squares(g: np.ndarray) -> float:
     """sum(g**2) accumulated in float64, so that large float32 gradients cannot overflow."""
-    return float(np.sum(np.square(g, dtype=np.float64)))
+    xp = namespace(g)
+    if xp is np:  # squares straight into float64, without a float64 copy of g first
+        return float(np.sum(np.square(g, dtype=np.float64)))
+    return float(xp.sum(xp.square(xp.astype(g, xp.float64))))
 
 
 def global_grad_norm(params: list[Tensor]) -> float:
     """The global L2 norm of all present gradients, as `clip_grad_norm` measures it: squares
     summed in float64 (`sum_of_squares`, or the engine's sliced form of it), a Python float;
     0.0 if no parameter has a gradient, inf/NaN if an element is inf/NaN."""
-    squares = kernels.pick(sum_of_squares)
-    return math.sqrt(sum(squares(p.grad) for p in params if p.grad is not None))
+    grads = [p.grad for p in params if p.grad is not None]
+    squares = kernels.pick(sum_of_squares, on=grads[0] if grads else None)
+    return math.sqrt(sum(squares(g) for g in grads))
 
 
 def clip_grad_norm(params: list[Tensor], max_norm: float, norm: float | None = None) -> float:
@@ -141,7 +147,7 @@ def clip_grad_norm(params: list[Tensor], max_norm: float, norm: float | None = N
     if norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for g in grads:
-            g *= np.asarray(scale, dtype=g.dtype)
+            g *= scale  # a Python float: rounded to g's dtype (NumPy's NEP 50, the standard)
     return norm
 
 

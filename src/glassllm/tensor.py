@@ -19,17 +19,22 @@ Differences from micrograd, all for speed or memory:
 
 The heavy lifting in a transformer is not done here but in the fused ops of
 `glassllm.functional`, which build one graph node per op with a hand-written backward.
-This module imports NumPy and `glassllm.kernels` alone.
+Values live on a device (`glassllm.devices`): NumPy arrays on "cpu", CuPy's on "cuda",
+`array_api_strict`'s on "strict". Every op takes its array functions from its input's namespace
+(`xp = namespace(x)`: `numpy` itself for an ndarray), so the lines below are the formulas on
+any device. This module imports NumPy, `glassllm.kernels` and `glassllm.devices` alone.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from typing import Callable, Sequence
 
 import numpy as np
 
-from . import kernels  # the one matrix product (autocast plugs into it from glassllm.amp)
+from . import devices, kernels  # kernels: the one matrix product (autocast plugs in there)
+from .devices import namespace
 
 class _GradMode(threading.local):
     """Whether ops record a graph, per thread as in PyTorch: `no_grad()` in one thread (an
@@ -69,13 +74,14 @@ def unbroadcast(grad: np.ndarray, shape: tuple) -> np.ndarray:
     """
     if grad.shape == shape:
         return grad
+    xp = namespace(grad)
     extra = grad.ndim - len(shape)
     if extra:
-        grad = grad.sum(axis=tuple(range(extra)))
+        grad = xp.sum(grad, axis=tuple(range(extra)))
     stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
     if stretched:
-        grad = grad.sum(axis=stretched, keepdims=True)
-    return grad.reshape(shape)
+        grad = xp.sum(grad, axis=stretched, keepdims=True)
+    return xp.reshape(grad, shape)
 
 
 def _as_array(value) -> np.ndarray:
@@ -84,6 +90,8 @@ def _as_array(value) -> np.ndarray:
         return value
     if isinstance(value, np.generic):
         return np.asarray(value)
+    if hasattr(value, "__array_namespace__"):  # an array of another device: kept there
+        return value
     if value is None:  # np.asarray(None, float32) would be a silent NaN
         raise TypeError("Tensor(None): data must be a number, a list of numbers or an array")
     return np.asarray(value, dtype=np.float32)
@@ -141,7 +149,7 @@ class Tensor:
         self.data = _as_array(data)
         self.grad: np.ndarray | None = None
         self.requires_grad = bool(requires_grad)
-        if self.requires_grad and self.data.dtype.kind in "biu":
+        if self.requires_grad and _is_integer(self.data):
             # a gradient stored in an integer array would be truncated (0.5 -> 0)
             raise ValueError(f"requires_grad=True needs a floating-point tensor, got dtype "
                              f"{self.data.dtype} (convert with .astype(np.float32) first)")
@@ -197,15 +205,19 @@ class Tensor:
         if grad is None:
             if self.data.size != 1:
                 raise RuntimeError(f"backward() needs an explicit grad for shape {self.shape}")
-            grad = np.ones_like(self.data)
-        grad = np.asarray(grad, dtype=self.data.dtype)
+            grad = namespace(self.data).ones_like(self.data)
+        xp = namespace(self.data)
+        if xp is np:
+            grad = np.asarray(grad, dtype=self.data.dtype)
+        else:
+            grad = xp.astype(devices.to_device(grad, devices.device_of(self.data)), self.dtype)
         if grad.shape != self.shape:
             try:
-                grad = np.broadcast_to(grad, self.shape)
+                grad = xp.broadcast_to(grad, self.shape)
             except ValueError:  # NumPy's message names "remapped shapes", not the tensor
                 raise ValueError(f"backward(): grad of shape {grad.shape} does not broadcast "
                                  f"to the tensor's shape {self.shape}") from None
-        kernels.pick(backward_pass)(self, grad)
+        kernels.pick(backward_pass, on=self.data)(self, grad)
 
     def _topological_order(self) -> list["Tensor"]:
         order = topological_order(self, follow=lambda parent: parent.requires_grad)
@@ -218,7 +230,9 @@ class Tensor:
         """A leaf's `.grad += g`; the first gradient is copied, since g may be an array the
         graph (or the caller) still refers to."""
         if self.grad is None:
-            self.grad = np.array(g, dtype=self.data.dtype)
+            xp = namespace(self.data)
+            self.grad = (np.array(g, dtype=self.data.dtype) if xp is np
+                         else xp.asarray(g, dtype=self.data.dtype, copy=True))
         else:
             self.grad += g
 
@@ -250,23 +264,48 @@ class Tensor:
         return len(self.data)
 
     def item(self) -> float:
-        return self.data.item()
+        """The value of a one-element tensor as a Python number (from any device)."""
+        if isinstance(self.data, np.ndarray):
+            return self.data.item()
+        return devices.to_host(self.data).item()
+
+    @property
+    def device(self) -> str:
+        """Where the value lives: "cpu", "cuda:N" or "strict" (`glassllm.devices`)."""
+        return devices.device_of(self.data)
 
     def numpy(self) -> np.ndarray:
-        """The underlying array (not a copy)."""
-        return self.data
+        """The value as a host NumPy array: on "cpu" the array itself (shared, not a copy, as
+        torch's `.numpy()`), on any other device a copy brought to the host."""
+        return devices.to_host(self.data)
+
+    def to(self, device: str) -> "Tensor":
+        """This tensor's value on `device` ("cpu", "cuda", "cuda:N", "strict"): self when it is
+        there already, else a new leaf holding a copy (requires_grad kept, no grad, no graph).
+
+        Raises:
+            ValueError: an unknown device name, or "cuda" without CuPy or a GPU
+                (`glassllm.devices.DeviceUnavailable`).
+        """
+        device = devices.parse(device)
+        if device == self.device:
+            return self
+        return Tensor(devices.to_device(self.data, device), requires_grad=self.requires_grad)
 
     def detach(self) -> "Tensor":
         return Tensor(self.data)
 
     def __repr__(self) -> str:
         flag = ", requires_grad=True" if self.requires_grad else ""
-        return f"Tensor({np.array2string(self.data, precision=4, threshold=8)}{flag})"
+        where = "" if isinstance(self.data, np.ndarray) else f", device={self.device!r}"
+        text = np.array2string(devices.to_host(self.data), precision=4, threshold=8)
+        return f"Tensor({text}{where}{flag})"
 
     # ----------------------------------------------------------------- elementwise arithmetic
     def __add__(self, other):
         if not isinstance(other, Tensor):
             a = self  # `other` may be a broadcasting ndarray: undo it in the gradient too
+            other = _operand(other, a.data)
             return Tensor.from_op(a.data + other, (a,), lambda g: (unbroadcast(g, a.shape),))
         a, b = self, other
         return Tensor.from_op(a.data + b.data, (a, b),
@@ -286,6 +325,7 @@ class Tensor:
     def __mul__(self, other):
         a = self
         if not isinstance(other, Tensor):
+            other = _operand(other, a.data)
             return Tensor.from_op(a.data * other, (a,),
                                   lambda g: (unbroadcast(g * other, a.shape),))
         b = other
@@ -298,6 +338,7 @@ class Tensor:
     def __truediv__(self, other):
         a = self
         if not isinstance(other, Tensor):
+            other = _operand(other, a.data)
             return Tensor.from_op(a.data / other, (a,),
                                   lambda g: (unbroadcast(g / other, a.shape),))
         b = other
@@ -320,18 +361,19 @@ class Tensor:
             unbroadcast(g * exponent * a.data ** (exponent - 1), a.shape),))
 
     def __rpow__(self, base):
-        out = np.power(base, self.data)
+        out = base ** self.data
+        log_base = math.log(base) if isinstance(base, (int, float)) else namespace(base).log(base)
         a = self
         return Tensor.from_op(out, (a,),
-                              lambda g: (unbroadcast(g * out * np.log(base), a.shape),))
+                              lambda g: (unbroadcast(g * out * log_base, a.shape),))
 
     def exp(self):
-        out = np.exp(self.data)
+        out = namespace(self.data).exp(self.data)
         return Tensor.from_op(out, (self,), lambda g: (g * out,))
 
     def log(self):
         a = self
-        return Tensor.from_op(np.log(a.data), (a,), lambda g: (g / a.data,))
+        return Tensor.from_op(namespace(a.data).log(a.data), (a,), lambda g: (g / a.data,))
 
     # ----------------------------------------------------------------- linear algebra
     def __matmul__(self, other):
@@ -342,50 +384,53 @@ class Tensor:
         float32 accumulation), forward and backward, the backward in the forward's precision,
         as PyTorch autocasts every matmul. float64 operands (gradient checks) are never rounded.
         """
-        other = other if isinstance(other, Tensor) else Tensor(other)
+        other = other if isinstance(other, Tensor) else Tensor(other).to(self.device)
         a, b = self, other
-        mm = kernels.matmul if a.data.dtype == b.data.dtype == np.float32 else np.matmul
+        xp = namespace(a.data)
+        mm = kernels.matmul if a.data.dtype == b.data.dtype == xp.float32 else xp.matmul
 
         def backward(g):
             ad, bd = a.data, b.data
             # Treat 1-D operands as matrices, as np.matmul does, then undo it. b first: for
             # vector @ vector, g is 0-d and gets its trailing axis before the -2 one.
             if bd.ndim == 1:
-                bd, g = bd[:, None], np.expand_dims(g, -1)
+                bd, g = bd[:, None], xp.expand_dims(g, axis=-1)
             if ad.ndim == 1:
-                ad, g = ad[None, :], np.expand_dims(g, -2)
+                ad, g = ad[None, :], xp.expand_dims(g, axis=-2)
             # Now ad (..., m, k), bd (..., k, n), g (..., m, n). The gradient of an operand
             # shared by a batch is a sum over the batch; as torch.matmul does, the batch is
             # folded into the contraction so that sum is one GEMM (under autocast: one
             # float32 accumulation, rounded once, not a sum of rounded products).
             if bd.ndim == 2 and ad.ndim > 2:  # (..., m, k) @ (k, n): fold the rows
                 ga = mm(g, bd.T)
-                gb = mm(ad.reshape(-1, ad.shape[-1]).T, g.reshape(-1, g.shape[-1]))
+                gb = mm(xp.reshape(ad, (-1, ad.shape[-1])).T, xp.reshape(g, (-1, g.shape[-1])))
             elif ad.ndim == 2 and bd.ndim > 2:  # (m, k) @ (..., k, n): fold the columns
-                ga = mm(np.moveaxis(g, -2, 0).reshape(g.shape[-2], -1),
-                        np.swapaxes(bd, -1, -2).reshape(-1, bd.shape[-2]))
+                ga = mm(xp.reshape(xp.moveaxis(g, -2, 0), (g.shape[-2], -1)),
+                        xp.reshape(xp.matrix_transpose(bd), (-1, bd.shape[-2])))
                 gb = mm(ad.T, g)
             else:  # both batched (or both matrices): broadcast batch axes are summed
-                ga = _sum_to(mm(g, np.swapaxes(bd, -1, -2)), ad.shape, mm)
-                gb = _sum_to(mm(np.swapaxes(ad, -1, -2), g), bd.shape, mm)
-            return ga.reshape(a.shape), gb.reshape(b.shape)
+                ga = _sum_to(mm(g, xp.matrix_transpose(bd)), ad.shape, mm)
+                gb = _sum_to(mm(xp.matrix_transpose(ad), g), bd.shape, mm)
+            return xp.reshape(ga, a.shape), xp.reshape(gb, b.shape)
 
-        out = np.asarray(mm(a.data, b.data))  # vector @ vector: a 0-d array, not a scalar
+        out = xp.asarray(mm(a.data, b.data))  # vector @ vector: a 0-d array, not a scalar
         return Tensor.from_op(out, (a, b), kernels.keep_context(backward))
 
     def __rmatmul__(self, other):
-        return Tensor(other) @ self
+        return Tensor(other).to(self.device) @ self
 
     # ----------------------------------------------------------------- reductions
     def sum(self, axis=None, keepdims: bool = False):
         a = self
+        xp = namespace(a.data)
 
         def backward(g):
-            if axis is not None and not keepdims:
-                g = np.expand_dims(g, axis)
-            return (np.broadcast_to(g, a.shape),)
+            if axis is not None and not keepdims:  # the summed axes back, of length 1
+                axes = {i % a.ndim for i in (axis if isinstance(axis, tuple) else (axis,))}
+                g = xp.reshape(g, tuple(1 if i in axes else n for i, n in enumerate(a.shape)))
+            return (xp.broadcast_to(g, a.shape),)
 
-        return Tensor.from_op(a.data.sum(axis=axis, keepdims=keepdims), (a,), backward)
+        return Tensor.from_op(xp.sum(a.data, axis=axis, keepdims=keepdims), (a,), backward)
 
     def mean(self, axis=None, keepdims: bool = False):
         axes = range(self.ndim) if axis is None else np.atleast_1d(axis)
@@ -400,16 +445,19 @@ class Tensor:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         a = self
-        return Tensor.from_op(a.data.reshape(shape), (a,), lambda g: (g.reshape(a.shape),))
+        xp = namespace(a.data)
+        return Tensor.from_op(xp.reshape(a.data, shape), (a,),
+                              lambda g: (xp.reshape(g, a.shape),))
 
     def transpose(self, *axes):
         """Permute axes (NumPy semantics): no argument reverses them, as `.T` does."""
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
-        axes = axes or tuple(reversed(range(self.ndim)))
-        inverse = tuple(np.argsort(axes))
-        return Tensor.from_op(self.data.transpose(axes), (self,),
-                              lambda g: (g.transpose(inverse),))
+        axes = tuple(int(i) for i in axes) or tuple(reversed(range(self.ndim)))
+        inverse = tuple(int(i) for i in np.argsort(axes))
+        xp = namespace(self.data)
+        return Tensor.from_op(xp.permute_dims(self.data, axes), (self,),
+                              lambda g: (xp.permute_dims(g, inverse),))
 
     @property
     def T(self):
@@ -421,8 +469,8 @@ class Tensor:
         a = self
 
         def backward(g):
-            full = np.zeros_like(a.data)
-            np.add.at(full, index, g)  # add.at: repeated indices must add up, not overwrite
+            full = namespace(a.data).zeros_like(a.data)
+            devices.scatter_add(full, index, g)  # repeated indices must add up, not overwrite
             return (full,)
 
         return Tensor.from_op(a.data[index], (a,), backward)
@@ -436,6 +484,22 @@ def _sum_to(grad: np.ndarray, shape: tuple, mm) -> np.ndarray:
     if summed.shape != grad.shape and mm is kernels.matmul:
         summed = kernels.round_product(summed)
     return summed
+
+
+def _operand(other, like):
+    """A plain operand of an op on `like`: a host NumPy array moves to like's device (a
+    number, or anything on the CPU, stays as it is)."""
+    if isinstance(like, np.ndarray) or not isinstance(other, np.ndarray):
+        return other
+    return devices.to_device(other, devices.device_of(like))
+
+
+def _is_integer(array) -> bool:
+    """Whether an array (any device) holds integers or booleans."""
+    if isinstance(array, np.ndarray):
+        return array.dtype.kind in "biu"
+    xp = namespace(array)
+    return xp.isdtype(array.dtype, ("integral", "bool"))
 
 
 def _consumed(_g):  # marker placed on nodes whose backward already ran

@@ -105,7 +105,7 @@ class _Deadline:
 def train(model: GlassLM, data: np.ndarray, steps: int, batch_size: int = 16,
           seq_len: int = 128, lr: float = 0.003, warmup: int = 100, seed: int = 0,
           val_data: np.ndarray | None = None, eval_every: int = 100,
-          keep_best: bool = False, log=print) -> list[dict]:
+          keep_best: bool = False, log=print, device: str | None = None) -> list[dict]:
     """Train `model` in place for `steps` AdamW updates; return the history.
 
     Each step: sample a batch (`get_batch` from `np.random.default_rng(seed)`), loss,
@@ -124,6 +124,8 @@ def train(model: GlassLM, data: np.ndarray, steps: int, batch_size: int = 16,
         state and gradients are not restored. No early stopping, no file is written.
     log: called with one line of text per step; None for silence. An exception it raises
         stops training.
+    device: move the model there first ("cpu", "cuda", "cuda:N", "strict"; `model.to`);
+        None: train where the model is. Batches are drawn on the host and moved by the model.
 
     Raises:
         ValueError: steps < 0, warmup < 0 or eval_every <= 0 (before any update); batch,
@@ -135,6 +137,8 @@ def train(model: GlassLM, data: np.ndarray, steps: int, batch_size: int = 16,
     check_int(warmup, "train: warmup", low=0)
     check_int(eval_every, "train: eval_every", low=1)
     deadline = _Deadline(TRAIN_DEADLINE_S)  # checked between the NumPy operations
+    if device is not None:
+        model.to(device)
     params = model.parameters()
     optimizer = AdamW(params, lr=lr)
     rng = np.random.default_rng(seed)

@@ -36,6 +36,16 @@ def load_model_and_tokenizer(path):
     return lm.load_model_and_tokenizer(path)
 
 
+DEVICE_HELP = ("where the model computes: cpu (NumPy and the compiled engine, the default), "
+               "cuda or cuda:N (CuPy on an NVIDIA GPU: pip install 'glassllm[cuda]'), or "
+               "strict (the array API standard alone, for tests)")
+
+
+def add_device_option(p) -> None:
+    """--device D of train, generate, inspect and serve (`glassllm.devices`)."""
+    p.add_argument("--device", default=None, metavar="D", help=DEVICE_HELP)
+
+
 def model_with_tokenizer(args):
     """(model, tokenizer) of a command's --model and --tokenizer (generate, inspect, serve):
     `load_model_and_tokenizer`, the tokenizer given replacing the model's.
@@ -44,6 +54,8 @@ def model_with_tokenizer(args):
         UsageError: a model left without a tokenizer (weights-only, a llama2.c checkpoint).
     """
     model, tokenizer = load_model_and_tokenizer(args.model)
+    if getattr(args, "device", None) is not None:  # read on the host, then moved
+        model.to(args.device)
     if args.tokenizer is not None:
         tokenizer = tokenizer_option(args.tokenizer, model.cfg.vocab_size)
     elif tokenizer is None:
@@ -101,4 +113,5 @@ def one_line(e: Exception) -> str:
 
 __all__ = ["UsageError", "FAMILIES", "TOKENIZER_HELP", "SMALL_FILE_BYTES",
            "load_model_and_tokenizer", "model_with_tokenizer", "tokenizer_option",
+           "DEVICE_HELP", "add_device_option",
            "non_negative_int", "read_option_file", "one_line"]

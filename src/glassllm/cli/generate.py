@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import UsageError, model_with_tokenizer, non_negative_int, read_option_file
+from .common import (UsageError, add_device_option, model_with_tokenizer, non_negative_int,
+                     read_option_file)
 
 def add_generate(sub) -> None:
     p = sub.add_parser(
@@ -42,6 +43,7 @@ def add_generate(sub) -> None:
                         "add up to P, 0 < P <= 1 (default: all)")
     p.add_argument("--seed", type=non_negative_int, default=None, metavar="S",
                    help="random seed >= 0, for a reproducible text (default: a fresh one)")
+    add_device_option(p)  # tokens are drawn on the host: one seed, one text on every device
     p.set_defaults(func=run_generate)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import TOKENIZER_HELP, UsageError, model_with_tokenizer
+from .common import TOKENIZER_HELP, UsageError, add_device_option, model_with_tokenizer
 
 
 def add_inspect(sub) -> None:
@@ -42,6 +42,7 @@ def add_inspect(sub) -> None:
                         "the agreement's sample")
     p.add_argument("--tokens", type=int, default=512, metavar="N",
                    help="with --compare --corpus: tokens of the sample (default 512)")
+    add_device_option(p)
     p.set_defaults(func=run_inspect)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import TOKENIZER_HELP, UsageError, model_with_tokenizer, non_negative_int
+from .common import (TOKENIZER_HELP, UsageError, add_device_option, model_with_tokenizer,
+                     non_negative_int)
 
 SERVE_PORT = 8765
 
@@ -43,6 +44,7 @@ def add_serve(sub) -> None:
     p.add_argument("--threads", type=int, metavar="N",
                    help="threads the analyses compute on (default: one per core, or the cores "
                         "other processes leave free when the machine is busy)")
+    add_device_option(p)  # the --model given; models opened from --run stay on the CPU
     p.set_defaults(func=run_serve)
 
 

@@ -6,7 +6,7 @@ The run itself (locks, temporaries, history, plot, the exit reason) is the libra
 """
 from __future__ import annotations
 
-from .common import FAMILIES, UsageError, non_negative_int
+from .common import FAMILIES, UsageError, add_device_option, non_negative_int
 
 
 def add_train(sub) -> None:
@@ -131,6 +131,7 @@ def _add_output_flags(p) -> None:
                         "are measured busy at start, then the cores they leave free; the "
                         "header says which; under mpiexec, the host's cores shared by its "
                         "ranks)")
+    add_device_option(p)  # not a setting: a checkpoint resumes on any device
 
 
 def _add_parallel_flags(p) -> None:

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import devices
 from . import safetensors_io
 from .safetensors_io import check_finite
 from ..checks import check_int, check_real, is_int, is_real
@@ -107,8 +108,8 @@ def optimizer_state(model: GlassLM, optimizer: AdamW) -> dict:
     """
     names = _check_same_params(model, optimizer)
     return {
-        "m": {n: m.copy() for n, m in zip(names, optimizer.m)},
-        "v": {n: v.copy() for n, v in zip(names, optimizer.v)},
+        "m": {n: np.array(devices.to_host(m)) for n, m in zip(names, optimizer.m)},
+        "v": {n: np.array(devices.to_host(v)) for n, v in zip(names, optimizer.v)},
         "steps": {n: int(s) for n, s in zip(names, optimizer.steps)},
         "t": int(optimizer.t),
         "lr": float(optimizer.lr),
@@ -135,7 +136,8 @@ def load_optimizer_state(model: GlassLM, optimizer: AdamW, state: dict) -> None:
             if array.shape != p.shape:
                 raise ValueError(f"checkpoint: optimizer {key} of {name!r} has shape "
                                  f"{array.shape}, the parameter has {p.shape}")
-            target[i] = np.array(array, dtype=p.dtype)
+            target[i] = np.array(array, dtype=p.dtype) if isinstance(p.data, np.ndarray) else \
+                devices.to_device(np.array(array, dtype=devices.host_dtype(p.data)), p.device)
         optimizer.steps[i] = int(state["steps"][name])
     optimizer.t = int(state["t"])
     optimizer.lr = float(state["lr"])

@@ -86,8 +86,8 @@ def save(model: GlassLM, path, tokenizer=None) -> None:
     _check_tokenizer_fits(tokenizer, model.cfg, where=path)
     tensors = {}
     for name, p in model.named_parameters():
-        check_finite(name, p.data, where=path)
-        tensors[name] = np.ascontiguousarray(p.data, dtype=np.float32)
+        check_finite(name, p.numpy(), where=path)
+        tensors[name] = np.ascontiguousarray(p.numpy(), dtype=np.float32)
     _atomic_save_file(tensors, _metadata(model.cfg, tokenizer, "float32"), path)
 
 
@@ -132,22 +132,23 @@ def export_float16(model: GlassLM, path, probe_ids=None, tolerance: float = 1e-2
     cfg = model.cfg
     tensors = {}
     for name, p in model.named_parameters():
-        check_finite(name, p.data, where=path)
-        peak = float(np.max(np.abs(p.data))) if p.data.size else 0.0
+        value = p.numpy()  # files are written from the host
+        check_finite(name, value, where=path)
+        peak = float(np.max(np.abs(value))) if value.size else 0.0
         if peak > FLOAT16_MAX:
             raise ValueError(f"export_float16 {path}: tensor {name!r} has |w| = {peak:g} > "
                              f"{FLOAT16_MAX:g}, which overflows float16; nothing written")
-        tensors[name] = p.data.astype(np.float16)
+        tensors[name] = value.astype(np.float16)
 
     if probe_ids is None:
         probe_ids = np.random.default_rng(0).integers(0, cfg.vocab_size,
                                                       size=(2, min(cfg.max_len, 32)))
     probe_ids = model.check_ids(probe_ids, what="probe_ids")
-    rounded = GlassLM(cfg)
+    rounded = GlassLM(cfg, device=model.device)
     rounded.load_state_dict(tensors)  # casts float16 back up to float32, as `load` does
     with no_grad():
-        reference = model(probe_ids).data.astype(np.float64)
-        approx = rounded(probe_ids).data.astype(np.float64)
+        reference = model(probe_ids).numpy().astype(np.float64)
+        approx = rounded(probe_ids).numpy().astype(np.float64)
     max_abs_logit = float(np.max(np.abs(reference)))
     diff = float(np.max(np.abs(approx - reference)))
     bound = tolerance * max(1.0, max_abs_logit)

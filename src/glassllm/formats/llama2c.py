@@ -274,10 +274,10 @@ def to_llama2c(model: GlassLM, path) -> None:
         raise ValueError(f"to_llama2c: {too_big} do not fit the header's int32")
     params = dict(model.named_parameters())
     for name, p in params.items():
-        if not np.isfinite(p.data).all():
+        if not np.isfinite(p.numpy()).all():
             raise ValueError(f"to_llama2c {path}: tensor {name!r} holds NaN or infinite values; "
                              f"nothing written")
-    arrays = _arrays_to_llama2c(header, {n: p.data for n, p in params.items()})
+    arrays = _arrays_to_llama2c(header, {n: p.numpy() for n, p in params.items()})
     with atomic_write(path, "wb", doing="cannot write the llama2.c checkpoint") as f:
         f.write(header.to_bytes())
         for name, shape in header.arrays():

@@ -38,7 +38,7 @@ _HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)
 _FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".pt", ".pth", ".gguf", ".txt")
 
 
-def load(path, tokenizer=None) -> "LM":
+def load(path, tokenizer=None, device: str | None = None) -> "LM":
     """A model and its tokenizer, ready to generate, from local files.
 
     Args:
@@ -50,6 +50,8 @@ def load(path, tokenizer=None) -> "LM":
         tokenizer: None (the model's own), a tokenizer object, or a path as `glassllm generate
             --tokenizer` takes it: a tokenizer JSON, a directory with GPT-2's vocab.json +
             merges.txt, a llama2.c `tokenizer.bin` (`.bin`), or "byte".
+        device: where the model computes ("cpu", "cuda", "cuda:N", "strict"; None: the
+            default, `glassllm.devices`): the file is read on the host, then moved.
 
     Returns:
         an `LM`.
@@ -62,6 +64,8 @@ def load(path, tokenizer=None) -> "LM":
         TypeError: `tokenizer` neither None, a path nor a tokenizer object.
     """
     model, own = load_model_and_tokenizer(path)
+    if device is not None:
+        model.to(device)
     if tokenizer is None:
         tokenizer = own
     elif isinstance(tokenizer, (str, os.PathLike)):

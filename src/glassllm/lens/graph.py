@@ -23,6 +23,7 @@ import subprocess
 
 import numpy as np
 
+from ..devices import to_host
 from ..formats.atomic import atomic_write
 from ..tensor import Tensor, topological_order
 
@@ -43,7 +44,7 @@ class Node:
 
 
 def _stats(a: np.ndarray) -> tuple | None:
-    a = np.asarray(a)
+    a = np.asarray(to_host(a))  # measured on the host, from any device
     if a.size == 0 or a.dtype.kind not in "fiu":
         return None
     with np.errstate(all="ignore"):

@@ -40,6 +40,7 @@ import os
 
 import numpy as np
 
+from ..devices import to_host
 from ..checks import check_int, check_real
 from .trace import Trace
 
@@ -227,7 +228,7 @@ class HealthMonitor:
         if not self.wants(step):
             yield
             return
-        self._before = {id(p): p.data.copy() for p in self.optimizer.params}
+        self._before = {id(p): np.array(p.numpy()) for p in self.optimizer.params}  # host
         names = ["blocks.*.residual_out", "blocks.*.mlp.hidden_pre", "blocks.*.attention.pattern"]
         self._trace = Trace(self.model, names=names, max_bytes=None)
         with self._trace:
@@ -267,14 +268,15 @@ class HealthMonitor:
         unclip = pre / post if post and math.isfinite(pre) and math.isfinite(post) else 1.0
         params, nonfinite = {}, 0
         for p in self.optimizer.params:
-            before = self._before[id(p)]
-            nonfinite += int(np.size(p.data) - np.count_nonzero(np.isfinite(p.data)))
+            before, data = self._before[id(p)], p.numpy()  # measured on the host
+            nonfinite += int(np.size(data) - np.count_nonzero(np.isfinite(data)))
             w = _norm(before)
-            update = _norm(p.data - before)
+            update = _norm(data - before)
             g = None
             if p.grad is not None:
-                nonfinite += int(np.size(p.grad) - np.count_nonzero(np.isfinite(p.grad)))
-                g = _norm(p.grad) * unclip
+                grad = to_host(p.grad)
+                nonfinite += int(np.size(grad) - np.count_nonzero(np.isfinite(grad)))
+                g = _norm(grad) * unclip
             params[self.names.get(id(p), f"param{len(params)}")] = dict(
                 update_to_data_log10=_log10_ratio(update, w),
                 grad_norm=None if g is None else _finite(g),

@@ -62,16 +62,16 @@ def unembed(model: GlassLM, residual: np.ndarray) -> np.ndarray:
     """The model's own final norm and output head applied to any residual (..., C) ->
     logits (..., V), float32 (what `GlassLM.forward` does after its last block: the head's
     bias and the final soft-cap included)."""
+    x = Tensor(np.asarray(residual, dtype=np.float32)).to(model.device)
     with no_grad():
-        return model.logits(model.final_norm(Tensor(np.asarray(residual,
-                                                                dtype=np.float32)))).data
+        return model.logits(model.final_norm(x)).numpy()
 
 
 def unembedding_matrix(model: GlassLM) -> np.ndarray:
     """W_U (C, V): the tied embedding transposed, or lm_head.weight."""
     if model.cfg.tie_embeddings:
-        return model.token_embedding.weight.data.T
-    return model.lm_head.weight.data
+        return model.token_embedding.weight.numpy().T
+    return model.lm_head.weight.numpy()
 
 
 # --------------------------------------------------------------------------- logit lens
@@ -185,12 +185,12 @@ def residual_parts(model: GlassLM, cache, position: int) -> tuple[list[str], np.
     parts.append(emb)
     for i, block in enumerate(model.blocks):
         heads = cache[f"blocks.{i}.attention.head_output"][0, position].astype(np.float64)
-        w_o = block.attention.output.weight.data.astype(np.float64)
+        w_o = block.attention.output.weight.numpy().astype(np.float64)
         own = [heads[h] @ w_o[h * D:(h + 1) * D] for h in range(cfg.n_heads)]
         own_labels = [f"L{i}H{h}" for h in range(cfg.n_heads)]
         if block.attention.output.bias is not None:
             own_labels.append(f"L{i} attention bias")
-            own.append(block.attention.output.bias.data.astype(np.float64))
+            own.append(block.attention.output.bias.numpy().astype(np.float64))
         if cfg.norm_position != "pre":
             total = cache[f"blocks.{i}.attention.output"][0, position].astype(np.float64)
             own, const = _frozen_norm(block.attention_post_norm, total, np.stack(own))
@@ -251,14 +251,14 @@ def norm_scale(norm, total: np.ndarray):
     """(rstd, gain (C,), bias (C,) or None, centres) of a glassllm norm at the vector `total`
     (C,), float64: RMSNorm 1/sqrt(mean(x^2) + eps) with gain w, or (1 + w) with Gemma's
     offset; LayerNorm 1/sqrt(var(x) + eps) after centring, gain w, its bias if any."""
-    w = norm.weight.data.astype(np.float64)
+    w = norm.weight.numpy().astype(np.float64)
     if isinstance(norm, RMSNorm):
         return (1.0 / math.sqrt((total ** 2).mean() + norm.eps),
                 1.0 + w if norm.offset else w, None, False)
     centred = total - total.mean()
     bias = getattr(norm, "bias", None)
     return (1.0 / math.sqrt((centred ** 2).mean() + norm.eps), w,
-            None if bias is None else bias.data.astype(np.float64), True)
+            None if bias is None else bias.numpy().astype(np.float64), True)
 
 
 def attribution_names(model: GlassLM) -> list[str]:
@@ -341,7 +341,7 @@ def logit_attribution(model: GlassLM, ids, position: int = -1, token: int | None
         values = np.append(values, bias @ direction)
     head_bias = getattr(getattr(model, "lm_head", None), "bias", None)
     if head_bias is not None:  # Phi's head has a bias: one more part, outside the residual
-        b = head_bias.data.astype(np.float64)
+        b = head_bias.numpy().astype(np.float64)
         labels.append("lm_head bias")
         values = np.append(values, b[token] - (b[against] if against is not None else 0.0))
     rstd, gain, bias, centres = norm_scale(model.final_norm, final)

@@ -58,6 +58,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import taps
+from ..devices import device_of, host_dtype, namespace, to_device, to_host
 from ..model import FAMILIES, Config, GlassLM
 from ..tensor import Tensor, no_grad
 # the table of TransformerLens' hook names, importable from here beside NAMES
@@ -248,12 +249,12 @@ class Edit:
     replacement: object
 
     def apply(self, x: Tensor) -> Tensor:
-        new = np.array(x.data, copy=True)
-        new[self.index] = self.replacement
-        index = self.index
+        xp, index = namespace(x.data), _full_index(self.index, x.data)
+        new = xp.asarray(x.data, copy=True)
+        new[index] = _on_device_of(self.replacement, x.data)
 
         def backward(g):
-            g = np.array(g, copy=True)
+            g = xp.asarray(g, copy=True)
             g[index] = 0
             return (g,)
 
@@ -448,7 +449,8 @@ class Trace(taps.Hook):
             x = _replace_grad(self.backward_hooks[name], name, x)
         if name in self._wanted:
             old = self.cache.values.get(name) if self._appending else None
-            self.cache.values[name] = x.data if old is None else _join(name, old, x.data)
+            value = to_host(x.data)  # the cache is NumPy on every device
+            self.cache.values[name] = value if old is None else _join(name, old, value)
             if name in self._grad_names and x.requires_grad:
                 x = self._catch_grad(name, x)
         if name == self.stop_at:
@@ -490,7 +492,8 @@ class Trace(taps.Hook):
         grads = self.cache.grads
 
         def backward(g):
-            grads[name] = grads[name] + g if name in grads else np.array(g, copy=True)
+            host = to_host(g)  # as the values: NumPy on every device
+            grads[name] = grads[name] + host if name in grads else np.array(host, copy=True)
             return (g,)
 
         return Tensor.from_op(x.data, (x,), backward)
@@ -532,6 +535,22 @@ def hooks_by_name(cfg: Config, hooks: Iterable, what: str = "hooks") -> dict[str
     return by_name
 
 
+def _full_index(index, like):
+    """A NumPy index as the array API standard takes it: on another device than the CPU, a
+    tuple naming fewer axes than `like` has gets the trailing `...` NumPy implies."""
+    if isinstance(like, np.ndarray) or index is Ellipsis:
+        return index
+    parts = index if isinstance(index, tuple) else (index,)
+    return parts if Ellipsis in parts or len(parts) >= like.ndim else (*parts, Ellipsis)
+
+
+def _on_device_of(value, like):
+    """A hook's or an edit's host value (array or scalar) on the device of `like`."""
+    if isinstance(like, np.ndarray) or isinstance(value, (int, float)):
+        return value
+    return to_device(np.asarray(to_host(value), dtype=host_dtype(like)), device_of(like))
+
+
 def _read_only(a: np.ndarray) -> np.ndarray:
     """A view of `a` that refuses writes: a hook returns its replacement, it never writes
     into the forward's own arrays (the autograd graph keeps them for the backward pass)."""
@@ -564,21 +583,24 @@ def _checked(result, like: np.ndarray, name: str, what: str) -> np.ndarray | Non
 
 
 def _replace(fn, name: str, x: Tensor) -> Tensor:
-    """The forward hook `fn` on value x: its replacement, gradient passed straight through."""
-    new = _checked(fn(_read_only(x.data), name), x.data, name, "value hook")
+    """The forward hook `fn` on value x: its replacement, gradient passed straight through.
+    Hooks see host NumPy arrays on every device (a copy from another device)."""
+    value = to_host(x.data)
+    new = _checked(fn(_read_only(value), name), value, name, "value hook")
     if new is None:
         return x
-    return Tensor.from_op(new, (x,), lambda g: (g,))
+    return Tensor.from_op(_on_device_of(new, x.data), (x,), lambda g: (g,))
 
 
 def _replace_grad(fns: list, name: str, x: Tensor) -> Tensor:
     """x as it is, whose gradient on the way back passes through the backward hooks `fns`."""
 
     def backward(g):
+        host = to_host(g)  # hooks see NumPy, as the value hooks
         for fn in fns:
-            new = _checked(fn(_read_only(g), name), g, name, "gradient hook")
-            g = g if new is None else new
-        return (g,)
+            new = _checked(fn(_read_only(host), name), host, name, "gradient hook")
+            host = host if new is None else new
+        return (host if isinstance(g, np.ndarray) else _on_device_of(host, g),)
 
     return Tensor.from_op(x.data, (x,), backward)
 
@@ -609,10 +631,10 @@ def run_with_hooks(model: GlassLM, ids, hooks: Iterable = (), backward_hooks: It
     with tr:
         if not tr.backward_hooks:
             with no_grad():
-                return model.forward(ids).data
+                return to_host(model.forward(ids).data)
         out = model.forward(ids)
         F.cross_entropy(out, model.check_ids(targets, what="targets")).backward()
-        return out.data
+        return to_host(out.data)
 
 
 def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
@@ -649,7 +671,7 @@ def run_with_cache(model: GlassLM, ids, targets=None, names=None, grads=False,
             loss = F.cross_entropy(out, targets)
             tr.cache.loss = float(loss.item())
             loss.backward()
-        logits = out.data
+        logits = to_host(out.data)  # host NumPy, as the cache
     return logits, tr.cache
 
 

@@ -45,6 +45,8 @@ import time
 
 import numpy as np
 
+from ..devices import device_of, to_device, to_host
+
 DEFAULT_TIMEOUT_S = 300.0  # a collective that waits this long means a rank is lost or hung
 ABORT_GRACE_S = 0.5  # for a rank's last message to reach the launcher before MPI_Abort
 
@@ -250,7 +252,7 @@ class GradientBuffer:
         for i, p in enumerate(params):
             if p.grad is not None:
                 piece = self.flat[self.offsets[i]:self.offsets[i + 1]]
-                piece += p.grad.reshape(-1)
+                piece += to_host(p.grad).reshape(-1)  # summed on the host (MPI's buffers)
                 self.present[i] += 1.0
 
     def reduce(self, comm, loss_sum: float, what: str) -> float:
@@ -268,8 +270,10 @@ class GradientBuffer:
         if factor != 1.0:
             self.flat *= np.float32(factor)
         for i, p in enumerate(params):
-            p.grad = self.flat[self.offsets[i]:self.offsets[i + 1]].reshape(self.shapes[i]) \
+            grad = self.flat[self.offsets[i]:self.offsets[i + 1]].reshape(self.shapes[i]) \
                 if self.present[i] else None
+            p.grad = grad if grad is None or isinstance(p.data, np.ndarray) else \
+                to_device(grad.copy(), device_of(p.data))
 
 
 # ------------------------------------------------------------------------------ agreement

@@ -64,6 +64,7 @@ OPTIONS = {
     "max_consecutive_skips": int, "log_csv": str, "checkpoint_every": int,
     "health_every": int, "checkpoint": str, "resume": str, "threads": int,
     "mpi_timeout": float, "serve": bool, "serve_port": int, "overwrite": bool,
+    "device": str,
 }
 SMALL_FILE_BYTES = 16 << 20  # a prompt or a config file; /dev/zero must not fill memory
 
@@ -88,6 +89,8 @@ class RunPlan:
             its path. comm: the communicator (one process:
             `SerialCommunicator`); rank 0 alone writes. data_dirs: the data directories given
             (an output inside one is refused).
+        device: where the model trains ("cpu", "cuda", "cuda:N", "strict"; None: the
+            default, `glassllm.devices`); not a setting: a checkpoint resumes on any device.
         overwrite: a new run replaces the run whose files are at its paths (all of them
             removed once the outputs are locked); False: such a run is refused, and without
             --out the run goes to a new numbered folder (`runfiles.free_default_out`).
@@ -105,6 +108,7 @@ class RunPlan:
     comm: object = None
     data_dirs: list = dataclasses.field(default_factory=list)
     overwrite: bool = False
+    device: str | None = None
 
     def __post_init__(self):
         if self.comm is None:
@@ -179,6 +183,9 @@ def build_plan(options, comm=None, on_event=None) -> RunPlan:
         tokenizer = _resumed_tokenizer(plan.resume, opts["resume"])
     _load_data(plan, sources, opts, tokenizer, on_event)
     plan.config = _model_config(plan, opts, given)
+    if opts["device"] is not None:
+        from .. import devices
+        plan.device = devices.parse(opts["device"])  # one line naming the valid ones
     return plan
 
 

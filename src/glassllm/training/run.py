@@ -166,6 +166,8 @@ def _trainer(plan, emit):
     # execute of the same plan starts where the first did (as a new run starts from its seed).
     model = copy.deepcopy(plan.initial_model) if plan.initial_model is not None else \
         GlassLM(plan.config, seed=settings.seed)
+    if plan.device is not None:
+        model.to(plan.device)
     # Output paths relative to the checkpoint's folder: a run moved as a whole (`mv runs
     # archive`) resumes where it now is, never into the folder it came from.
     extra = {"data": corpus.describe(),

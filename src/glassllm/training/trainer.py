@@ -47,6 +47,7 @@ from .safety import (SkipRateExceeded, SkipRateMonitor, StepCSVLog, StepRecord, 
 from .stopping import STOP_SIGNALS, DeferredStop
 from .settings import TrainSettings
 from ..tensor import no_grad
+from ..devices import namespace
 
 
 @dataclasses.dataclass
@@ -129,6 +130,9 @@ class Trainer:
         extra: JSON-serialisable facts stored in checkpoints (e.g. the data sources).
         comm: a communicator (`glassllm.training.distributed`): None or a SerialCommunicator for one
             process, an MPICommunicator for data parallelism over N ranks.
+        device: where `run` trains the model ("cpu", "cuda", "cuda:N", "strict"; `model.to`);
+            None: where the model is. Batches come from the host, checkpoints and the model
+            file are written from it, so a run resumes on any device.
 
     Raises:
         TypeError: train_data or val_data is not a `Batches` (a plain array, None).
@@ -161,7 +165,8 @@ class Trainer:
     """
 
     def __init__(self, settings: TrainSettings, train_data, val_data, model_path=None,
-                 checkpoint_path=None, tokenizer=None, extra: dict | None = None, comm=None):
+                 checkpoint_path=None, tokenizer=None, extra: dict | None = None, comm=None,
+                 device: str | None = None):
         for name, data in (("train_data", train_data), ("val_data", val_data)):
             if not (callable(getattr(data, "batch", None)) and
                     callable(getattr(data, "token_count", None))):
@@ -180,6 +185,7 @@ class Trainer:
         self.tokenizer = tokenizer
         self.extra = dict(extra or {})
         self.comm = comm if comm is not None else distributed.SerialCommunicator()
+        self.device = device  # `run` moves the model there first (None: where it is)
         if settings.checkpoint_every is not None and self.checkpoint_path is None:
             raise ValueError("Trainer: checkpoint_every needs a checkpoint_path")
 
@@ -221,6 +227,8 @@ class Trainer:
                 holds the completed updates.
         """
         comm = self.comm
+        if self.device is not None:  # batches are drawn on the host; the model moves them
+            model.to(self.device)
         emit = on_event if on_event is not None else (lambda event: None)
         if comm.rank != 0:
             emit = (lambda event: None)  # rank 0 alone reports
@@ -684,7 +692,8 @@ def _version() -> str:
 
 
 def _weights_finite(model: GlassLM) -> bool:
-    return all(np.isfinite(p.data).all() for p in model.parameters())
+    return all(bool(namespace(p.data).all(namespace(p.data).isfinite(p.data)))
+               for p in model.parameters())
 
 
 def _record_of(entry: dict, train_step: TrainStep) -> StepRecord:
