@@ -613,8 +613,8 @@ def test_a_fully_skipped_fp16_run_exits_1(tmp_path, text_file, capsys, monkeypat
     class Overflowing(model_module.GlassLM):
         def __init__(self, cfg, seed=0):
             super().__init__(cfg, seed=seed)
-            for p in self.parameters():
-                p.data *= 100
+            for p in self.parameters():  # a new array: the size probe's skeleton is read-only
+                p.data = p.data * 100
     monkeypatch.setattr(model_module, "GlassLM", Overflowing)
     log = tmp_path / "steps.csv"
     rc = main(["train", "--data", str(text_file), *TINY_ARGS, "--steps", "6",
