@@ -237,6 +237,29 @@ def test_a_field_that_changes_the_arithmetic_is_refused_by_name(tmp_path):
         load_saelens(tmp_path)
 
 
+@pytest.mark.parametrize("edit, field", [
+    (lambda c: c.__setitem__("metadata", [1]), "'metadata'"),
+    (lambda c: c.__setitem__("metadata", "abc"), "'metadata'"),
+    (lambda c: c["metadata"].__setitem__("glassllm", [1]), "'metadata.glassllm'"),
+    (lambda c: c["metadata"]["glassllm"].__setitem__("l1_coefficient", "x"),
+     "'metadata.glassllm.l1_coefficient'"),
+    (lambda c: c["metadata"].__setitem__("hook_name", 5), "'hook_name'"),
+    (lambda c: c.__setitem__("architecture", []), "'architecture'"),
+    (lambda c: c.__setitem__("apply_b_dec_to_input", "false"), "'apply_b_dec_to_input'")])
+def test_a_hand_edited_cfg_json_of_the_wrong_json_type_is_one_line_naming_the_field(
+        edit, field, tmp_path):
+    # each of these was an AttributeError or TypeError (a traceback from the command line),
+    # or "false" read as true
+    import json
+    save_saelens(DICTS["standard"](), tmp_path)
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    edit(cfg)
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=field) as info:
+        load_saelens(tmp_path)
+    assert "cfg.json" in str(info.value) and "\n" not in str(info.value)
+
+
 # --------------------------------------------------------------------------- on a model
 @pytest.fixture(scope="module")
 def stories():

@@ -130,11 +130,18 @@ def load_saelens(path) -> SAE:
     cfg = read_config(path)
     where = os.path.join(path, CFG_FILENAME)
     cls, kind = _check_config(cfg, where)
-    meta = cfg.get("metadata") or {}
+    meta = _object(cfg, "metadata", where)
     hook_name = meta.get("hook_name") or cfg.get("hook_name") or ""
-    options = {k: v for k, v in (meta.get("glassllm") or {}).items()
+    if not isinstance(hook_name, str):
+        raise ValueError(f"{where}: field 'hook_name' must be a string, got {hook_name!r}")
+    options = {k: v for k, v in _object(meta, "glassllm", where, "metadata.").items()
                if k in ("l1_coefficient", "l0_coefficient", "bandwidth", "aux_coefficient",
                         "aux_k")}
+    for name, value in options.items():
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)) and \
+                not (name == "aux_k" and value is None):
+            raise ValueError(f"{where}: field 'metadata.glassllm.{name}' must be a number, got "
+                             f"{value!r}")
     d_in, d_sae = _field(cfg, "d_in", where), _field(cfg, "d_sae", where)
     k = _field(cfg, "k", where) if kind == "topk" else None
     if cls is Transcoder:
@@ -148,6 +155,18 @@ def load_saelens(path) -> SAE:
     return sae
 
 
+def _object(cfg: dict, name: str, where: str, prefix: str = "") -> dict:
+    """cfg[name] as a dict ({} when absent or null): a hand-edited cfg.json can hold any JSON
+    there, and the fields read from it must stay one line naming it."""
+    value = cfg.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: field '{prefix}{name}' must be a JSON object, got "
+                         f"{type(value).__name__}")
+    return value
+
+
 def _field(cfg: dict, name: str, where: str) -> int:
     value = cfg.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -159,12 +178,12 @@ def _check_config(cfg: dict, where: str):
     """(class, kind) of cfg's architecture, after refusing any field whose value would change
     the arithmetic in a way glassllm does not compute."""
     arch = cfg.get("architecture", "standard")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:  # a list is not hashable
         raise ValueError(f"{where}: field 'architecture' is {arch!r}; glassllm reads "
                          f"{', '.join(ARCHITECTURES)}")
     cls, kind = ARCHITECTURES[arch]
     for name, plain in PLAIN_VALUES.items():
-        for source in (cfg, cfg.get("metadata") or {}):
+        for source in (cfg, _object(cfg, "metadata", where)):
             if name in source and source[name] not in plain:
                 raise ValueError(f"{where}: field {name!r} is {source[name]!r}, which changes "
                                  f"the arithmetic; glassllm reads {plain[0]!r} only")
@@ -172,6 +191,9 @@ def _check_config(cfg: dict, where: str):
     if activation not in ACTIVATIONS[kind]:
         raise ValueError(f"{where}: field 'activation_fn' is {activation!r}, not the "
                          f"{arch} architecture's")
+    if not isinstance(cfg.get("apply_b_dec_to_input", False), bool):  # "false" is truthy
+        raise ValueError(f"{where}: field 'apply_b_dec_to_input' must be true or false, got "
+                         f"{cfg['apply_b_dec_to_input']!r}")
     if cls is Transcoder and cfg.get("apply_b_dec_to_input"):
         raise ValueError(f"{where}: field 'apply_b_dec_to_input' is true for a transcoder "
                          f"(SAELens refuses it too)")
