@@ -340,6 +340,47 @@ def test_cli_features_train_writes_a_saelens_directory_and_errors_in_one_line(st
     assert err.startswith("glassllm features: error:") and "blocks.9.residual_out" in err
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(hook_name="blocks.2.residual_out", lr=float("nan")), "lr must be a positive finite"),
+    (dict(hook_name="blocks.2.residual_out", lr=-1.0), "lr must be a positive finite"),
+    (dict(hook_name="blocks.2.attention.pattern"), "last axis is the key position"),
+    (dict(hook_name="blocks.2.attention.scores"), "last axis is the key position"),
+    (dict(hook_name="blocks.2.mlp.input", out_name="blocks.2.mlp.output"),
+     "no topk transcoder")])
+def test_train_dictionary_refuses_what_it_cannot_train_or_save_before_training(
+        stories, tmp_path, options, message):
+    # a NaN lr saved a NaN dictionary; a pattern failed with a NumPy broadcast message after
+    # the model ran; a TopK transcoder trained first and failed when saving
+    model, ids = stories
+    events = []
+    with pytest.raises(ValueError, match=message):
+        train_dictionary(model, ids, kind="topk", d_sae=8, k=2, steps=3, batch_size=64,
+                         seq_len=16, out=tmp_path / "d", on_event=events.append, **options)
+    assert events == [] and not (tmp_path / "d").exists()
+
+
+def test_a_per_head_dictionary_reports_cross_entropy_per_token_not_per_row(stories):
+    # blocks.i.attention.q has n_heads rows per token: the clean loss was divided by 8 rows
+    model, ids = stories
+    options = dict(tokens=64, seq_len=64, batch_windows=1, seed=5)
+    per_head = SAE(8, 16, kind="topk", k=2, hook_name="blocks.2.attention.q", seed=0)
+    residual = SAE(64, 16, kind="topk", k=2, hook_name="blocks.2.residual_out", seed=0)
+    a = evaluate_dictionary(model, per_head, ids, **options)
+    b = evaluate_dictionary(model, residual, ids, **options)
+    np.testing.assert_allclose(a.ce_clean, b.ce_clean, rtol=1e-6)
+    assert 1.0 < a.ce_clean < 4.0 and a.tokens == 8 * 64
+
+
+def test_cli_features_train_says_a_negative_size_must_be_at_least_one(capsys):
+    from glassllm.cli import main
+    with pytest.raises(SystemExit) as info:
+        main(["features", "train", "--model", "m", "--data", "d", "--name", "n",
+              "--d-sae", "-5", "--steps", "1", "--out", "o"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "argument --d-sae: must be an integer >= 1, got -5")
+
+
 @pytest.mark.slow
 def test_stories260k_topk_dictionary_meets_the_field_targets():
     """examples/features_stories260k.py's run, smaller: d_sae 512 (8 x d_model), k 16, on the

@@ -17,7 +17,10 @@ from .features_show import add_show
 
 
 def positive_int(text: str) -> int:
-    value = non_negative_int(text)
+    try:  # not through non_negative_int, whose message would say ">= 0" of a negative number
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
     return value

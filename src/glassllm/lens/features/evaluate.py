@@ -189,8 +189,8 @@ def _measure_batch(model, sae, inputs, targets, sums) -> None:
                          f"{x.shape[-1]}")
     f = sae.encode(x)                                                # (N, S)
     y_hat = sae.decode(f)
-    n = len(inputs) * inputs.shape[1]
-    sums.add(y, y_hat, f, [mean_cross_entropy(logits, targets) * n,
+    n = len(inputs) * inputs.shape[1]  # token positions: a per-head value has H rows each
+    sums.add(y, y_hat, f, n, [mean_cross_entropy(logits, targets) * n,
                            mean_cross_entropy(run_with_hooks(model, inputs, splice_hooks(sae)),
                                               targets) * n,
                            mean_cross_entropy(run_with_hooks(model, inputs,
@@ -202,16 +202,19 @@ class _Sums:
     """Running float64 sums over the evaluated tokens."""
 
     def __init__(self, d_sae: int):
-        self.n = 0
+        self.n = self.positions = 0
         self.fired = np.zeros(d_sae, dtype=np.int64)
         self.active = 0
         self.error = self.square = 0.0
         self.total = None
         self.ce = np.zeros(3)
 
-    def add(self, y, y_hat, f, ce) -> None:
+    def add(self, y, y_hat, f, positions, ce) -> None:
+        """One batch: values y, y_hat (N, d_out), activations f (N, d_sae) and the three
+        losses summed over its `positions` tokens (N rows: H per token for a per-head value)."""
         y = y.astype(np.float64)
         self.n += len(y)
+        self.positions += positions
         on = f > 0
         self.fired += on.sum(axis=0)
         self.active += int(on.sum())
@@ -224,7 +227,7 @@ class _Sums:
         # sum ||y - mean||^2 = sum ||y||^2 - n ||mean||^2
         variance = self.square - float((self.total ** 2).sum()) / self.n
         density = self.fired / self.n
-        clean, spliced, zero = self.ce / self.n
+        clean, spliced, zero = self.ce / self.positions  # losses are per token, not per row
         return DictionaryReport(
             hook_name=sae.hook_name, kind=sae.kind, d_sae=sae.d_sae, k=sae.k, tokens=self.n,
             l0=self.active / self.n, fvu=self.error / max(variance, 1e-300),

@@ -247,9 +247,14 @@ def train_dictionary(model: GlassLM, data, hook_name: str, *, kind: str = "topk"
     if steps < 1 or batch_size < 1:
         raise ValueError(f"train_dictionary: steps ({steps}) and batch_size ({batch_size}) "
                          f"must be at least 1")
+    if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        # a NaN or negative rate trained a NaN (or worsening) dictionary and saved it
+        raise ValueError(f"train_dictionary: lr must be a positive finite number, got {lr!r}")
     emit = on_event or (lambda event: None)
     sae = new_dictionary(model, hook_name, out_name, kind=kind, d_sae=d_sae, k=k, seed=seed,
                          **options)
+    if out is not None:  # a dictionary SAELens' format cannot hold: refused before training
+        saelens.architecture_of(sae)
     ids = corpus_ids(data, tokenizer)
     opt = AdamW(sae.parameters(), lr=lr or default_lr(d_sae), betas=(0.9, 0.999),
                 weight_decay=0.0)
@@ -325,13 +330,27 @@ def new_dictionary(model: GlassLM, hook_name: str, out_name: str | None, **optio
     """An `SAE` of the value `hook_name` (or a `Transcoder` to `out_name`), its sizes read from
     the names table."""
     hook_name = one_name(model, hook_name)
-    d_in = value_shape(model.cfg, hook_name, 1, 1)[-1]
+    d_in = _width(model, hook_name)
     if out_name is None:
         return SAE(d_in, hook_name=hook_name, **options)
     out_name = one_name(model, out_name)
-    d_out = value_shape(model.cfg, out_name, 1, 1)[-1]
+    d_out = _width(model, out_name)
     return Transcoder(d_in, options.pop("d_sae"), d_out, hook_name=hook_name, out_name=out_name,
                       **options)
+
+
+def _width(model: GlassLM, name: str) -> int:
+    """The last axis of the value `name`, a fixed width of the model.
+
+    Raises:
+        ValueError: a value whose last axis is a sequence position (attention scores and
+            patterns, (B, H, T, T)): no dictionary has a width to read it with."""
+    width = value_shape(model.cfg, name, 1, 1)[-1]
+    if value_shape(model.cfg, name, 1, 2)[-1] != width:
+        raise ValueError(f"{name}: its last axis is the key position, not a fixed width; a "
+                         f"dictionary reads a value of one width per position (a residual, "
+                         f"an MLP's hidden value, a head's q/k/v)")
+    return width
 
 
 def initialise_b_dec(sae: SAE, buffer: ShuffleBuffer) -> None:
