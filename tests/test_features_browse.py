@@ -176,6 +176,32 @@ def test_a_dictionary_of_another_model_is_refused(setup):
         browse.scan_features(model, small_sae(32, hook="blocks.5.residual_out"), windows)
 
 
+def test_a_saelens_dictionary_named_by_its_transformerlens_hook_opens(setup):
+    # SAELens saves hook names as TransformerLens spells them: check_fits refused them as
+    # "not a value of this model", and evaluate_dictionary failed with a KeyError
+    from glassllm.lens.features import evaluate_dictionary
+    model, sae, windows, scan = setup
+    theirs = small_sae(32, hook="blocks.1.hook_resid_post")
+    browse.check_fits(model, theirs)
+    assert theirs.hook_name == HOOK
+    again = browse.scan_features(model, theirs, windows, batch=3)
+    np.testing.assert_array_equal(again.density, scan.density)
+    report = evaluate_dictionary(model, small_sae(32, hook="blocks.1.hook_resid_post"),
+                                 np.random.default_rng(2).integers(0, 80, 400), tokens=64,
+                                 seq_len=16)
+    assert report.hook_name == HOOK and report.tokens == 64
+    with pytest.raises(ValueError, match="hook_nonsense"):
+        browse.check_fits(model, small_sae(32, hook="blocks.1.hook_nonsense"))
+
+
+def test_a_per_head_dictionary_is_refused_by_the_views_in_one_line(setup):
+    # attention.q is (B, T, H, d): scan_features failed with a NumPy broadcast error and
+    # `inspect --features` with "The truth value of an array ... is ambiguous"
+    model, _, windows, _ = setup
+    with pytest.raises(ValueError, match="several rows per token"):
+        browse.check_fits(model, small_sae(8, d_sae=16, hook="blocks.1.attention.q"))
+
+
 def test_corpus_windows_of_a_text_file(tmp_path):
     from glassllm.tokenizers import ByteTokenizer
     path = tmp_path / "c.txt"

@@ -55,13 +55,24 @@ def out_name(sae) -> str:
 
 def check_fits(model: GlassLM, sae) -> None:
     """Raise ValueError (one line) when `sae` cannot read `model`: its hook_name is not a
-    value of this model, or the value's width is not the dictionary's d_in."""
+    value of this model, not one row per token (a per-head value such as attention.q, (B, T,
+    H, d): the views show tokens), or the value's width is not the dictionary's d_in. A
+    TransformerLens hook name (SAELens' dictionaries) is first renamed to glassllm's name of
+    the same value (`train.use_glassllm_names`)."""
+    from .train import use_glassllm_names
     cfg = model.cfg
+    use_glassllm_names(model, sae)
     try:
-        width = value_shape(cfg, sae.hook_name, 1, 1)[-1]
+        shape = value_shape(cfg, sae.hook_name, 1, 1)
     except (KeyError, IndexError):
         raise ValueError(f"dictionary reads {sae.hook_name!r}, which is not a value of this "
                          f"{cfg.family} model (see glassllm.lens.trace.NAMES)") from None
+    width = shape[-1]
+    if len(shape) != 3:  # (B, T, d): one row per token; a head's value has (B, T, H, d)
+        raise ValueError(f"dictionary reads {sae.hook_name!r}, a value of several rows per "
+                         f"token (shape {'(B, H, T, T)' if shape[1] != 1 else '(B, T, H, d)'}); "
+                         f"the feature views show one row per token (a residual, an MLP's "
+                         f"value, an attention output)")
     layer = sae.hook_name.split(".")[1] if sae.hook_name.startswith("blocks.") else None
     if layer is not None and not (layer.isdigit() and int(layer) < cfg.n_layers):
         raise ValueError(f"dictionary reads {sae.hook_name!r} but the model has "

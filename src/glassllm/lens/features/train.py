@@ -161,6 +161,21 @@ def one_name(model: GlassLM, name: str) -> str:
     return select_names(model.cfg, [name])[0]
 
 
+def use_glassllm_names(model: GlassLM, sae: SAE) -> None:
+    """Rename a dictionary's TransformerLens hook names (`blocks.2.hook_resid_post`, as
+    SAELens' dictionaries are saved) to glassllm's names of the same values on `model`
+    (`lens.transformer_lens_names`), in place: the lens records values under glassllm's names.
+
+    Raises:
+        ValueError: a hook glassllm has no value for (one line naming it)."""
+    from ..transformer_lens_names import is_transformer_lens_name, to_glassllm
+    for attr in ("hook_name", "out_name"):
+        name = getattr(sae, attr, None)
+        if is_transformer_lens_name(name):
+            setattr(sae, attr, to_glassllm(name, model.cfg.family,
+                                           model.cfg.positions == "rope"))
+
+
 def _flat(value: np.ndarray) -> np.ndarray:
     return np.array(value, dtype=np.float32).reshape(-1, value.shape[-1])
 
