@@ -255,3 +255,25 @@ def test_the_tokenizer_reads_back_with_the_same_ids(kind, tmp_path):
     assert read.cfg.vocab_size == tok.vocab_size + 3
     # the "[PAD<i>]" ids stay, as pieces no text encodes to
     assert glassllm.load(str(tmp_path / "m.gguf")).tokenizer.vocab_size == tok.vocab_size + 3
+
+
+def test_a_gguf_file_is_read_by_its_magic_and_requantized_by_convert(tmp_path, capsys):
+    # a GGUF without the suffix (Ollama's blobs are named by their digest) was read as
+    # safetensors ("header too large"), and `convert --model X.gguf --to-gguf Y --type q4_0`
+    # refused the GGUF it could have read
+    import shutil
+    from glassllm.cli import main
+    from glassllm.formats.gguf_read import read_gguf
+    from glassllm.formats.lm import load_model_and_tokenizer
+    model = tiny("llama", n_kv_heads=2)
+    gguf_write.write_gguf(model, tmp_path / "m.gguf", type="f16")
+    shutil.copy(tmp_path / "m.gguf", tmp_path / "sha256-0123abcd")
+    blob, _ = load_model_and_tokenizer(tmp_path / "sha256-0123abcd")
+    ids = np.arange(6)[None]
+    np.testing.assert_array_equal(blob(ids).numpy(), read_gguf(tmp_path / "m.gguf")[0](ids)
+                                  .numpy())
+    assert main(["convert", "--model", str(tmp_path / "m.gguf"), "--to-gguf",
+                 str(tmp_path / "q.gguf"), "--type", "q4_0"]) == 0
+    keys, tensors = read(tmp_path / "q.gguf")
+    assert keys["general.file_type"] == 2 and tensors["blk.0.ffn_up.weight"][0] == "Q4_0"
+    capsys.readouterr()

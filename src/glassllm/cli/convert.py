@@ -40,7 +40,8 @@ def add_convert(sub) -> None:
                    help="glassllm model file to write (with --from-hf / --from-llama2c / "
                         "--from-gguf)")
     p.add_argument("--model", metavar="FILE",
-                   help="glassllm model file to read (with --to-hf / --to-llama2c)")
+                   help="glassllm model file, or GGUF file, to read (with --to-hf / --to-llama2c "
+                        "/ --to-gguf)")
     p.add_argument("--to-hf", metavar="DIR", help="Hugging Face directory to write (with --model)")
     p.add_argument("--to-llama2c", metavar="OUT.bin",
                    help="llama2.c checkpoint (version 0) to write (with --model)")
@@ -204,13 +205,16 @@ def _convert_to_hf(args):
 
 
 def _convert_source(path: str):
-    """(model, tokenizer or None) of `convert --model`: a glassllm model file. A llama2.c
-    checkpoint given there (glassllm.load and generate take one) is told how to convert it.
+    """(model, tokenizer or None) of `convert --model`: a glassllm model file or a GGUF file
+    (`formats.gguf_read`, dequantized). A llama2.c checkpoint given there (glassllm.load and
+    generate take one) is told how to convert it.
 
     Raises:
         ValueError: as `files.load`, with the way from a llama2.c `.bin` added.
     """
-    from ..formats import files
+    from ..formats import files, lm
+    if lm.is_gguf(path):  # requantizing (f16 -> q4_0) or exporting a GGUF model
+        return lm.load_model_and_tokenizer(path)
     try:
         return files.load(path), files.load_tokenizer(path)
     except ValueError as e:

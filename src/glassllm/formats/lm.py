@@ -101,10 +101,24 @@ def load_model_and_tokenizer(path) -> tuple[GlassLM, object]:
         return model, hf.tokenizer_from_hf(where, model.cfg.vocab_size)
     if where.endswith(".bin") and os.path.isfile(where):
         return llama2c.from_llama2c(where), None
-    if where.lower().endswith(".gguf"):
+    if is_gguf(where):
         from . import gguf_read  # the `gguf` package is imported only for GGUF files
         return gguf_read.read_gguf(where)
     return files.load(where), files.load_tokenizer(where)
+
+
+def is_gguf(path) -> bool:
+    """Whether `path` is to be read as GGUF: its name ends in `.gguf`, or it is a file that
+    starts with GGUF's magic (Ollama keeps its models as GGUF blobs named by their digest,
+    without the suffix)."""
+    where = os.fspath(path)
+    if where.lower().endswith(".gguf"):
+        return True
+    try:
+        with open(where, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:  # a directory, no such file, unreadable: the other readers say which
+        return False
 
 
 def read_tokenizer(path):
