@@ -14,8 +14,8 @@ Both decode greedily from BOS (id 1): glassllm with `generate` and its KV cache,
 with `Llama.eval` one token at a time and the argmax of its logits (float32 KV cache, as the
 parity tests). tokens/s counts the tokens after the first. Threads: 1, and every available
 core (glassllm inside `engine.cpu.use_threads(n)`, llama.cpp with n_threads=n). The sides run
-interleaved, each cell `--repeats` times, median reported, with the load other processes put
-on the machine meanwhile. With --require-quiet (bench/common.py) a disturbed cell is repeated.
+interleaved, each cell `--repeats` times after an untimed warm-up of both, median reported,
+with the load other processes put on the machine meanwhile. With --require-quiet (bench/common.py) a disturbed cell is repeated.
 """
 from __future__ import annotations
 
@@ -94,6 +94,8 @@ def measure_cell(model, path: str, threads: int, args) -> dict:
     llm = open_llama(path, threads, model.cfg.max_len)
     ours, theirs, same = [], [], True
     with cpu.use_threads(threads):
+        glassllm_decode(model, 8)  # warm-up: numba's first calls, the allocator, the caches
+        llamacpp_decode(llm, 8)
         for _ in range(args.repeats):
             a, seconds = glassllm_decode(model, args.new)
             ours.append((args.new - 1) / seconds)

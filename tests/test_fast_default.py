@@ -32,7 +32,10 @@ STATE = """
     from threadpoolctl import threadpool_info
     from glassllm.engine import parallel
     def state():
-        blas = sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+        # the BLAS libraries glassllm's products can run on (NumPy's, MKL's); scipy's own
+        # OpenBLAS, loaded when numba's import finds scipy installed, runs none of them
+        blas = sorted({i["num_threads"] for i in threadpool_info()
+                       if i["user_api"] == "blas" and "scipy.libs" not in i["filepath"]})
         return parallel._num_threads, parallel._split_matmuls, blas
 """
 

@@ -605,6 +605,8 @@ def cross_entropy_forward(logits, targets, overwrite_logits: bool = False):
     xp = namespace(logits)
     logp = log_softmax_rows(logits)                                  # [N, V]
     loss = -xp.mean(xp.take_along_axis(logp, targets[:, None], axis=1)[:, 0])
+    # a negative id counts from the end there, as NumPy's indexing: the same for the one-hot
+    targets = xp.where(targets < 0, targets + logits.shape[1], targets)
     return xp.asarray(loss, dtype=logits.dtype), (logp, targets)
 
 
