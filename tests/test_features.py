@@ -381,6 +381,66 @@ def test_cli_features_train_says_a_negative_size_must_be_at_least_one(capsys):
         "argument --d-sae: must be an integer >= 1, got -5")
 
 
+def test_cli_features_train_refuses_an_out_another_run_is_writing(tmp_path, capsys):
+    # two runs on one --out both wrote it: the weights of one beside the other's evaluation
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    import time
+    from glassllm.cli import main
+    (tmp_path / "corpus.txt").write_text("Once upon a time there was a cat. " * 20)
+    ready, out = tmp_path / "ready", tmp_path / "d"
+    code = textwrap.dedent(f"""
+        import time
+        from glassllm.training.lock import lock_outputs
+        with lock_outputs([{str(out)!r}]):
+            open({str(ready)!r}, "w").close()
+            time.sleep(600)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        code = main(["features", "train", "--model",
+                     str(shared_data_path("llama2c", "stories260K.bin")), "--data",
+                     str(tmp_path / "corpus.txt"), "--name", "blocks.1.residual_out", "--d-sae",
+                     "16", "--k", "2", "--steps", "2", "--out", str(out)])
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "in use by another glassllm run" in err[0]
+    assert f"pid {holder.pid}" in err[0] and not out.exists()
+
+
+def test_cli_features_train_stopped_before_a_checkpoint_says_none_is_kept(tmp_path, capsys,
+                                                                          monkeypatch):
+    # Ctrl-C while the first activations were read printed "checkpoint kept in DIR"; none was
+    from glassllm.cli import main
+    from glassllm.formats import files
+    from glassllm.lens.features import train as train_module
+    files.save(GlassLM_tiny(), tmp_path / "m.safetensors")
+    (tmp_path / "corpus.txt").write_text("Once upon a time there was a cat. " * 20)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train_module, "train_dictionary", stopped)
+    code = main(["features", "train", "--model", str(tmp_path / "m.safetensors"), "--data",
+                 str(tmp_path / "corpus.txt"), "--name", "blocks.0.residual_out", "--d-sae", "16",
+                 "--k", "2", "--steps", "2", "--out", str(tmp_path / "d")])
+    captured = capsys.readouterr()
+    assert code == 130 and "checkpoint kept" not in captured.out
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.lock").exists()
+
+
+def GlassLM_tiny():
+    from glassllm import Config, GlassLM
+    return GlassLM(Config(vocab_size=64, d_model=16, n_layers=1, n_heads=2, max_len=32), seed=0)
+
+
 @pytest.mark.slow
 def test_stories260k_topk_dictionary_meets_the_field_targets():
     """examples/features_stories260k.py's run, smaller: d_sae 512 (8 x d_model), k 16, on the

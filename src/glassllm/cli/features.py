@@ -11,6 +11,7 @@ same command resumes from it. Subcommands are listed in FEATURE_COMMANDS (`show`
 from __future__ import annotations
 
 import argparse
+import os
 
 from .common import UsageError, load_model_and_tokenizer, non_negative_int, one_line
 from .features_show import add_show
@@ -61,7 +62,6 @@ def add_features(sub) -> None:
 
 
 def run_features_train(args) -> int:
-    from ..lens.features import evaluate_dictionary, train_dictionary
     from .common import tokenizer_option
     if args.kind == "topk" and args.k is None:
         raise UsageError("--kind topk needs --k (features kept per token)")
@@ -70,6 +70,21 @@ def run_features_train(args) -> int:
     model, tokenizer = load_model_and_tokenizer(args.model)
     if args.tokenizer is not None:
         tokenizer = tokenizer_option(args.tokenizer, model.cfg.vocab_size)
+    with _locked(args.out):  # a second run on the same --out would mix the two's files
+        return _train_and_evaluate(args, model, tokenizer)
+
+
+def _locked(out: str):
+    """The lock of a dictionary directory, `<out>.lock` beside it (`training.lock`): a
+    second `features train` on it is refused, naming the run that holds it."""
+    from ..training.lock import lock_outputs
+    out = os.path.normpath(out)  # "d/x/" locks d/x.lock, beside the directory
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # as train_dictionary
+    return lock_outputs([out])
+
+
+def _train_and_evaluate(args, model, tokenizer) -> int:
+    from ..lens.features import evaluate_dictionary, train_dictionary
     bar = _ProgressBar(args.steps)
     try:
         sae = train_dictionary(model, args.data, args.name, kind=args.kind, d_sae=args.d_sae,
@@ -78,7 +93,9 @@ def run_features_train(args) -> int:
                                seed=args.seed, on_event=bar)
     except KeyboardInterrupt:
         bar.close()
-        print(f"checkpoint kept in {args.out}; the same command resumes from it", flush=True)
+        if bar.checkpoint:  # none yet when stopped while the first activations were read
+            print(f"checkpoint kept in {args.out}; the same command resumes from it",
+                  flush=True)
         raise
     except ValueError as e:
         bar.close()
@@ -96,9 +113,11 @@ class _ProgressBar:
     def __init__(self, steps: int):
         from tqdm import tqdm
         self.bar = tqdm(total=steps, unit="step", dynamic_ncols=True)
+        self.checkpoint = False  # whether `out` holds a checkpoint (written or resumed from)
 
     def __call__(self, event) -> None:
         name = type(event).__name__
+        self.checkpoint |= name in ("DictionaryCheckpointed", "DictionaryResumed")
         if name == "DictionaryResumed":
             self.bar.update(event.step - self.bar.n)
         elif name == "DictionaryStep":
