@@ -280,3 +280,20 @@ def test_a_gguf_file_is_read_by_its_magic_and_requantized_by_convert(tmp_path, c
     keys, tensors = read(tmp_path / "q.gguf")
     assert keys["general.file_type"] == 2 and tensors["blk.0.ffn_up.weight"][0] == "Q4_0"
     capsys.readouterr()
+
+
+def test_a_model_on_the_strict_device_is_written_from_the_host(tmp_path):
+    # write_gguf read p.data, an array_api_strict array: "Can't convert array on the
+    # 'array_api_strict.Device('device1')' device to a NumPy array" (files.save and to_hf
+    # already wrote from the host)
+    pytest.importorskip("array_api_strict")
+    from glassllm.formats.gguf_read import read_gguf
+    model = tiny("llama", n_kv_heads=2)
+    on_cpu = gguf_write.gguf_tensors(model, "llama")
+    model.to("strict")
+    gguf_write.write_gguf(model, tmp_path / "m.gguf", type="f32")
+    back, _ = read_gguf(tmp_path / "m.gguf")
+    ids = np.arange(6)[None]
+    np.testing.assert_allclose(back(ids).numpy(), model(ids).numpy(), rtol=1e-5, atol=1e-6)
+    for name, array in gguf_write.gguf_tensors(model, "llama").items():
+        np.testing.assert_array_equal(array, on_cpu[name])

@@ -116,7 +116,7 @@ def gguf_tensors(model: GlassLM, arch: str) -> dict[str, np.ndarray]:
         has no tied fallback, Phi's head bias added (zeros) where the model has none.
     """
     cfg = model.cfg
-    state = {name: p.data for name, p in model.named_parameters()}
+    state = {name: p.numpy() for name, p in model.named_parameters()}  # files: from the host
     fused = names.tensor_names(cfg)
     out: dict[str, np.ndarray] = {}
     for ours, value in state.items():
