@@ -260,6 +260,22 @@ def test_a_hand_edited_cfg_json_of_the_wrong_json_type_is_one_line_naming_the_fi
     assert "cfg.json" in str(info.value) and "\n" not in str(info.value)
 
 
+def test_sizes_of_a_damaged_cfg_json_are_checked_against_the_weights_before_building(
+        tmp_path):
+    # d_sae 1e12 in cfg.json tried to allocate the dictionary first (a MemoryError, or the
+    # machine's memory); k > d_sae was said without naming the file
+    import json
+    save_saelens(DICTS["topk"](), tmp_path)
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    (tmp_path / "cfg.json").write_text(json.dumps({**cfg, "d_sae": 10 ** 12}))
+    with pytest.raises(ValueError, match=r"sae_weights.safetensors: tensor 'W_enc' has shape "
+                                         r"\(6, 16\); cfg.json's sizes give \(6, 1000000000000\)"):
+        load_saelens(tmp_path)
+    (tmp_path / "cfg.json").write_text(json.dumps({**cfg, "k": 99}))
+    with pytest.raises(ValueError, match=r"cfg.json: SAE: kind 'topk' needs k in 1..d_sae=16"):
+        load_saelens(tmp_path)
+
+
 # --------------------------------------------------------------------------- on a model
 @pytest.fixture(scope="module")
 def stories():
@@ -436,9 +452,23 @@ def test_cli_features_train_stopped_before_a_checkpoint_says_none_is_kept(tmp_pa
     assert not (tmp_path / "d").exists() and not (tmp_path / "d.lock").exists()
 
 
+def test_cli_features_train_error_before_the_first_step_is_the_only_line(tmp_path, capsys):
+    # the progress bar was drawn before the corpus was read: "0%| 0/2" above the error
+    from glassllm.cli import main
+    from glassllm.formats import files
+    files.save(GlassLM_tiny(), tmp_path / "m.safetensors")
+    (tmp_path / "one.txt").write_text("a")
+    code = main(["features", "train", "--model", str(tmp_path / "m.safetensors"), "--tokenizer",
+                 "byte", "--data", str(tmp_path / "one.txt"), "--name", "blocks.0.residual_out",
+                 "--d-sae", "16", "--k", "2", "--steps", "2", "--out", str(tmp_path / "d")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["glassllm features: error: the corpus holds 1 token(s); windows "
+                                 "need at least 2"]
+
+
 def GlassLM_tiny():
     from glassllm import Config, GlassLM
-    return GlassLM(Config(vocab_size=64, d_model=16, n_layers=1, n_heads=2, max_len=32), seed=0)
+    return GlassLM(Config(vocab_size=260, d_model=16, n_layers=1, n_heads=2, max_len=32), seed=0)
 
 
 @pytest.mark.slow

@@ -202,6 +202,16 @@ def test_a_per_head_dictionary_is_refused_by_the_views_in_one_line(setup):
         browse.check_fits(model, small_sae(8, d_sae=16, hook="blocks.1.attention.q"))
 
 
+def test_corpus_windows_fewer_than_one_window_names_max_tokens(tmp_path):
+    # `features show --max-tokens 3` blamed the corpus: "st.txt: 14 tokens, fewer than one
+    # window of 64"
+    from glassllm.tokenizers import ByteTokenizer
+    (tmp_path / "c.txt").write_text("Once upon a time. " * 100)
+    with pytest.raises(ValueError, match=r"^max_tokens 3 is fewer than one window of 64"):
+        browse.corpus_windows(ByteTokenizer(), tmp_path / "c.txt", 64, 3)
+    assert browse.corpus_windows(ByteTokenizer(), tmp_path / "c.txt", 64, 64).shape == (1, 64)
+
+
 def test_corpus_windows_of_a_text_file(tmp_path):
     from glassllm.tokenizers import ByteTokenizer
     path = tmp_path / "c.txt"

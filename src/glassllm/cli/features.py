@@ -111,11 +111,13 @@ class _ProgressBar:
     """The tqdm bar of a dictionary's training events."""
 
     def __init__(self, steps: int):
-        from tqdm import tqdm
-        self.bar = tqdm(total=steps, unit="step", dynamic_ncols=True)
+        self.steps, self.bar = steps, None  # drawn at the first event: an error before it
         self.checkpoint = False  # whether `out` holds a checkpoint (written or resumed from)
 
     def __call__(self, event) -> None:
+        if self.bar is None:  # (a bad name, a corpus too small) stays the only line
+            from tqdm import tqdm
+            self.bar = tqdm(total=self.steps, unit="step", dynamic_ncols=True)
         name = type(event).__name__
         self.checkpoint |= name in ("DictionaryCheckpointed", "DictionaryResumed")
         if name == "DictionaryResumed":
@@ -126,4 +128,5 @@ class _ProgressBar:
                                  dead=f"{event.dead_fraction:.0%}", refresh=False)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()

@@ -46,7 +46,7 @@ def run_show(args) -> int:
     try:
         sae = load_saelens(args.dictionary)
     except (OSError, ValueError) as e:
-        raise UsageError(f"{args.dictionary}: {one_line(e)}") from None
+        raise UsageError(one_line(e)) from None  # load_saelens names the file
     model, tokenizer = model_with_tokenizer(args)
     if args.feature is not None and not 0 <= args.feature < sae.d_sae:
         raise UsageError(f"--feature must be in [0, {sae.d_sae}), got {args.feature}")

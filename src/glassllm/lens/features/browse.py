@@ -206,11 +206,15 @@ def corpus_windows(tokenizer, path, seq_len: int = 64, max_tokens: int = 32768,
     `glassllm prepare` (train.bin; a prepare directory: its val.bin) cut in windows as is.
 
     Raises:
-        ValueError: the file is neither, or holds fewer than seq_len tokens.
+        ValueError: the file is neither, or holds fewer than seq_len tokens; max_tokens below
+            seq_len.
         FileNotFoundError: no such file.
     """
     from ...formats.token_file import TokenFile
     path = os.fspath(path)
+    if max_tokens < seq_len:  # not the corpus' fault: said before it is read
+        raise ValueError(f"max_tokens {max_tokens} is fewer than one window of {seq_len} "
+                         f"tokens (seq_len)")
     if os.path.isdir(path):
         path = os.path.join(path, "val.bin")
     if path.endswith(".bin"):

@@ -144,14 +144,23 @@ def load_saelens(path) -> SAE:
                              f"{value!r}")
     d_in, d_sae = _field(cfg, "d_in", where), _field(cfg, "d_sae", where)
     k = _field(cfg, "k", where) if kind == "topk" else None
-    if cls is Transcoder:
-        sae = Transcoder(d_in, d_sae, _field(cfg, "d_out", where), kind=kind,
-                         hook_name=hook_name, out_name=meta.get("hook_name_out") or "",
-                         **options)
-    else:
-        sae = SAE(d_in, d_sae, kind=kind, hook_name=hook_name, k=k,
-                  apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), **options)
-    _load_weights(sae, os.path.join(path, WEIGHTS_FILENAME))
+    d_out = _field(cfg, "d_out", where) if cls is Transcoder else None
+    weights = os.path.join(path, WEIGHTS_FILENAME)
+    tensors = _read_weights(weights)
+    if "W_enc" in tensors and tensors["W_enc"].shape != (d_in, d_sae):
+        # before the dictionary is built: a damaged d_sae (1e12) would allocate its weights
+        raise ValueError(f"{weights}: tensor 'W_enc' has shape {tensors['W_enc'].shape}; "
+                         f"cfg.json's sizes give {(d_in, d_sae)}")
+    try:  # sizes that disagree (k > d_sae): the constructor's line, naming the file
+        if cls is Transcoder:
+            sae = Transcoder(d_in, d_sae, d_out, kind=kind, hook_name=hook_name,
+                             out_name=meta.get("hook_name_out") or "", **options)
+        else:
+            sae = SAE(d_in, d_sae, kind=kind, hook_name=hook_name, k=k,
+                      apply_b_dec_to_input=cfg.get("apply_b_dec_to_input", True), **options)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    _load_weights(sae, tensors, weights)
     return sae
 
 
@@ -200,15 +209,18 @@ def _check_config(cfg: dict, where: str):
     return cls, kind
 
 
-def _load_weights(sae: SAE, where: str) -> None:
+def _read_weights(where: str) -> dict:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
     if not os.path.isfile(where):
         raise FileNotFoundError(f"{where}: not found")
     try:
-        tensors = load_file(where)
+        return load_file(where)
     except (SafetensorError, OSError) as e:
         raise ValueError(f"{where}: not a readable safetensors file ({e})") from None
+
+
+def _load_weights(sae: SAE, tensors: dict, where: str) -> None:
     params = dict(sae.named_parameters())
     for name in tensors:
         if name not in params:
