@@ -466,6 +466,47 @@ def test_cli_features_train_error_before_the_first_step_is_the_only_line(tmp_pat
                                  "need at least 2"]
 
 
+@pytest.mark.parametrize("damage, says", [
+    (lambda z, path: path.write_bytes(path.read_bytes()[:100]), "not a readable training state"),
+    (lambda z, path: z.pop("adam_t"), "entry 'adam_t' is missing"),
+    (lambda z, path: z.__setitem__("m.W_enc", np.zeros((3, 3))), "entry 'm.W_enc' has shape"),
+    (lambda z, path: z.__setitem__("settings", np.asarray("[1]")), "'settings' is missing or not a JSON"),
+    (lambda z, path: z.__setitem__("settings", np.asarray("{")), "'settings' is missing or not a JSON"),
+    (lambda z, path: z.__setitem__("since_fired", np.zeros(3)), "'since_fired' has shape"),
+    (lambda z, path: z.__setitem__("m.W_enc", z["m.W_enc"] * np.nan), "'m.W_enc' holds"),
+    (lambda z, path: z.__setitem__("step", np.int64(-5)), "'step' holds")])
+def test_a_damaged_training_state_is_one_line_and_the_checkpoint_is_kept(damage, says, tmp_path):
+    # these were a BadZipFile/KeyError/AttributeError/IndexError traceback, a NumPy message
+    # naming no file, or (NaN moments) a NaN dictionary trained and saved over the checkpoint
+    model, ids = GlassLM_tiny(), np.arange(400) % 260
+    options = dict(kind="topk", d_sae=16, k=2, batch_size=32, seq_len=16, buffer_tokens=64)
+    train_dictionary(model, ids, "blocks.0.residual_out", steps=2, out=tmp_path, **options)
+    path = tmp_path / "training.npz"
+    with np.load(path) as npz:
+        z = {key: npz[key] for key in npz.files}
+    damage(z, path)
+    if "readable" not in says:  # the truncation damaged the file itself
+        np.savez(path, **z)
+    weights = (tmp_path / "sae_weights.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=says) as info:
+        train_dictionary(model, ids, "blocks.0.residual_out", steps=4, out=tmp_path, **options)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+    assert (tmp_path / "sae_weights.safetensors").read_bytes() == weights
+
+
+def test_an_out_that_is_a_file_is_refused_before_training(tmp_path):
+    # training ran to the end, then failed to save: "st.txt: File exists"
+    (tmp_path / "f.txt").write_text("x")
+    events = []
+    for out, says in ((tmp_path / "f.txt", "f.txt: is a file"),
+                      (tmp_path / "f.txt" / "d", "is inside .*f.txt, which is a file")):
+        with pytest.raises(ValueError, match=says):
+            train_dictionary(GlassLM_tiny(), np.arange(400) % 260, "blocks.0.residual_out",
+                             d_sae=16, k=2, steps=2, batch_size=32, out=out,
+                             on_event=events.append)
+    assert events == [] and (tmp_path / "f.txt").read_text() == "x"
+
+
 def GlassLM_tiny():
     from glassllm import Config, GlassLM
     return GlassLM(Config(vocab_size=260, d_model=16, n_layers=1, n_heads=2, max_len=32), seed=0)

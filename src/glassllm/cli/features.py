@@ -77,7 +77,12 @@ def run_features_train(args) -> int:
 def _locked(out: str):
     """The lock of a dictionary directory, `<out>.lock` beside it (`training.lock`): a
     second `features train` on it is refused, naming the run that holds it."""
+    from ..lens.features.train import check_out_directory
     from ..training.lock import lock_outputs
+    try:
+        check_out_directory(out)  # before a lock file is made beside it
+    except ValueError as e:
+        raise UsageError(one_line(e)) from None
     out = os.path.normpath(out)  # "d/x/" locks d/x.lock, beside the directory
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # as train_dictionary
     return lock_outputs([out])

@@ -262,6 +262,8 @@ def train_dictionary(model: GlassLM, data, hook_name: str, *, kind: str = "topk"
     if steps < 1 or batch_size < 1:
         raise ValueError(f"train_dictionary: steps ({steps}) and batch_size ({batch_size}) "
                          f"must be at least 1")
+    if out is not None:
+        check_out_directory(out)
     if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         # a NaN or negative rate trained a NaN (or worsening) dictionary and saved it
         raise ValueError(f"train_dictionary: lr must be a positive finite number, got {lr!r}")
@@ -291,6 +293,19 @@ def train_dictionary(model: GlassLM, data, hook_name: str, *, kind: str = "topk"
     if out is not None:
         checkpoint(out, sae, opt, progress, emit)
     return sae
+
+
+def check_out_directory(out) -> None:
+    """Raise ValueError (naming it) when `out` cannot become a dictionary's directory: it, or
+    the nearest of its parents that exists, is a file. Said before training, not at the first
+    checkpoint."""
+    path = os.path.normpath(os.fspath(out))
+    while path not in ("", ".", os.sep) and not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if path not in ("", ".") and not os.path.isdir(path):
+        where = "is" if path == os.path.normpath(os.fspath(out)) else f"is inside {path}, which is"
+        raise ValueError(f"{os.fspath(out)}: {where} a file; a dictionary is written to a "
+                         f"directory")
 
 
 def _loop(sae, opt, buffer, progress, plan, out, checkpoint_every, emit, rng) -> None:
@@ -448,20 +463,68 @@ def resume(out, sae: SAE, opt: AdamW, emit) -> Progress:
     if not os.path.isfile(state_path):
         raise ValueError(f"{out}: holds a dictionary without {STATE_FILENAME}; nothing to "
                          f"resume (choose another output directory)")
-    with np.load(state_path) as state:
-        saved = json.loads(str(state["settings"]))
-        asked = json.loads(json.dumps(sae.config(), sort_keys=True))
-        for key in asked:
-            if saved.get(key) != asked[key]:
-                raise ValueError(f"{out}: holds a dictionary with {key} = {saved.get(key)!r}, "
-                                 f"not {asked[key]!r}; resume with the same settings or choose "
-                                 f"another output directory")
-        loaded = saelens.load_saelens(out)
-        for (name, p), (_, q), m, v in zip(sae.named_parameters(), loaded.named_parameters(),
-                                           opt.m, opt.v):
-            p.data[...] = q.data
-            m[...], v[...] = state[f"m.{name}"], state[f"v.{name}"]
-        opt.t, opt.steps = int(state["adam_t"]), [int(s) for s in state["adam_steps"]]
-        progress = Progress(int(state["step"]), state["since_fired"].astype(np.int64))
+    state = read_state(state_path)
+    saved = state["settings"]
+    asked = json.loads(json.dumps(sae.config(), sort_keys=True))
+    for key in asked:
+        if saved.get(key) != asked[key]:
+            raise ValueError(f"{out}: holds a dictionary with {key} = {saved.get(key)!r}, "
+                             f"not {asked[key]!r}; resume with the same settings or choose "
+                             f"another output directory")
+    check_state(state, state_path, sae)
+    loaded = saelens.load_saelens(out)
+    for (name, p), (_, q), m, v in zip(sae.named_parameters(), loaded.named_parameters(),
+                                       opt.m, opt.v):
+        p.data[...] = q.data
+        m[...], v[...] = state[f"m.{name}"], state[f"v.{name}"]
+    opt.t, opt.steps = int(state["adam_t"]), [int(s) for s in state["adam_steps"]]
+    progress = Progress(int(state["step"]), state["since_fired"].astype(np.int64))
     emit(DictionaryResumed(progress.step, out))
     return progress
+
+
+def read_state(path: str) -> dict:
+    """`training.npz` of a checkpoint as a dict of arrays, its "settings" parsed (a dict).
+
+    Raises:
+        ValueError: one line naming the file: not a readable .npz (truncated, not a zip, object
+            arrays), or "settings" missing or not a JSON object.
+    """
+    import zipfile
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            state = {key: npz[key] for key in npz.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not a readable training state ({' '.join(str(e).split())})"
+                         ) from None
+    try:
+        state["settings"] = json.loads(str(state["settings"]))
+    except (KeyError, ValueError):
+        state["settings"] = None
+    if not isinstance(state["settings"], dict):
+        raise ValueError(f"{path}: entry 'settings' is missing or not a JSON object")
+    return state
+
+
+def check_state(state: dict, path: str, sae: SAE) -> None:
+    """Every entry of `read_state`'s dict checked against `sae`: "step", "adam_t" (>= 0),
+    "adam_steps" (one per parameter), "since_fired" (d_sae,), "m.NAME" / "v.NAME" of each
+    parameter's shape; numbers, finite.
+
+    Raises:
+        ValueError: one line naming the file and the entry: missing, of the wrong shape or type,
+            or not finite (a resumed run would train, and save over the checkpoint, a NaN
+            dictionary).
+    """
+    params = dict(sae.named_parameters())
+    want = {"step": (), "adam_t": (), "adam_steps": (len(params),), "since_fired": (sae.d_sae,)}
+    want.update({f"{mv}.{name}": p.shape for name, p in params.items() for mv in "mv"})
+    for key, shape in want.items():
+        if key not in state:
+            raise ValueError(f"{path}: entry {key!r} is missing")
+        value = state[key]
+        if value.shape != shape or value.dtype.kind not in "iuf":
+            raise ValueError(f"{path}: entry {key!r} has shape {value.shape} and dtype "
+                             f"{value.dtype}; expected numbers of shape {shape}")
+        if not np.isfinite(value).all() or key in ("step", "adam_t") and value < 0:
+            raise ValueError(f"{path}: entry {key!r} holds a negative, NaN or infinite value")
