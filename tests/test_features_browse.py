@@ -87,6 +87,29 @@ def test_promoted_tokens_are_w_dec_through_w_u_sorted(setup):
     assert down.tolist() == np.argsort(by_hand[3], kind="stable")[:6].tolist()
 
 
+def test_an_mlp_hidden_dictionary_writes_through_the_mlp_s_down_projection(setup):
+    # down.weight is (F, C), input-major: it was transposed, a matmul error whenever d_ff is
+    # not d_model (`features show --feature` on a dictionary of mlp.hidden_post)
+    model, _, windows, _ = setup
+    d_ff = model.cfg.d_ff
+    assert d_ff != model.cfg.d_model
+    sae = small_sae(d_ff, hook="blocks.1.mlp.hidden_post")
+    down = model.blocks[1].mlp.down.weight.data.astype(np.float64)          # (F, C)
+    g = model.final_norm.weight.data.astype(np.float64)
+    by_hand = ((browse.array(sae.W_dec).astype(np.float64) @ down) * g) @ \
+        unembedding_matrix(model)
+    np.testing.assert_allclose(browse.feature_logits(model, sae), by_hand, rtol=1e-12)
+    # the same direction the forward writes: steering hidden_post by W_dec[5] moves the
+    # residual by W_dec[5] @ down
+    _, clean = run_with_cache(model, windows[:1], names=["blocks.1.mlp.output"])
+    with Trace(model, names=["blocks.1.mlp.output"],
+               hooks=browse.steering_hooks(sae, 5, 1.0)) as tr:
+        model(windows[:1])
+    moved = tr.cache["blocks.1.mlp.output"] - clean["blocks.1.mlp.output"]
+    np.testing.assert_allclose(moved[0, 0], browse.decoder_residual(model, sae)[5], rtol=1e-4,
+                               atol=1e-5)
+
+
 def test_padding_ids_are_never_listed(setup):
     model, sae, _, _ = setup
     row = browse.feature_logits(model, sae)[2].copy()

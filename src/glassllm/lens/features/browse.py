@@ -243,11 +243,12 @@ def decoder_residual(model: GlassLM, sae) -> np.ndarray | None:
     bias left out). None for any other value (q, k, patterns: not a residual direction)."""
     w = array(sae.W_dec).astype(np.float64)
     name = out_name(sae)
+    if name.startswith("blocks.") and name.endswith("mlp.hidden_post"):  # first: d_ff may be C
+        # Linear keeps its weight input-major (nn.Linear): down is (F, C), read on the host
+        down = model.blocks[int(name.split(".")[1])].mlp.down.weight.numpy()
+        return w @ down.astype(np.float64)
     if w.shape[1] == model.cfg.d_model and not name.endswith(("hidden_pre", "mlp.up")):
         return w
-    if name.startswith("blocks.") and name.endswith("mlp.hidden_post"):
-        down = model.blocks[int(name.split(".")[1])].mlp.down.weight.data  # (C, F)
-        return w @ down.astype(np.float64).T
     return None
 
 
