@@ -337,6 +337,25 @@ def test_garbage_on_the_socket_does_not_kill_the_server(served):
     assert served.call("/api/info")[0] == 200
 
 
+def test_a_malformed_request_is_one_line_on_the_terminal_not_a_traceback(served, capfd,
+                                                                          caplog):
+    # aiohttp logged each one as "Error handling request from 127.0.0.1" + a traceback (on
+    # `glassllm serve`'s terminal through logging's last-resort handler; here, caplog's)
+    import logging
+    caplog.set_level(logging.DEBUG, logger="aiohttp.server")
+    for junk in (b"POST /api/analyze HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+                 b"GET / HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
+            s.sendall(junk)
+            assert s.recv(200)[9:12] == b"400"
+    assert served.call("/api/info")[0] == 200
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Error handling request" not in err
+    assert not [r for r in caplog.records if r.exc_info], caplog.text[:300]
+    assert all(line.startswith("glassllm serve: refused a malformed HTTP request (400: ")
+               for line in err.splitlines())
+
+
 # --------------------------------------------------------------------------- the run
 def test_run_watcher_survives_a_live_run(tmp_path):
     run = tmp_path / "run"

@@ -23,6 +23,7 @@ import asyncio
 import errno
 import functools
 import json
+import logging
 import math
 import secrets
 import signal
@@ -46,7 +47,7 @@ from .limits import Limits
 from .models import ModelStore, fit_prompt
 from .page import CSP, render
 from .run import RunWatcher
-from .security import Gate, new_token
+from .security import Gate, MalformedRequests, new_token
 from .work import Lanes
 
 SERVER = web.AppKey("server", object)
@@ -564,9 +565,11 @@ async def _serve(server: Server, host: str, port: int, announce) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             server._loop.add_signal_handler(sig, server._stop.set)
     announce(server.url)
+    logging.getLogger("aiohttp.server").addFilter(quiet := MalformedRequests())  # one line
     try:
         await server._stop.wait()
     finally:
+        logging.getLogger("aiohttp.server").removeFilter(quiet)
         # requests still running get 2 s, then their work is told to stop (a sweep ends at
         # its next cell, a stream at its next token) -- rather than waiting out aiohttp's
         # second grace period of shutdown_timeout before it cancels the handlers

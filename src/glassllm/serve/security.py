@@ -13,13 +13,18 @@ As Jupyter's server does (and for the same reasons):
   page of another site cannot make the user's browser call the API (no cross-site calls).
 
 Each check is a pure function of the request's headers (`refusal`), unit-tested apart from the
-server; any refusal is a 403 with a one-line reason.
+server; any refusal is a 403 with a one-line reason. A request aiohttp cannot even parse is
+answered 400 by aiohttp, and said in one line on the terminal (`MalformedRequests`).
 """
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
+import math
 import secrets
+import sys
+import time
 from urllib.parse import urlsplit
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -108,3 +113,26 @@ class Gate:
             return ("missing or wrong session token: open the URL that `glassllm serve` "
                     "printed (it ends with ?token=...), or send 'Authorization: Bearer TOKEN'")
         return None
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (a malformed request line or header, one over
+    8190 bytes, a bad Content-Length) as "Error handling request" with a traceback, on the
+    server's terminal: the client's error, answered 400 already. One line instead, at most
+    every 10 s (a client sending many says so once); other records pass as they are."""
+
+    def __init__(self):
+        super().__init__()
+        self.said = -math.inf
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+        e = record.exc_info[1] if record.exc_info else None
+        if not isinstance(e, HttpProcessingError):
+            return True
+        if time.monotonic() - self.said >= 10:
+            self.said = time.monotonic()
+            why = " ".join(str(e.message).split())[:120]
+            print(f"glassllm serve: refused a malformed HTTP request ({e.code}: {why})",
+                  file=sys.stderr, flush=True)
+        return False
