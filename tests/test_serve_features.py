@@ -115,6 +115,17 @@ def test_refusals_are_one_line(world):
     assert status == 400 and "tokens" in r["error"]
 
 
+def test_a_directory_name_that_is_not_utf8_is_not_listed(tmp_path):
+    # it was listed (as lone surrogates) and every request naming it refused: "dictionary is
+    # not valid Unicode text"
+    from glassllm.serve.features import FeatureStore
+    sae = SAE(32, 16, kind="topk", k=2, hook_name="blocks.0.residual_out")
+    save_saelens(sae, tmp_path / "ok")
+    save_saelens(sae, os.fsdecode(os.fsencode(str(tmp_path)) + b"/bad\xff\xfe"))
+    assert sorted(os.listdir(tmp_path)) == ["bad\udcff\udcfe", "ok"]
+    assert FeatureStore(str(tmp_path)).names() == ["ok"]
+
+
 def test_a_dictionary_of_another_width_is_refused(world, tmp_path):
     save_saelens(SAE(16, 32, kind="topk", k=2, hook_name="blocks.0.residual_out"),
                  tmp_path / "narrow")

@@ -48,14 +48,15 @@ class FeatureStore:
 
     def names(self) -> list[str]:
         """The dictionaries the page may open: "" (root itself) or its sub-directories'
-        names, each holding a cfg.json; sorted, at most MAX_DICTIONARIES."""
+        names, each holding a cfg.json (names that are not UTF-8 left out: no request can
+        name them); sorted, at most MAX_DICTIONARIES."""
         if _is_dictionary(self.root):
             return [""]
         if not os.path.isdir(self.root):
             return []
         found = [e.name for e in os.scandir(self.root)
                  if e.is_dir(follow_symlinks=False) and not e.name.startswith(".") and
-                 _is_dictionary(os.path.join(self.root, e.name))]
+                 _is_text(e.name) and _is_dictionary(os.path.join(self.root, e.name))]
         return sorted(found)[:MAX_DICTIONARIES]
 
     def path(self, name) -> str:
@@ -107,6 +108,16 @@ class FeatureStore:
         bos = getattr(loaded.tokenizer, "bos_id", None)
         return browse.scan_features(loaded.model, sae, windows, should_stop=should_stop,
                                     ignore=() if bos is None else (int(bos),))
+
+
+def _is_text(name: str) -> bool:
+    """A directory name a request can name: not UTF-8 bytes (read by Python as lone
+    surrogates, PEP 383), no JSON string the page sends can hold it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_dictionary(path: str) -> bool:
