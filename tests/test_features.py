@@ -507,6 +507,28 @@ def test_an_out_that_is_a_file_is_refused_before_training(tmp_path):
     assert events == [] and (tmp_path / "f.txt").read_text() == "x"
 
 
+def test_a_prepare_directory_trains_on_train_bin_and_evaluates_on_val_bin(tmp_path):
+    # features train --data DIR said "DIR: no such corpus file" (features show reads one)
+    from glassllm.formats.token_file import TokenWriter
+    from glassllm.lens.features.train import corpus_ids
+    from glassllm.tokenizers import ByteTokenizer
+    (tmp_path / "prep").mkdir()
+    for split, ids in (("train", np.arange(300) % 200), ("val", np.arange(100, 160))):
+        writer = TokenWriter(tmp_path / "prep" / f"{split}.bin", ByteTokenizer())
+        writer.append(ids.astype(np.uint16))
+        writer.close()
+    np.testing.assert_array_equal(corpus_ids(tmp_path / "prep"), np.arange(300) % 200)
+    np.testing.assert_array_equal(corpus_ids(tmp_path / "prep", split="val"),
+                                  np.arange(100, 160))
+    sae = train_dictionary(GlassLM_tiny(), tmp_path / "prep", "blocks.0.residual_out",
+                           d_sae=16, k=2, steps=2, batch_size=32, seq_len=16)
+    report = evaluate_dictionary(GlassLM_tiny(), sae, tmp_path / "prep", tokens=32, seq_len=16)
+    assert report.tokens == 32
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty: a directory without train.bin"):
+        corpus_ids(tmp_path / "empty")
+
+
 def GlassLM_tiny():
     from glassllm import Config, GlassLM
     return GlassLM(Config(vocab_size=260, d_model=16, n_layers=1, n_heads=2, max_len=32), seed=0)

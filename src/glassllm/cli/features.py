@@ -31,8 +31,10 @@ def add_features_train(sub) -> None:
     p = sub.add_parser("train", help="train a sparse dictionary (SAE or transcoder) on a "
                                      "named value")
     p.add_argument("--model", required=True, help="model file, HF directory or llama2.c .bin")
-    p.add_argument("--data", required=True, help="token file of `glassllm prepare`, or a text "
-                                                 "file (encoded with the model's tokenizer)")
+    p.add_argument("--data", required=True, help="token file or directory of `glassllm "
+                                                 "prepare` (trained on train.bin, evaluated on "
+                                                 "val.bin), or a text file (encoded with the "
+                                                 "model's tokenizer)")
     p.add_argument("--tokenizer", default=None, help="tokenizer for a text --data, if the "
                                                      "model has none (e.g. llama2.c's .bin)")
     p.add_argument("--name", required=True, help="the value read, e.g. blocks.2.residual_out")

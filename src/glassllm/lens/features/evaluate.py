@@ -150,7 +150,7 @@ def evaluate_dictionary(model: GlassLM, sae: SAE, data, *, tokenizer=None,
                         tokens: int = 32768, seq_len: int = 128, batch_windows: int = 16,
                         seed: int = 1, dense_density: float = 0.1, out=None) -> DictionaryReport:
     """Measure `sae` on the model's values over windows of the corpus `data` (as
-    `train.corpus_ids`): about `tokens` positions, in windows of `seq_len` (+1 for the targets)
+    `train.corpus_ids`; a `glassllm prepare` directory: its val.bin): about `tokens` positions, in windows of `seq_len` (+1 for the targets)
     drawn with `seed`, `batch_windows` windows per forward. Each batch runs three forwards:
     clean (with the values read), spliced and zero-ablated (`splice_hooks`).
 
@@ -163,7 +163,7 @@ def evaluate_dictionary(model: GlassLM, sae: SAE, data, *, tokenizer=None,
             too small; FileNotFoundError: no such corpus file.
     """
     use_glassllm_names(model, sae)  # a SAELens dictionary's TransformerLens hook names
-    ids = corpus_ids(data, tokenizer)
+    ids = corpus_ids(data, tokenizer, split="val")  # a prepare directory: its held-out part
     seq_len = max(1, min(seq_len, model.cfg.max_len, len(ids) - 1))
     rng = np.random.default_rng(seed)
     n_windows = max(1, -(-tokens // seq_len))

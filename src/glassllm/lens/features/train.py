@@ -90,13 +90,14 @@ class DictionaryResumed:
 
 
 # --------------------------------------------------------------------------- corpus
-def corpus_ids(data, tokenizer=None) -> np.ndarray:
+def corpus_ids(data, tokenizer=None, split: str = "train") -> np.ndarray:
     """The corpus as a 1-D array of token ids: `data` an array of ids, a `TokenFile`, a token file
-    of `glassllm prepare` (memory-mapped: read by pages as windows are drawn), or a text file
-    encoded with `tokenizer` (read whole).
+    of `glassllm prepare` (memory-mapped: read by pages as windows are drawn), a directory of
+    `glassllm prepare` (its `{split}.bin`: train.bin to train on, val.bin to evaluate), or a
+    text file encoded with `tokenizer` (read whole).
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file, or a directory without `{split}.bin`.
         ValueError: a text file without a tokenizer, or a corpus of fewer than 2 tokens.
     """
     if isinstance(data, TokenFile):
@@ -105,6 +106,11 @@ def corpus_ids(data, tokenizer=None) -> np.ndarray:
         ids = data.reshape(-1)
     else:
         path = os.fspath(data)
+        if os.path.isdir(path):  # as `glassllm train --data DIR` and `features show` read one
+            if not os.path.isfile(os.path.join(path, f"{split}.bin")):
+                raise FileNotFoundError(f"{path}: a directory without {split}.bin (not one "
+                                        f"`glassllm prepare` wrote)")
+            path = os.path.join(path, f"{split}.bin")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such corpus file")
         if os.path.isfile(sidecar_path(path)):
