@@ -276,6 +276,21 @@ def test_sizes_of_a_damaged_cfg_json_are_checked_against_the_weights_before_buil
         load_saelens(tmp_path)
 
 
+def test_sizes_are_integers_and_numpy_integers_are_saved_as_json(tmp_path):
+    # k=2.5 and k=True were accepted (and failed later); NumPy integers made save_saelens a
+    # TypeError ("Object of type int64 is not JSON serializable")
+    for k in (2.5, True):
+        with pytest.raises(ValueError, match="needs k in 1..d_sae"):
+            SAE(8, 4, kind="topk", k=k, hook_name="x")
+    with pytest.raises(ValueError, match="sizes must be positive integers"):
+        SAE(8, 2.0, kind="relu", hook_name="x")
+    sae = SAE(np.int64(8), np.int64(4), kind="topk", k=np.int64(2), aux_k=np.int64(3),
+              hook_name="x")
+    save_saelens(sae, tmp_path)
+    back = load_saelens(tmp_path)
+    assert (back.k, back.aux_k, back.d_sae) == (2, 3, 4) and type(back.k) is int
+
+
 # --------------------------------------------------------------------------- on a model
 @pytest.fixture(scope="module")
 def stories():

@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import functional as F
+from ...checks import is_int
 from ...nn import Module
 from ...tensor import Tensor
 from . import ops
@@ -88,11 +89,12 @@ class SAE(Module):
                  dtype=np.float32, _d_out: int | None = None):
         d_out = d_in if _d_out is None else _d_out
         _check_sizes(kind, d_in, d_sae, d_out, k)
-        self.kind, self.hook_name, self.k = kind, hook_name, k
+        # Python ints: NumPy's (np.int64) are no JSON, and cfg.json / training.npz store them
+        self.kind, self.hook_name, self.k = kind, hook_name, None if k is None else int(k)
         self.d_in, self.d_sae, self.d_out = int(d_in), int(d_sae), int(d_out)
         self.l1_coefficient, self.l0_coefficient = float(l1_coefficient), float(l0_coefficient)
         self.bandwidth, self.aux_coefficient = float(bandwidth), float(aux_coefficient)
-        self.aux_k = aux_k
+        self.aux_k = int(aux_k) if is_int(aux_k) else aux_k
         self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
         rng = np.random.default_rng(seed)
         w_dec = _unit_rows(rng.standard_normal((d_sae, d_out))) * (0.1 if kind == "relu" else 1.0)
@@ -255,10 +257,10 @@ class Transcoder(SAE):
 def _check_sizes(kind, d_in, d_sae, d_out, k) -> None:
     if kind not in KINDS:
         raise ValueError(f"SAE: kind {kind!r} is not one of {', '.join(KINDS)}")
-    if min(d_in, d_sae, d_out) < 1:
-        raise ValueError(f"SAE: sizes must be positive (d_in={d_in}, d_sae={d_sae}, "
-                         f"d_out={d_out})")
-    if kind == "topk" and (k is None or not 1 <= k <= d_sae):
+    if not all(is_int(n) and n >= 1 for n in (d_in, d_sae, d_out)):
+        raise ValueError(f"SAE: sizes must be positive integers (d_in={d_in!r}, "
+                         f"d_sae={d_sae!r}, d_out={d_out!r})")
+    if kind == "topk" and (not is_int(k) or not 1 <= k <= d_sae):  # not True, not 2.5
         raise ValueError(f"SAE: kind 'topk' needs k in 1..d_sae={d_sae}, got k={k}")
     if kind != "topk" and k is not None:
         raise ValueError(f"SAE: k is for kind 'topk' only (kind is {kind!r})")

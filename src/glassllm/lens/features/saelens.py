@@ -85,7 +85,7 @@ def save_saelens(sae: SAE, path, *, metadata: dict | None = None) -> str:
     """
     from safetensors.numpy import save_file
     path = os.fspath(path)
-    cfg = saelens_config(sae, metadata)
+    text = json.dumps(saelens_config(sae, metadata), indent=1)  # before either file is written
     tensors = {name: np.ascontiguousarray(p.data, dtype=np.float32)
                for name, p in sae.named_parameters()}
     os.makedirs(path, exist_ok=True)
@@ -93,7 +93,7 @@ def save_saelens(sae: SAE, path, *, metadata: dict | None = None) -> str:
                    doing="cannot write the dictionary's weights")
     with atomic_write(os.path.join(path, CFG_FILENAME), "w",
                       doing="cannot write the dictionary's cfg.json") as f:
-        json.dump(cfg, f, indent=1)
+        f.write(text)
     return path
 
 
