@@ -160,6 +160,29 @@ def test_inspect_compare_prints_the_quantization_report(stories, tmp_path, capsy
     assert float(lines[-1].split("agreement ")[1].split("%")[0]) >= 90
 
 
+@pytest.mark.parametrize("extra, says", [
+    (["--out", "r.html"], "--out: not with --compare"),
+    (["--features", "d", "--device", "strict"], "--features, --device: not with --compare"),
+    (["--prompt", ""], "--prompt holds no tokens"),
+    (["--corpus", "EMPTY"], "holds no tokens")])
+def test_inspect_compare_refuses_what_it_would_ignore(stories, tmp_path, capsys, extra, says):
+    # --out/--features/--device were silently ignored (no report written, nothing moved), and
+    # an empty sample printed the weights' table without its agreement line or a word
+    model, tok, _ = stories
+    original = tmp_path / "stories.safetensors"
+    files.save(model, original, tok)
+    q8 = tmp_path / "q8.gguf"
+    write_gguf(q8, model, tok, QT.Q8_0)
+    (tmp_path / "empty.txt").write_text("")
+    extra = [str(tmp_path / "empty.txt") if a == "EMPTY" else a for a in extra]
+    code, text, err = cli(capsys, "inspect", "--compare", q8, original, *extra)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
+    code, text, err = cli(capsys, "inspect", "--model", original, "--prompt", "Once upon",
+                          "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "r.html")
+    assert code == 2 and "--corpus is for --compare only" in err
+
+
 # --------------------------------------------------------------------------- GPT-2's BPE
 def test_gpt2_bpe_vocabulary_through_gguf(tmp_path):
     tok = BPETokenizer.from_gpt2_files(shared_data_path("gpt2", "vocab.json"),

@@ -50,6 +50,7 @@ def run_inspect(args) -> int:
     from ..lens.report import (check_report_path, fit_prompt, inspect_model, summary,
                                write_html)
 
+    _refuse_ignored_flags(args)
     if args.compare is not None:
         return run_compare(args)
     if args.model is None or args.prompt is None:
@@ -103,14 +104,32 @@ def _dictionary(path, model):
     return sae
 
 
+def _refuse_ignored_flags(args) -> None:
+    """A flag the chosen mode does not read is refused, not ignored (--out or --device given
+    with --compare wrote and moved nothing, silently)."""
+    if args.compare is not None:
+        given = [flag for flag, value, default in (
+            ("--model", args.model, None), ("--tokenizer", args.tokenizer, None),
+            ("--out", args.out, "report.html"), ("--run", args.run, None),
+            ("--features", args.features, None), ("--device", args.device, None))
+            if value != default]
+        if given:
+            raise UsageError(f"{', '.join(given)}: not with --compare (it prints its report "
+                             f"and reads the two files it is given)")
+    elif args.corpus is not None or args.tokens != 512:
+        raise UsageError(f"{'--corpus' if args.corpus is not None else '--tokens'} is for "
+                         f"--compare only")
+
+
 def run_compare(args) -> int:
     """`inspect --compare A.gguf B`: the quantization report (`formats.gguf_compare`)."""
     from ..formats import gguf_compare
     from .common import load_model_and_tokenizer
 
+    from ..formats.lm import is_gguf
     quantized, original = args.compare
-    if not quantized.lower().endswith(".gguf"):
-        raise UsageError(f"--compare {quantized}: the first file is the GGUF (.gguf) to judge")
+    if not is_gguf(quantized):
+        raise UsageError(f"--compare {quantized}: the first file is the GGUF to judge")
     if args.tokens < 1:
         raise UsageError(f"--tokens must be >= 1, got {args.tokens}")
     if args.prompt is not None and args.corpus is not None:
@@ -124,6 +143,9 @@ def run_compare(args) -> int:
             raise UsageError("neither file holds a tokenizer to encode the sample with")
         text = args.prompt if args.corpus is None else _read_text(args.corpus)
         ids = [int(i) for i in tokenizer.encode(text)][:args.tokens]
+        if not ids:  # an empty --prompt or --corpus: no agreement to measure, said
+            raise UsageError(f"{'--prompt' if args.corpus is None else '--corpus ' + args.corpus}"
+                             f" holds no tokens to compare the models on")
     report = gguf_compare.compare(quantized, model, ids or None)
     print(f"{'tensor':<34} {'type':<6} {'rel RMS':>9} {'max |err|':>10}")
     for t in report.tensors:
