@@ -73,8 +73,10 @@ def llamacpp_decode(llm, n_new: int) -> tuple[list[int], float]:
 
 def open_llama(path: str, threads: int, n_ctx: int):
     import llama_cpp
+    # logits_all: llama-cpp-python 0.3 copies a token's logits into `scores` only then (it
+    # samples inside llama.cpp otherwise); one row per one-token eval, as glassllm computes
     return llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                           type_k=0, type_v=0, verbose=False)
+                           type_k=0, type_v=0, logits_all=True, verbose=False)
 
 
 def profile(model, n_new: int, top: int = 14) -> str:

@@ -100,7 +100,8 @@ def test_same_seed_same_weights_on_every_device():
 
 def test_model_to_moves_every_tensor_and_table_and_back():
     model = GlassLM(Config.preset("gemma3", vocab_size=48, d_model=16, n_layers=2, n_heads=2,
-                                  n_kv_heads=1, max_len=16, rope_local_theta=100.0))
+                                  n_kv_heads=1, max_len=16, rope_local_theta=100.0),
+                    device="cpu")  # (not the pass's default: the strict pass makes it strict)
     ref = model(IDS[:, :8]).numpy()
     assert model.to("strict") is model and model.device == "strict"
     assert devices.device_of(model.rope_local_cos) == "strict"

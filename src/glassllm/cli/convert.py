@@ -107,12 +107,12 @@ def run_convert(args) -> int:
     return 0
 
 
-def _check_out_file(out: str, source: str, what: str) -> None:
-    """--out must be a file path other than the input (which it would replace)."""
+def _check_out_file(out: str, source: str, what: str, flag: str = "--out") -> None:
+    """`flag`'s path must be a file path other than the input (which it would replace)."""
     if os.path.isdir(out):
-        raise UsageError(f"--out {out} is a directory; give a file path")
+        raise UsageError(f"{flag} {out} is a directory; give a file path")
     if os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source):
-        raise UsageError(f"--out {out} is the {what} being converted; write the result "
+        raise UsageError(f"{flag} {out} is the {what} being converted; write the result "
                          f"elsewhere")
 
 
@@ -228,12 +228,7 @@ def _convert_source(path: str):
 def _convert_to_llama2c(args):
     from ..formats import llama2c
 
-    if os.path.isdir(args.to_llama2c):
-        raise UsageError(f"--to-llama2c {args.to_llama2c} is a directory; give a file path")
-    if os.path.exists(args.to_llama2c) and os.path.exists(args.model) and \
-            os.path.samefile(args.to_llama2c, args.model):
-        raise UsageError(f"--to-llama2c {args.to_llama2c} is the model being converted; "
-                         f"write the llama2.c file elsewhere")
+    _check_out_file(args.to_llama2c, args.model, "model", "--to-llama2c")
     model, tokenizer = _convert_source(args.model)
     llama2c.to_llama2c(model, args.to_llama2c)
     if tokenizer is not None:  # the format has no place for one: run.c takes it with -z
@@ -247,12 +242,7 @@ def _convert_to_llama2c(args):
 def _convert_to_gguf(args):
     from ..formats import gguf_write
 
-    if os.path.isdir(args.to_gguf):
-        raise UsageError(f"--to-gguf {args.to_gguf} is a directory; give a file path")
-    if os.path.exists(args.to_gguf) and os.path.exists(args.model) and \
-            os.path.samefile(args.to_gguf, args.model):
-        raise UsageError(f"--to-gguf {args.to_gguf} is the model being converted; write the "
-                         f"GGUF file elsewhere")
+    _check_out_file(args.to_gguf, args.model, "model", "--to-gguf")
     model, tokenizer = _convert_source(args.model)
     gguf_write.write_gguf(model, args.to_gguf, tokenizer, type=args.type or "f32")
     if tokenizer is None:
