@@ -369,3 +369,21 @@ def test_cli_generate_on_strict_writes_cpus_text(tmp_path):
     assert text("--device", "strict")[:2] == text()[:2]
     code, _, err = text("--device", "tpu")
     assert code != 0 and err.strip().endswith("got 'tpu'") and len(err.strip().splitlines()) == 1
+
+
+def test_an_optimizer_built_before_model_to_says_so_and_changes_nothing():
+    # the step failed inside array_api_strict: "Can't convert array on the
+    # 'array_api_strict.Device('device1')' device to a NumPy array", naming no cause
+    cfg = Config(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, max_len=8)
+    model = GlassLM(cfg, seed=0, device="cpu")
+    opt = AdamW(model.parameters(), lr=1e-3)
+    model.to("strict")
+    ids = np.arange(8)[None]
+    F.cross_entropy(model(ids), ids).backward()
+    before = [host(p.data).copy() for p in model.parameters()]
+    with pytest.raises(ValueError, match="parameter 0 is on strict but the optimizer's moments "
+                                         "are on cpu; build the optimizer after model.to"):
+        opt.step()
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(host(p.data), b)
+    AdamW(model.parameters(), lr=1e-3).step()  # built after: steps

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from . import kernels
-from .devices import namespace
+from .devices import device_of, namespace
 from .tensor import Tensor
 
 
@@ -91,13 +91,19 @@ class AdamW:
         skipped entirely: no decay, no moment update, their count does not advance.
 
         Raises:
-            ValueError: a grad whose shape differs from its parameter's (checked for all
-                parameters before any is updated, so nothing changes).
+            ValueError: a grad whose shape differs from its parameter's, or a parameter moved
+                to another device after the optimizer was built (checked for all parameters
+                before any is updated, so nothing changes).
         """
         for i, p in enumerate(self.params):  # before any change, so a bad step changes nothing
             if p.grad is not None and p.grad.shape != p.data.shape:
                 raise ValueError(f"AdamW.step: parameter {i} has shape {p.data.shape} but its "
                                  f"grad has shape {p.grad.shape}")
+            if p.grad is not None and type(self.m[i]) is not type(p.data):
+                # built before model.to(device): the array library's own error names no cause
+                raise ValueError(f"AdamW.step: parameter {i} is on {device_of(p.data)} but the "
+                                 f"optimizer's moments are on {device_of(self.m[i])}; build the "
+                                 f"optimizer after model.to(device)")
         lr = self.lr if lr is None else lr
         beta1, beta2 = self.betas
         update = kernels.pick(adamw_update, on=self.params[0].data if self.params else None)
