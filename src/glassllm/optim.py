@@ -99,7 +99,7 @@ class AdamW:
             if p.grad is not None and p.grad.shape != p.data.shape:
                 raise ValueError(f"AdamW.step: parameter {i} has shape {p.data.shape} but its "
                                  f"grad has shape {p.grad.shape}")
-            if p.grad is not None and type(self.m[i]) is not type(p.data):
+            if p.grad is not None and device_of(self.m[i]) != device_of(p.data):
                 # built before model.to(device): the array library's own error names no cause
                 raise ValueError(f"AdamW.step: parameter {i} is on {device_of(p.data)} but the "
                                  f"optimizer's moments are on {device_of(self.m[i])}; build the "
