@@ -235,6 +235,20 @@ def test_corpus_windows_fewer_than_one_window_names_max_tokens(tmp_path):
     assert browse.corpus_windows(ByteTokenizer(), tmp_path / "c.txt", 64, 64).shape == (1, 64)
 
 
+def test_corpus_windows_of_one_token_leave_the_bos_out(tmp_path):
+    # a model of max_len 1 with a BOS tokenizer: width seq_len - 1 = 0, a ZeroDivisionError
+    # (`features show`, serve's Features view)
+    from glassllm.tokenizers import ByteTokenizer
+
+    class WithBos(ByteTokenizer):
+        bos_id = 256
+    (tmp_path / "c.txt").write_text("abc")
+    windows = browse.corpus_windows(WithBos(), tmp_path / "c.txt", 1, 16)
+    np.testing.assert_array_equal(windows, [[97], [98], [99]])
+    assert browse.corpus_windows(WithBos(), tmp_path / "c.txt", 2, 16).tolist() == \
+        [[256, 97], [256, 98], [256, 99]]
+
+
 def test_corpus_windows_of_a_text_file(tmp_path):
     from glassllm.tokenizers import ByteTokenizer
     path = tmp_path / "c.txt"

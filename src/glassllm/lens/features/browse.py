@@ -212,6 +212,8 @@ def corpus_windows(tokenizer, path, seq_len: int = 64, max_tokens: int = 32768,
     """
     from ...formats.token_file import TokenFile
     path = os.fspath(path)
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be at least 1, got {seq_len}")
     if max_tokens < seq_len:  # not the corpus' fault: said before it is read
         raise ValueError(f"max_tokens {max_tokens} is fewer than one window of {seq_len} "
                          f"tokens (seq_len)")
@@ -224,7 +226,8 @@ def corpus_windows(tokenizer, path, seq_len: int = 64, max_tokens: int = 32768,
         with open(path, "rb") as f:
             text = f.read(max_tokens * 16).decode("utf-8", errors="replace")
         ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
-        start = getattr(tokenizer, "bos_id", None) if bos else None
+        # a window of one token (a model of max_len 1) has no room for the BOS besides it
+        start = getattr(tokenizer, "bos_id", None) if bos and seq_len > 1 else None
     width = seq_len - (start is not None)
     n = min(len(ids) // width, max_tokens // seq_len)
     if n < 1:
