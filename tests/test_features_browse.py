@@ -249,6 +249,14 @@ def test_corpus_windows_of_one_token_leave_the_bos_out(tmp_path):
         [[256, 97], [256, 98], [256, 99]]
 
 
+def test_corpus_windows_of_a_huge_max_tokens_read_the_whole_file(tmp_path):
+    # `features show --max-tokens 99999999999999999999`: read() of 16 x that, an OverflowError
+    from glassllm.tokenizers import ByteTokenizer
+    (tmp_path / "c.txt").write_text("abcd" * 40)
+    windows = browse.corpus_windows(ByteTokenizer(), tmp_path / "c.txt", 16, 10 ** 20)
+    assert windows.shape == (10, 16) and bytes(windows.reshape(-1).tolist()) == b"abcd" * 40
+
+
 def test_corpus_windows_of_a_text_file(tmp_path):
     from glassllm.tokenizers import ByteTokenizer
     path = tmp_path / "c.txt"

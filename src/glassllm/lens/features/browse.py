@@ -223,8 +223,9 @@ def corpus_windows(tokenizer, path, seq_len: int = 64, max_tokens: int = 32768,
         ids = np.asarray(TokenFile(path).tokens[:max_tokens], dtype=np.int64)
         start = None
     else:
-        with open(path, "rb") as f:
-            text = f.read(max_tokens * 16).decode("utf-8", errors="replace")
+        with open(path, "rb") as f:  # read() of a size past the file's: an OverflowError
+            size = min(max_tokens * 16, os.fstat(f.fileno()).st_size)
+            text = f.read(size).decode("utf-8", errors="replace")
         ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
         # a window of one token (a model of max_len 1) has no room for the BOS besides it
         start = getattr(tokenizer, "bos_id", None) if bos and seq_len > 1 else None
