@@ -544,6 +544,25 @@ def test_a_prepare_directory_trains_on_train_bin_and_evaluates_on_val_bin(tmp_pa
         corpus_ids(tmp_path / "empty")
 
 
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # the divergence itself
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("kind", ["relu", "topk"])
+def test_a_diverging_dictionary_stops_and_keeps_the_last_checkpoint(kind, tmp_path):
+    # lr 1e30 trained NaN weights and saved them (which load_saelens then refuses), over the
+    # checkpoint a resumed run had
+    model, ids = GlassLM_tiny(), np.arange(400) % 260
+    options = dict(kind=kind, d_sae=16, k=2 if kind == "topk" else None, batch_size=32,
+                   seq_len=16, buffer_tokens=64)
+    train_dictionary(model, ids, "blocks.0.residual_out", steps=2, out=tmp_path, **options)
+    files = {f: (tmp_path / f).read_bytes() for f in ("sae_weights.safetensors",
+                                                       "training.npz", "cfg.json")}
+    with pytest.raises(ValueError, match=r"diverged at step \d+ .* too high\?\); .* keeps"):
+        train_dictionary(model, ids, "blocks.0.residual_out", steps=30, out=tmp_path,
+                         lr=1e30, **options)
+    assert {f: (tmp_path / f).read_bytes() for f in files} == files
+    assert np.isfinite(load_saelens(tmp_path).W_enc.data).all()
+
+
 def GlassLM_tiny():
     from glassllm import Config, GlassLM
     return GlassLM(Config(vocab_size=260, d_model=16, n_layers=1, n_heads=2, max_len=32), seed=0)

@@ -263,7 +263,8 @@ def train_dictionary(model: GlassLM, data, hook_name: str, *, kind: str = "topk"
 
     Raises:
         ValueError: an unknown name, bad sizes or options, a corpus too small, an `out` holding
-            a dictionary of other settings. FileNotFoundError: no such corpus file.
+            a dictionary of other settings; a loss or weight that became NaN or infinite
+            (nothing more written). FileNotFoundError: no such corpus file.
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"train_dictionary: steps ({steps}) and batch_size ({batch_size}) "
@@ -323,6 +324,13 @@ def _loop(sae, opt, buffer, progress, plan, out, checkpoint_every, emit, rng) ->
         x, y = buffer.batch(plan["batch_size"])
         dead = progress.since_fired >= plan["dead_tokens"]
         parts, f = update(sae, opt, x, y, lr, dead)
+        if not (math.isfinite(parts["loss"]) and
+                all(np.isfinite(p.data).all() for p in sae.parameters())):
+            # stopped before any checkpoint holds it: load_saelens refuses a NaN dictionary
+            raise ValueError(f"train_dictionary: the dictionary diverged at step {step} (a "
+                             f"loss or weight not finite; lr {lr:.3g} too high?); "
+                             + ("nothing saved" if out is None else
+                                f"{out} keeps its last checkpoint, if any"))
         progress.since_fired += len(x)
         progress.since_fired[(f > 0).any(axis=0)] = 0
         progress.step = step + 1
