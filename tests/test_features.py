@@ -563,6 +563,31 @@ def test_a_diverging_dictionary_stops_and_keeps_the_last_checkpoint(kind, tmp_pa
     assert np.isfinite(load_saelens(tmp_path).W_enc.data).all()
 
 
+def test_a_corpus_of_another_tokenizer_is_refused_naming_it(tmp_path):
+    # "idx: token id 1402 at position (0, 2) is outside [0, 512)", naming no file, from the
+    # model's forward (features train, features show, serve's Features view)
+    from glassllm.formats.token_file import TokenWriter
+    from glassllm.tokenizers import ByteTokenizer
+    from glassllm.lens.features import browse
+
+    class Wide(ByteTokenizer):
+        vocab_size = 1000
+    (tmp_path / "prep").mkdir()
+    for split in ("train", "val"):
+        writer = TokenWriter(tmp_path / "prep" / f"{split}.bin", Wide())
+        writer.append((np.arange(300) * 3).astype(np.uint16))
+        writer.close()
+    with pytest.raises(ValueError, match=r"prep: token id 897 is outside the model's "
+                                         r"vocabulary \[0, 260\)"):
+        train_dictionary(GlassLM_tiny(), tmp_path / "prep", "blocks.0.residual_out",
+                         d_sae=16, k=2, steps=2, batch_size=32)
+    sae = SAE(16, 16, kind="topk", k=2, hook_name="blocks.0.residual_out")
+    with pytest.raises(ValueError, match="prep: token id 897 is outside the model's"):
+        evaluate_dictionary(GlassLM_tiny(), sae, tmp_path / "prep")
+    with pytest.raises(ValueError, match=r"val.bin: token id \d+ is outside the tokenizer's 257"):
+        browse.corpus_windows(ByteTokenizer(), tmp_path / "prep", 16, 1000)
+
+
 def GlassLM_tiny():
     from glassllm import Config, GlassLM
     return GlassLM(Config(vocab_size=260, d_model=16, n_layers=1, n_heads=2, max_len=32), seed=0)

@@ -229,6 +229,10 @@ def corpus_windows(tokenizer, path, seq_len: int = 64, max_tokens: int = 32768,
         ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
         # a window of one token (a model of max_len 1) has no room for the BOS besides it
         start = getattr(tokenizer, "bos_id", None) if bos and seq_len > 1 else None
+    limit = getattr(tokenizer, "vocab_size", None)
+    if limit is not None and len(ids) and int(ids.max()) >= limit:  # another tokenizer's file
+        raise ValueError(f"{path}: token id {int(ids.max())} is outside the tokenizer's "
+                         f"{limit} ids (a token file of another tokenizer?)")
     width = seq_len - (start is not None)
     n = min(len(ids) // width, max_tokens // seq_len)
     if n < 1:

@@ -32,7 +32,7 @@ from ...tensor import Tensor, no_grad
 from ..trace import run_with_cache, run_with_hooks
 from .sae import SAE, Transcoder
 from .saelens import EVALUATION_FILENAME
-from .train import corpus_ids, use_glassllm_names
+from .train import check_vocabulary, corpus_ids, use_glassllm_names
 
 
 @dataclasses.dataclass
@@ -164,6 +164,7 @@ def evaluate_dictionary(model: GlassLM, sae: SAE, data, *, tokenizer=None,
     """
     use_glassllm_names(model, sae)  # a SAELens dictionary's TransformerLens hook names
     ids = corpus_ids(data, tokenizer, split="val")  # a prepare directory: its held-out part
+    check_vocabulary(ids, model, data)
     seq_len = max(1, min(seq_len, model.cfg.max_len, len(ids) - 1))
     rng = np.random.default_rng(seed)
     n_windows = max(1, -(-tokens // seq_len))

@@ -126,6 +126,18 @@ def corpus_ids(data, tokenizer=None, split: str = "train") -> np.ndarray:
     return ids
 
 
+def check_vocabulary(ids: np.ndarray, model: GlassLM, data) -> None:
+    """Raise ValueError naming the corpus when an id is outside the model's vocabulary (a
+    token file of another tokenizer): the forward's own message names no file, and an id
+    drawn rarely would fail mid-run. Reads a memory-mapped corpus once."""
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= model.cfg.vocab_size:
+        where = os.fspath(data) if isinstance(data, (str, os.PathLike)) else "the corpus"
+        raise ValueError(f"{where}: token id {low if low < 0 else high} is "
+                         f"outside the model's vocabulary [0, {model.cfg.vocab_size}) (a token "
+                         f"file of another tokenizer?)")
+
+
 class ActivationSource:
     """Rows of the value(s) a dictionary reads, from the model on random windows of the corpus.
 
@@ -280,6 +292,7 @@ def train_dictionary(model: GlassLM, data, hook_name: str, *, kind: str = "topk"
     if out is not None:  # a dictionary SAELens' format cannot hold: refused before training
         saelens.architecture_of(sae)
     ids = corpus_ids(data, tokenizer)
+    check_vocabulary(ids, model, data)
     opt = AdamW(sae.parameters(), lr=lr or default_lr(d_sae), betas=(0.9, 0.999),
                 weight_decay=0.0)
     progress = resume(out, sae, opt, emit)
