@@ -257,6 +257,23 @@ def test_corpus_windows_of_a_huge_max_tokens_read_the_whole_file(tmp_path):
     assert windows.shape == (10, 16) and bytes(windows.reshape(-1).tolist()) == b"abcd" * 40
 
 
+@pytest.mark.parametrize("out, d_out, says", [
+    ("blocks.1.mlp.output", 16, "writes 'blocks.1.mlp.output' of width 16"),
+    ("blocks.1.mlp.hidden_post", 32, "writes 'blocks.1.mlp.hidden_post' of width 32"),
+    ("blocks.0.mlp.output", 32, "which the forward computes before it"),
+    ("blocks.7.mlp.output", 32, "writes 'blocks.7.mlp.output' but the model has 2 layers")])
+def test_a_transcoder_s_output_is_checked_like_its_input(setup, out, d_out, says):
+    # only hook_name was checked: a wrong out_name failed later as a NumPy broadcast or
+    # matmul error, or (written before it is read) a KeyError traceback from evaluate
+    from glassllm.lens.features import Transcoder, evaluate_dictionary
+    model, _, windows, _ = setup
+    tc = Transcoder(32, 16, d_out, hook_name="blocks.1.mlp.input", out_name=out)
+    with pytest.raises(ValueError, match=says):
+        browse.check_fits(model, tc)
+    with pytest.raises(ValueError, match=says):
+        evaluate_dictionary(model, tc, windows.reshape(-1), tokens=16, seq_len=8)
+
+
 def test_corpus_windows_of_a_text_file(tmp_path):
     from glassllm.tokenizers import ByteTokenizer
     path = tmp_path / "c.txt"

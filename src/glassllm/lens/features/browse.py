@@ -54,32 +54,13 @@ def out_name(sae) -> str:
 
 
 def check_fits(model: GlassLM, sae) -> None:
-    """Raise ValueError (one line) when `sae` cannot read `model`: its hook_name is not a
-    value of this model, not one row per token (a per-head value such as attention.q, (B, T,
-    H, d): the views show tokens), or the value's width is not the dictionary's d_in. A
-    TransformerLens hook name (SAELens' dictionaries) is first renamed to glassllm's name of
-    the same value (`train.use_glassllm_names`)."""
-    from .train import use_glassllm_names
-    cfg = model.cfg
-    use_glassllm_names(model, sae)
-    try:
-        shape = value_shape(cfg, sae.hook_name, 1, 1)
-    except (KeyError, IndexError):
-        raise ValueError(f"dictionary reads {sae.hook_name!r}, which is not a value of this "
-                         f"{cfg.family} model (see glassllm.lens.trace.NAMES)") from None
-    width = shape[-1]
-    if len(shape) != 3:  # (B, T, d): one row per token; a head's value has (B, T, H, d)
-        raise ValueError(f"dictionary reads {sae.hook_name!r}, a value of several rows per "
-                         f"token (shape {'(B, H, T, T)' if shape[1] != 1 else '(B, T, H, d)'}); "
-                         f"the feature views show one row per token (a residual, an MLP's "
-                         f"value, an attention output)")
-    layer = sae.hook_name.split(".")[1] if sae.hook_name.startswith("blocks.") else None
-    if layer is not None and not (layer.isdigit() and int(layer) < cfg.n_layers):
-        raise ValueError(f"dictionary reads {sae.hook_name!r} but the model has "
-                         f"{cfg.n_layers} layers")
-    if width != sae.d_in:
-        raise ValueError(f"dictionary reads {sae.hook_name!r} of width {sae.d_in}, but this "
-                         f"model's is {width}: it was trained on another model")
+    """Raise ValueError (one line) when `sae` cannot be looked at on `model`: a name it reads
+    (or, for a transcoder, writes) is not a value of this model, not one row per token (a
+    per-head value such as attention.q, (B, T, H, d): the views show tokens), or not of the
+    dictionary's width (`train.check_names`). A TransformerLens hook name (SAELens'
+    dictionaries) is first renamed to glassllm's name of the same value."""
+    from .train import check_names
+    check_names(model, sae, rows_per_token=1)
 
 
 # --------------------------------------------------------------------------- activations

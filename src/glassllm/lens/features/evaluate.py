@@ -32,7 +32,7 @@ from ...tensor import Tensor, no_grad
 from ..trace import run_with_cache, run_with_hooks
 from .sae import SAE, Transcoder
 from .saelens import EVALUATION_FILENAME
-from .train import check_vocabulary, corpus_ids, use_glassllm_names
+from .train import check_names, check_vocabulary, corpus_ids
 
 
 @dataclasses.dataclass
@@ -162,7 +162,7 @@ def evaluate_dictionary(model: GlassLM, sae: SAE, data, *, tokenizer=None,
         ValueError: the dictionary's names are not the model's, or their widths differ; a corpus
             too small; FileNotFoundError: no such corpus file.
     """
-    use_glassllm_names(model, sae)  # a SAELens dictionary's TransformerLens hook names
+    check_names(model, sae)  # renames a SAELens dictionary's TransformerLens hook names
     ids = corpus_ids(data, tokenizer, split="val")  # a prepare directory: its held-out part
     check_vocabulary(ids, model, data)
     seq_len = max(1, min(seq_len, model.cfg.max_len, len(ids) - 1))

@@ -194,6 +194,42 @@ def use_glassllm_names(model: GlassLM, sae: SAE) -> None:
                                            model.cfg.positions == "rope"))
 
 
+def check_names(model: GlassLM, sae: SAE, rows_per_token: int | None = None) -> None:
+    """Raise ValueError (one line) when `sae` does not fit `model`: its hook_name (and a
+    transcoder's out_name, which the forward must reach after it) is not a value of this
+    model, or not of width d_in (d_out); with rows_per_token=1, a value of several rows per
+    token (a head's q, (B, T, H, d); a pattern). TransformerLens names are renamed first
+    (`use_glassllm_names`)."""
+    use_glassllm_names(model, sae)
+    cfg = model.cfg
+    names = [(sae.hook_name, "reads", sae.d_in)]
+    if isinstance(sae, Transcoder):
+        names.append((sae.out_name, "writes", sae.d_out))
+    for name, verb, width in names:
+        layer = name.split(".")[1] if isinstance(name, str) and name.startswith("blocks.") \
+            else None
+        if layer is not None and not (layer.isdigit() and int(layer) < cfg.n_layers):
+            raise ValueError(f"dictionary {verb} {name!r} but the model has {cfg.n_layers} "
+                             f"layers")
+        try:
+            shape = value_shape(cfg, name, 1, 1)
+        except (KeyError, IndexError, AttributeError):
+            raise ValueError(f"dictionary {verb} {name!r}, which is not a value of this "
+                             f"{cfg.family} model (see glassllm.lens.trace.NAMES)") from None
+        if rows_per_token == 1 and len(shape) != 3:  # (B, T, d): one row per token
+            raise ValueError(f"dictionary {verb} {name!r}, a value of several rows per token "
+                             f"(shape {'(B, H, T, T)' if shape[1] != 1 else '(B, T, H, d)'}); "
+                             f"the feature views show one row per token (a residual, an MLP's "
+                             f"value, an attention output)")
+        if shape[-1] != width:
+            raise ValueError(f"dictionary {verb} {name!r} of width {width}, but this model's "
+                             f"is {shape[-1]}: it was trained on another model")
+    order = names_for(cfg)
+    if len(names) == 2 and order.index(sae.out_name) <= order.index(sae.hook_name):
+        raise ValueError(f"transcoder reads {sae.hook_name!r} and writes {sae.out_name!r}, "
+                         f"which the forward computes before it")
+
+
 def _flat(value: np.ndarray) -> np.ndarray:
     return np.array(value, dtype=np.float32).reshape(-1, value.shape[-1])
 
@@ -289,6 +325,7 @@ def train_dictionary(model: GlassLM, data, hook_name: str, *, kind: str = "topk"
     emit = on_event or (lambda event: None)
     sae = new_dictionary(model, hook_name, out_name, kind=kind, d_sae=d_sae, k=k, seed=seed,
                          **options)
+    check_names(model, sae)  # a transcoder's out_name computed before its hook_name
     if out is not None:  # a dictionary SAELens' format cannot hold: refused before training
         saelens.architecture_of(sae)
     ids = corpus_ids(data, tokenizer)
