@@ -297,3 +297,26 @@ def test_a_model_on_the_strict_device_is_written_from_the_host(tmp_path):
     np.testing.assert_allclose(back(ids).numpy(), model(ids).numpy(), rtol=1e-5, atol=1e-6)
     for name, array in gguf_write.gguf_tensors(model, "llama").items():
         np.testing.assert_array_equal(array, on_cpu[name])
+
+
+def test_cli_convert_to_gguf_of_a_byte_tokenizer_model_writes_ids_only_with_a_note(tmp_path,
+                                                                                    capsys):
+    # the default model of `glassllm train` (byte tokenizer) could not be exported at all:
+    # "a ByteTokenizer cannot be written as GGUF tokenizer keys"
+    from glassllm.cli import main
+    from glassllm.formats import files
+    from glassllm.formats.gguf_read import read_gguf
+    from glassllm.tokenizers import ByteTokenizer
+    model = tiny("llama", vocab_size=257, n_kv_heads=2)
+    files.save(model, tmp_path / "m.safetensors", ByteTokenizer())
+    assert main(["convert", "--model", str(tmp_path / "m.safetensors"), "--to-gguf",
+                 str(tmp_path / "m.gguf")]) == 0
+    err = capsys.readouterr().err
+    assert "not this byte tokenizer (it stays in" in err
+    keys, _ = read(tmp_path / "m.gguf")
+    assert keys["tokenizer.ggml.model"] == "none"
+    back, tokenizer = read_gguf(tmp_path / "m.gguf")
+    ids = np.arange(8)[None]
+    assert tokenizer is None
+    np.testing.assert_allclose(back(ids).numpy(), model(ids).numpy(), rtol=1e-5, atol=1e-6)
+    assert not gguf_write.stores_tokenizer(ByteTokenizer())

@@ -244,8 +244,16 @@ def _convert_to_gguf(args):
 
     _check_out_file(args.to_gguf, args.model, "model", "--to-gguf")
     model, tokenizer = _convert_source(args.model)
+    own = tokenizer
+    if tokenizer is not None and not gguf_write.stores_tokenizer(tokenizer):
+        tokenizer = None  # as --to-hf does: the weights written, the tokenizer said to stay
     gguf_write.write_gguf(model, args.to_gguf, tokenizer, type=args.type or "f32")
-    if tokenizer is None:
+    if own is None:
         print(f"note: {args.model} holds no tokenizer: {args.to_gguf} has tokenizer model "
               f"\"none\" (llama.cpp runs it on token ids only)", file=sys.stderr, flush=True)
+    elif tokenizer is None:
+        kind = json.loads(own.to_json())["type"]
+        print(f"note: {args.to_gguf} has tokenizer model \"none\" (llama.cpp runs it on token "
+              f"ids only): GGUF holds SentencePiece and GPT-2 BPE tokenizers, not this {kind} "
+              f"tokenizer (it stays in {args.model})", file=sys.stderr, flush=True)
     return model, tokenizer

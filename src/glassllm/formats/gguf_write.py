@@ -258,6 +258,15 @@ def _write_gemma_keys(writer, cfg: Config, arch: str, sliding: list[bool]) -> No
 
 
 # --------------------------------------------------------------------------- tokenizer
+def stores_tokenizer(tokenizer) -> bool:
+    """Whether `write_gguf` can write `tokenizer` as `tokenizer.ggml.*` keys: glassllm's
+    SentencePiece and GPT-2 byte-level BPE tokenizers (`_write_tokenizer`); not its byte
+    tokenizer (no llama.cpp tokenizer model reads ids as bytes)."""
+    from ..tokenizers.bpe import BPETokenizer
+    from ..tokenizers.sentencepiece import SentencePieceTokenizer
+    return isinstance(tokenizer, (SentencePieceTokenizer, BPETokenizer))
+
+
 def _write_tokenizer(writer, tokenizer, vocab_size: int) -> None:
     """`tokenizer.ggml.*` keys, as llama.cpp's converter writes them (conversion/base.py
     `_set_vocab_sentencepiece`, `_set_vocab_gpt2`); ids past the tokenizer's own up to the
