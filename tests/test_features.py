@@ -520,6 +520,10 @@ def test_an_out_that_is_a_file_is_refused_before_training(tmp_path):
                              d_sae=16, k=2, steps=2, batch_size=32, out=out,
                              on_event=events.append)
     assert events == [] and (tmp_path / "f.txt").read_text() == "x"
+    with pytest.raises(ValueError, match="out is an empty path"):  # was ": No such file"
+        train_dictionary(GlassLM_tiny(), np.arange(400) % 260, "blocks.0.residual_out",
+                         d_sae=16, k=2, steps=2, batch_size=32, out="", on_event=events.append)
+    assert events == []
 
 
 def test_a_prepare_directory_trains_on_train_bin_and_evaluates_on_val_bin(tmp_path):
