@@ -485,8 +485,8 @@ def test_cli_features_train_error_before_the_first_step_is_the_only_line(tmp_pat
     (lambda z, path: path.write_bytes(path.read_bytes()[:100]), "not a readable training state"),
     (lambda z, path: z.pop("adam_t"), "entry 'adam_t' is missing"),
     (lambda z, path: z.__setitem__("m.W_enc", np.zeros((3, 3))), "entry 'm.W_enc' has shape"),
-    (lambda z, path: z.__setitem__("settings", np.asarray("[1]")), "'settings' is missing or not a JSON"),
-    (lambda z, path: z.__setitem__("settings", np.asarray("{")), "'settings' is missing or not a JSON"),
+    (lambda z, path: z.__setitem__("settings", np.asarray("[1]")), "'settings' is missing or"),
+    (lambda z, path: z.__setitem__("settings", np.asarray("{")), "'settings' is missing or"),
     (lambda z, path: z.__setitem__("since_fired", np.zeros(3)), "'since_fired' has shape"),
     (lambda z, path: z.__setitem__("m.W_enc", z["m.W_enc"] * np.nan), "'m.W_enc' holds"),
     (lambda z, path: z.__setitem__("step", np.int64(-5)), "'step' holds")])

@@ -150,8 +150,9 @@ def evaluate_dictionary(model: GlassLM, sae: SAE, data, *, tokenizer=None,
                         tokens: int = 32768, seq_len: int = 128, batch_windows: int = 16,
                         seed: int = 1, dense_density: float = 0.1, out=None) -> DictionaryReport:
     """Measure `sae` on the model's values over windows of the corpus `data` (as
-    `train.corpus_ids`; a `glassllm prepare` directory: its val.bin): about `tokens` positions, in windows of `seq_len` (+1 for the targets)
-    drawn with `seed`, `batch_windows` windows per forward. Each batch runs three forwards:
+    `train.corpus_ids`; a `glassllm prepare` directory: its val.bin): about `tokens`
+    positions, in windows of `seq_len` (+1 for the targets) drawn with `seed`,
+    `batch_windows` windows per forward. Each batch runs three forwards:
     clean (with the values read), spliced and zero-ablated (`splice_hooks`).
 
     out: a dictionary directory to store the report in (`save_report`).
@@ -159,8 +160,9 @@ def evaluate_dictionary(model: GlassLM, sae: SAE, data, *, tokenizer=None,
     Returns a `DictionaryReport`.
 
     Raises:
-        ValueError: the dictionary's names are not the model's, or their widths differ; a corpus
-            too small; FileNotFoundError: no such corpus file.
+        ValueError: the dictionary's names are not the model's, or their widths differ
+            (`train.check_names`); a corpus too small, or of ids past the model's vocabulary;
+            FileNotFoundError: no such corpus file.
     """
     check_names(model, sae)  # renames a SAELens dictionary's TransformerLens hook names
     ids = corpus_ids(data, tokenizer, split="val")  # a prepare directory: its held-out part

@@ -354,8 +354,8 @@ def train_dictionary(model: GlassLM, data, hook_name: str, *, kind: str = "topk"
 
 def check_out_directory(out) -> None:
     """Raise ValueError (naming it) when `out` cannot become a dictionary's directory: it is
-    empty, or it or the nearest of its parents that exists is a file. Said before training, not at the first
-    checkpoint."""
+    empty, or it or the nearest of its parents that exists is a file. Said before training,
+    not at the first checkpoint."""
     if not os.fspath(out):  # normpath would make it ".", and save_saelens fail on ""
         raise ValueError("out is an empty path; name the dictionary's directory")
     path = os.path.normpath(os.fspath(out))
