@@ -592,6 +592,38 @@ def test_a_corpus_of_another_tokenizer_is_refused_naming_it(tmp_path):
         browse.corpus_windows(ByteTokenizer(), tmp_path / "prep", 16, 1000)
 
 
+def test_a_second_ctrl_c_while_the_checkpoint_is_written_waits_for_it(tmp_path, monkeypatch):
+    # the first Ctrl-C writes a checkpoint; a second one during it left the weights without
+    # training.npz, and the same command then refused the directory ("nothing to resume")
+    import signal
+    from glassllm.lens.features import saelens
+    from glassllm.lens.features.train import DictionaryCheckpointed, DictionaryStep
+    save = saelens.save_saelens
+
+    def save_then_ctrl_c(*args, **kwargs):
+        path = save(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # the second Ctrl-C, between the files
+        return path
+    monkeypatch.setattr(saelens, "save_saelens", save_then_ctrl_c)
+    events = []
+
+    def first_ctrl_c(event):
+        events.append(event)
+        if isinstance(event, DictionaryStep) and event.step == 1:
+            raise KeyboardInterrupt
+    model, ids = GlassLM_tiny(), np.arange(400) % 260
+    options = dict(kind="topk", d_sae=16, k=2, batch_size=32, seq_len=16, buffer_tokens=64)
+    with pytest.raises(KeyboardInterrupt):
+        train_dictionary(model, ids, "blocks.0.residual_out", steps=50, out=tmp_path,
+                         on_event=first_ctrl_c, **options)
+    assert isinstance(events[-1], DictionaryCheckpointed) and events[-1].step == 2
+    monkeypatch.setattr(saelens, "save_saelens", save)
+    events.clear()
+    train_dictionary(model, ids, "blocks.0.residual_out", steps=3, out=tmp_path,
+                     on_event=events.append, **options)
+    assert type(events[0]).__name__ == "DictionaryResumed" and events[0].step == 2
+
+
 def GlassLM_tiny():
     from glassllm import Config, GlassLM
     return GlassLM(Config(vocab_size=260, d_model=16, n_layers=1, n_heads=2, max_len=32), seed=0)

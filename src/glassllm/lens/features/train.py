@@ -494,8 +494,18 @@ def resample_dead(sae: SAE, opt: AdamW, x, y, dead: np.ndarray, rng) -> int:
 # --------------------------------------------------------------------------- checkpoints
 def checkpoint(out, sae: SAE, opt: AdamW, progress: Progress, emit) -> None:
     """Write the dictionary (SAELens' format) and `training.npz` (the step, AdamW's moments and
-    counts, the dead-feature counters, the settings) into the directory `out`, atomically."""
+    counts, the dead-feature counters, the settings) into the directory `out`, atomically, with
+    Ctrl-C, SIGTERM and SIGHUP held until all three files are written (`training.lock.
+    signals_held`): a second Ctrl-C while the first one's checkpoint was written left the
+    weights without training.npz, which a resume refuses."""
+    from ...training.lock import signals_held
     out = os.fspath(out)
+    with signals_held():
+        _write_checkpoint(out, sae, opt, progress)
+        emit(DictionaryCheckpointed(progress.step, out))
+
+
+def _write_checkpoint(out: str, sae: SAE, opt: AdamW, progress: Progress) -> None:
     saelens.save_saelens(sae, out)
     arrays = {"step": np.int64(progress.step), "since_fired": progress.since_fired,
               "adam_t": np.int64(opt.t), "adam_steps": np.asarray(opt.steps, np.int64),
@@ -511,7 +521,6 @@ def checkpoint(out, sae: SAE, opt: AdamW, progress: Progress, emit) -> None:
 
     atomic_replace(os.path.join(out, STATE_FILENAME), write,
                    doing="cannot write the dictionary's training state")
-    emit(DictionaryCheckpointed(progress.step, out))
 
 
 def resume(out, sae: SAE, opt: AdamW, emit) -> Progress:
