@@ -491,3 +491,14 @@ def test_a_non_finite_weight_and_a_missing_tensor_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"m\.gguf: tensor 'blk\.0\.attn_norm\.weight' is "
                                          r"missing"):
         read_gguf(tmp_path / "m.gguf")
+
+
+def test_an_absurd_context_length_is_refused_before_any_table_is_built(tmp_path):
+    """A corrupt llama.context_length of 2^31 would build RoPE tables of 2^31 rows (tens of
+    GB); it is refused in one line naming the file and the field."""
+    path = _rewritten(tmp_path, lambda w: w.add_context_length(2 ** 31))  # overwrites the key
+    with pytest.raises(ValueError) as info:
+        read_gguf(path)
+    message = str(info.value)
+    assert path in message and "max_len" in message and "1048576" in message, message
+    assert "\n" not in message

@@ -20,6 +20,11 @@ ATTN_BIASES = ("none", "qkv", "out", "all")
 MLPS = ("swiglu", "geglu", "gelu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # Hugging Face's own values
 GATED_MLPS = ("swiglu", "geglu")
+# The longest context a config may name: 2^20 positions, past the 1,010,000 of Qwen2.5-1M,
+# the longest of the open models glassllm reads. RoPE's (cos, sin) tables are max_len rows
+# built at once (a few GB at 2^20), so a corrupt file's context length of 2^31 is refused
+# here in one line instead of exhausting memory.
+MAX_LEN_LIMIT = 2 ** 20
 
 # The switches a family preset fills, with Llama's values (the default family). A preset lists
 # only where it differs. `layer_types` in a preset is a PATTERN cycled over the layers
@@ -104,7 +109,7 @@ class Config:
         n_kv_heads: K, key/value heads (grouped-query attention); None means n_heads.
         head_dim: D, width of one head; None means d_model // n_heads (which must divide).
             Qwen3 and Gemma set it on its own: the projections are C -> H*D and H*D -> C.
-        max_len: longest sequence (context length) in tokens.
+        max_len: longest sequence (context length) in tokens, at most MAX_LEN_LIMIT (2^20).
         d_ff: MLP hidden width. None -> 4*d_model for a plain GELU MLP; for a gated one
             (SwiGLU, GeGLU) 8/3*d_model rounded up to a multiple of 32 (Llama's `multiple_of`
             rule), so it has about the parameters of a 4x GELU MLP.
@@ -150,7 +155,7 @@ class Config:
 
     Raises:
         ValueError (one line, naming the field): sizes that are not integers >= 1 (bools
-            refused), reals not finite positive numbers, a switch outside its values,
+            refused), max_len past MAX_LEN_LIMIT, reals not finite positive numbers, a switch outside its values,
             d_model not divisible by n_heads (head_dim None), n_heads not divisible by
             n_kv_heads, an odd rotated width with RoPE, layer_types of another length than
             n_layers or a sliding layer without sliding_window, impossible combinations
@@ -205,8 +210,9 @@ class Config:
         self._fill_from_preset()
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "max_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads"):
             setattr(self, name, check_int(getattr(self, name), f"Config.{name}", low=1))
+        self.max_len = check_int(self.max_len, "Config.max_len", low=1, high=MAX_LEN_LIMIT)
         self._check_switches()
         self._check_heads_and_family()
         if self.d_ff is None:
