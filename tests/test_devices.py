@@ -76,6 +76,20 @@ def test_strict_refuses_implicit_host_conversion_and_mixed_devices():
         t.data.reshape(3, 2)  # a method NumPy has and the standard does not
 
 
+@pytest.mark.parametrize("op", ["+", "-", "*", "/", "@"])
+@pytest.mark.parametrize("first", ["cpu", "strict"])
+def test_tensors_of_two_devices_mixed_are_one_line_naming_both(op, first):
+    """Not the array library's own error (a conversion or type message): glassllm's, as torch's
+    "Expected all tensors to be on the same device"."""
+    a = Tensor(np.ones((3, 3), np.float32))
+    a, b = (a, a.to("strict")) if first == "cpu" else (a.to("strict"), a)
+    with pytest.raises(ValueError) as info:
+        eval(f"a {op} b")
+    message = str(info.value)
+    assert "different devices" in message and "'cpu'" in message and "'strict'" in message
+    assert "\n" not in message
+
+
 def test_tensor_device_numpy_and_to():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     t = Tensor(a, requires_grad=True)

@@ -307,7 +307,7 @@ class Tensor:
             a = self  # `other` may be a broadcasting ndarray: undo it in the gradient too
             other = _operand(other, a.data)
             return Tensor.from_op(a.data + other, (a,), lambda g: (unbroadcast(g, a.shape),))
-        a, b = self, other
+        a, b = self, _same_device(self, other)
         return Tensor.from_op(a.data + b.data, (a, b),
                               lambda g: (unbroadcast(g, a.shape), unbroadcast(g, b.shape)))
 
@@ -328,7 +328,7 @@ class Tensor:
             other = _operand(other, a.data)
             return Tensor.from_op(a.data * other, (a,),
                                   lambda g: (unbroadcast(g * other, a.shape),))
-        b = other
+        b = _same_device(a, other)
         return Tensor.from_op(a.data * b.data, (a, b),
                               lambda g: (unbroadcast(g * b.data, a.shape),
                                          unbroadcast(g * a.data, b.shape)))
@@ -341,7 +341,7 @@ class Tensor:
             other = _operand(other, a.data)
             return Tensor.from_op(a.data / other, (a,),
                                   lambda g: (unbroadcast(g / other, a.shape),))
-        b = other
+        b = _same_device(a, other)
         out = a.data / b.data
         return Tensor.from_op(out, (a, b),
                               lambda g: (unbroadcast(g / b.data, a.shape),
@@ -385,7 +385,7 @@ class Tensor:
         as PyTorch autocasts every matmul. float64 operands (gradient checks) are never rounded.
         """
         other = other if isinstance(other, Tensor) else Tensor(other).to(self.device)
-        a, b = self, other
+        a, b = self, _same_device(self, other)
         xp = namespace(a.data)
         mm = kernels.matmul if a.data.dtype == b.data.dtype == xp.float32 else xp.matmul
 
@@ -484,6 +484,21 @@ def _sum_to(grad: np.ndarray, shape: tuple, mm) -> np.ndarray:
     if summed.shape != grad.shape and mm is kernels.matmul:
         summed = kernels.round_product(summed)
     return summed
+
+
+def _same_device(a: Tensor, b: Tensor) -> Tensor:
+    """b, when it lives on a's device (an op never moves a tensor behind the user's back, as
+    torch refuses "Expected all tensors to be on the same device").
+
+    Raises:
+        ValueError: one line naming both devices.
+    """
+    if isinstance(a.data, np.ndarray) and isinstance(b.data, np.ndarray):
+        return b  # the common case, checked without asking for names
+    if a.device != b.device:
+        raise ValueError(f"operands on different devices: {a.device!r} and {b.device!r}; "
+                         f"move one with .to({a.device!r}) or .to({b.device!r})")
+    return b
 
 
 def _operand(other, like):
