@@ -363,7 +363,9 @@ def test_cli_features_train_writes_a_saelens_directory_and_errors_in_one_line(st
             "--data", str(tmp_path / "corpus.tokens"), "--kind", "topk", "--d-sae", "128",
             "--k", "8", "--steps", "3", "--batch-size", "256", "--out", str(tmp_path / "d")]
     assert main(base + ["--name", "blocks.1.residual_out"]) == 0
-    assert "loss recovered" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "loss recovered" in out
+    assert f"evaluated on the last 10% of {tmp_path / 'corpus.tokens'}" in out
     assert load_saelens(tmp_path / "d").hook_name == "blocks.1.residual_out"
     assert (tmp_path / "d" / "evaluation.json").exists()
     assert main(base + ["--name", "blocks.9.residual_out", "--out", str(tmp_path / "e")]) == 2
@@ -460,8 +462,9 @@ def test_cli_features_train_stopped_before_a_checkpoint_says_none_is_kept(tmp_pa
         raise KeyboardInterrupt
     monkeypatch.setattr(train_module, "train_dictionary", stopped)
     code = main(["features", "train", "--model", str(tmp_path / "m.safetensors"), "--data",
-                 str(tmp_path / "corpus.txt"), "--name", "blocks.0.residual_out", "--d-sae", "16",
-                 "--k", "2", "--steps", "2", "--out", str(tmp_path / "d")])
+                 str(tmp_path / "corpus.txt"), "--tokenizer", "byte", "--name",
+                 "blocks.0.residual_out", "--d-sae", "16", "--k", "2", "--steps", "2", "--out",
+                 str(tmp_path / "d")])
     captured = capsys.readouterr()
     assert code == 130 and "checkpoint kept" not in captured.out
     assert not (tmp_path / "d").exists() and not (tmp_path / "d.lock").exists()
@@ -546,6 +549,36 @@ def test_a_prepare_directory_trains_on_train_bin_and_evaluates_on_val_bin(tmp_pa
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty: a directory without train.bin"):
         corpus_ids(tmp_path / "empty")
+
+
+def test_one_corpus_is_split_so_the_evaluation_reads_text_never_trained_on(tmp_path):
+    # features train evaluated the dictionary on the very text it was trained on
+    from glassllm.lens.features.train import train_and_evaluation_corpora
+    ids = np.arange(1000) % 250
+    train_ids, eval_ids, words = train_and_evaluation_corpora(ids)
+    np.testing.assert_array_equal(train_ids, ids[:900])
+    np.testing.assert_array_equal(eval_ids, ids[900:])
+    assert words.startswith("the last 10% of the corpus (100 tokens")
+    other = np.arange(50) % 7
+    train_ids, eval_ids, words = train_and_evaluation_corpora(ids, eval_data=other)
+    np.testing.assert_array_equal(train_ids, ids)  # a separate evaluation: trained on whole
+    np.testing.assert_array_equal(eval_ids, other)
+    with pytest.raises(ValueError, match="19 tokens are too few to hold out a tenth"):
+        train_and_evaluation_corpora(np.arange(19))
+
+
+def test_cli_features_train_takes_an_evaluation_corpus(tmp_path, capsys):
+    from glassllm.cli import main
+    from glassllm.formats import files
+    files.save(GlassLM_tiny(), tmp_path / "m.safetensors")
+    (tmp_path / "train.txt").write_text("Once upon a time there was a cat. " * 20)
+    (tmp_path / "eval.txt").write_text("The dog ran home. " * 10)
+    code = main(["features", "train", "--model", str(tmp_path / "m.safetensors"), "--tokenizer",
+                 "byte", "--data", str(tmp_path / "train.txt"), "--eval-data",
+                 str(tmp_path / "eval.txt"), "--name", "blocks.0.residual_out", "--d-sae", "16",
+                 "--k", "2", "--steps", "2", "--batch-size", "32", "--out", str(tmp_path / "d")])
+    assert code == 0
+    assert f"evaluated on {tmp_path / 'eval.txt'} (held out)" in capsys.readouterr().out
 
 
 @pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # the divergence itself

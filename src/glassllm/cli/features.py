@@ -34,7 +34,11 @@ def add_features_train(sub) -> None:
     p.add_argument("--data", required=True, help="token file or directory of `glassllm "
                                                  "prepare` (trained on train.bin, evaluated on "
                                                  "val.bin), or a text file (encoded with the "
-                                                 "model's tokenizer)")
+                                                 "model's tokenizer); of one file, the last "
+                                                 "10%% is held out for the evaluation")
+    p.add_argument("--eval-data", default=None, help="evaluate on this corpus instead (a "
+                                                     "directory: its val.bin); --data is then "
+                                                     "trained on whole")
     p.add_argument("--tokenizer", default=None, help="tokenizer for a text --data, if the "
                                                      "model has none (e.g. llama2.c's .bin)")
     p.add_argument("--name", required=True, help="the value read, e.g. blocks.2.residual_out")
@@ -92,9 +96,14 @@ def _locked(out: str):
 
 def _train_and_evaluate(args, model, tokenizer) -> int:
     from ..lens.features import evaluate_dictionary, train_dictionary
+    from ..lens.features.train import check_vocabulary, train_and_evaluation_corpora
     bar = _ProgressBar(args.steps)
     try:
-        sae = train_dictionary(model, args.data, args.name, kind=args.kind, d_sae=args.d_sae,
+        train_ids, eval_ids, evaluated_on = train_and_evaluation_corpora(
+            args.data, tokenizer, args.eval_data)
+        check_vocabulary(train_ids, model, args.data)  # named here: the library sees arrays
+        check_vocabulary(eval_ids, model, args.eval_data or args.data)
+        sae = train_dictionary(model, train_ids, args.name, kind=args.kind, d_sae=args.d_sae,
                                k=args.k, steps=args.steps, out=args.out, out_name=args.out_name,
                                tokenizer=tokenizer, batch_size=args.batch_size, lr=args.lr,
                                seed=args.seed, on_event=bar)
@@ -108,7 +117,8 @@ def _train_and_evaluate(args, model, tokenizer) -> int:
         bar.close()
         raise UsageError(one_line(e)) from None
     bar.close()
-    report = evaluate_dictionary(model, sae, args.data, tokenizer=tokenizer, out=args.out)
+    report = evaluate_dictionary(model, sae, eval_ids, out=args.out)
+    print(f"evaluated on {evaluated_on}")
     print(report)
     print(f"saved {args.out} (SAELens format; evaluation.json beside it)")
     return 0

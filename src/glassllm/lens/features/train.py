@@ -126,14 +126,46 @@ def corpus_ids(data, tokenizer=None, split: str = "train") -> np.ndarray:
     return ids
 
 
+HELD_OUT = 0.1  # the tail of a one-file corpus kept for evaluation (nanoGPT's prepare: 90/10)
+
+
+def train_and_evaluation_corpora(data, tokenizer=None, eval_data=None):
+    """(train_ids, eval_ids, words): what a dictionary trains on and is evaluated on, so its
+    measurements are of text it never saw. A `glassllm prepare` directory: its train.bin and
+    val.bin; `eval_data` given: `data` whole and `eval_data` (its val.bin if a directory);
+    otherwise one corpus, its last tenth (HELD_OUT) held out, as nanoGPT's prepare.py splits
+    a corpus 90/10. `words` says which, for a reader ("the last 10% of X (N tokens)").
+
+    Raises:
+        FileNotFoundError / ValueError: as `corpus_ids`; a one-file corpus whose tenth is under
+            2 tokens (one line naming it: give an evaluation corpus).
+    """
+    if eval_data is not None or (not isinstance(data, (np.ndarray, TokenFile)) and
+                                 os.path.isdir(os.fspath(data))):
+        other = data if eval_data is None else eval_data
+        train_ids = corpus_ids(data, tokenizer)
+        return train_ids, corpus_ids(other, tokenizer, split="val"), f"{_name(other)} (held out)"
+    ids = corpus_ids(data, tokenizer)
+    n_eval = int(len(ids) * HELD_OUT)
+    if n_eval < 2:
+        raise ValueError(f"{_name(data)}: {len(ids)} tokens are too few to hold out a tenth "
+                         f"for the evaluation; give a larger corpus or a separate one to "
+                         f"evaluate on")
+    return (ids[:len(ids) - n_eval], ids[len(ids) - n_eval:],
+            f"the last {HELD_OUT:.0%} of {_name(data)} ({n_eval} tokens, held out from training)")
+
+
+def _name(data) -> str:
+    return os.fspath(data) if isinstance(data, (str, os.PathLike)) else "the corpus"
+
+
 def check_vocabulary(ids: np.ndarray, model: GlassLM, data) -> None:
     """Raise ValueError naming the corpus when an id is outside the model's vocabulary (a
     token file of another tokenizer): the forward's own message names no file, and an id
     drawn rarely would fail mid-run. Reads a memory-mapped corpus once."""
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= model.cfg.vocab_size:
-        where = os.fspath(data) if isinstance(data, (str, os.PathLike)) else "the corpus"
-        raise ValueError(f"{where}: token id {low if low < 0 else high} is "
+        raise ValueError(f"{_name(data)}: token id {low if low < 0 else high} is "
                          f"outside the model's vocabulary [0, {model.cfg.vocab_size}) (a token "
                          f"file of another tokenizer?)")
 
