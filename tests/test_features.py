@@ -678,3 +678,21 @@ def test_stories260k_topk_dictionary_meets_the_field_targets():
     report = evaluate_dictionary(model, sae, sample_corpus(model, 20_000, seed=1))
     assert report.fvu <= 0.15 and report.loss_recovered >= 0.85
     assert report.dead_fraction <= 0.10
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["features", "train", "--model", "m", "--data", "", "--name", "n", "--d-sae", "4", "--k",
+      "1", "--steps", "1", "--out", "o"], "--data"),
+    (["features", "train", "--model", "m", "--data", "d", "--name", "n", "--d-sae", "4", "--k",
+      "1", "--steps", "1", "--out", ""], "--out"),
+    (["features", "show", "", "--model", "m", "--data", "d"], "F"),
+    (["serve", "--features", ""], "--features"),
+])
+def test_an_empty_path_is_one_line_naming_its_flag(argv, flag, capsys):
+    # --data "" said ": no such corpus file"; features show "" looked for cfg.json in the
+    # current directory
+    from glassllm.cli import main
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and f"argument {flag}: must be a path, got an empty string" in err

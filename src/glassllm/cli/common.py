@@ -91,6 +91,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def path_arg(text: str) -> str:
+    """argparse type: a non-empty path. "" would be read as the current directory by some
+    calls and as no file by others, each with its own confusing message."""
+    if not text:
+        raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    return text
+
+
 def read_option_file(path: str, option: str) -> bytes:
     """`glassllm.training.plan.read_small_file` (at most SMALL_FILE_BYTES of a file an option
     names), its one-line ValueError as a UsageError."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import TOKENIZER_HELP, UsageError, model_with_tokenizer, one_line
+from .common import TOKENIZER_HELP, UsageError, model_with_tokenizer, one_line, path_arg
 
 BAR = 40  # characters of the histogram's longest bar
 
@@ -20,12 +20,12 @@ def add_show(sub) -> None:
                     "activating contexts ([the token] of the maximum, each token's activation "
                     "after it) and the tokens its decoder direction promotes and suppresses "
                     "through the unembedding (docs/features.md).")
-    p.add_argument("dictionary", metavar="F", help="the dictionary's directory")
-    p.add_argument("--model", required=True, metavar="PATH", help="the model it reads")
-    p.add_argument("--data", required=True, metavar="D",
+    p.add_argument("dictionary", metavar="F", type=path_arg, help="the dictionary's directory")
+    p.add_argument("--model", required=True, type=path_arg, metavar="PATH", help="the model it reads")
+    p.add_argument("--data", required=True, type=path_arg, metavar="D",
                    help="corpus: a UTF-8 text file (encoded with the model's tokenizer), or a "
                         "token file / directory of `glassllm prepare`")
-    p.add_argument("--tokenizer", metavar="PATH", help=TOKENIZER_HELP)
+    p.add_argument("--tokenizer", metavar="PATH", type=path_arg, help=TOKENIZER_HELP)
     p.add_argument("--feature", type=int, metavar="I", help="the feature to show in full")
     p.add_argument("--seq-len", type=int, default=64, metavar="T",
                    help="tokens per window of the corpus (default 64)")

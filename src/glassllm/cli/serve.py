@@ -6,7 +6,7 @@ import os
 import sys
 
 from .common import (TOKENIZER_HELP, UsageError, add_device_option, model_with_tokenizer,
-                     non_negative_int)
+                     non_negative_int, path_arg)
 
 SERVE_PORT = 8765
 
@@ -27,11 +27,11 @@ def add_serve(sub) -> None:
     p.add_argument("--run", metavar="DIR",
                    help="training run directory to watch (history.csv, per-step CSV, "
                         "health.jsonl, saved models); it may not exist yet")
-    p.add_argument("--features", metavar="DIR",
+    p.add_argument("--features", metavar="DIR", type=path_arg,
                    help="the Features view's dictionaries: a SAELens directory (cfg.json + "
                         "sae_weights.safetensors), or a directory of them; the page opens "
                         "these only, by name")
-    p.add_argument("--features-data", metavar="D",
+    p.add_argument("--features-data", metavar="D", type=path_arg,
                    help="the corpus of the Features view's top contexts and histograms: a "
                         "UTF-8 text file or a `glassllm prepare` token file/directory (its "
                         "first 16,384 tokens)")
