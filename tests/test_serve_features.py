@@ -126,6 +126,23 @@ def test_a_directory_name_that_is_not_utf8_is_not_listed(tmp_path):
     assert FeatureStore(str(tmp_path)).names() == ["ok"]
 
 
+def test_more_dictionaries_than_listed_are_said_at_start(tmp_path, monkeypatch, capsys):
+    # the view listed the first 200 without a word about the others
+    import argparse
+    from glassllm.cli import serve as serve_cli
+    from glassllm.serve import features
+    monkeypatch.setattr(features, "MAX_DICTIONARIES", 2)
+    for name in ("c", "a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cfg.json").write_text("{}")
+    store = serve_cli._feature_store(argparse.Namespace(features=str(tmp_path),
+                                                        features_data=None))
+    assert store.names() == ["a", "b"] and store.all_names() == ["a", "b", "c"]
+    out = capsys.readouterr().out
+    assert f"--features {tmp_path} holds 3 dictionaries; the Features view lists the first 2" \
+        in out and out.count("\n") == 1
+
+
 def test_a_dictionary_of_another_width_is_refused(world, tmp_path):
     save_saelens(SAE(16, 32, kind="topk", k=2, hook_name="blocks.0.residual_out"),
                  tmp_path / "narrow")

@@ -162,9 +162,14 @@ def _feature_store(args):
         raise UsageError(f"--features {args.features}: not a directory")
     if args.features_data is not None and not os.path.exists(args.features_data):
         raise UsageError(f"--features-data {args.features_data}: no such file or directory")
-    from ..serve.features import FeatureStore
+    from ..serve.features import MAX_DICTIONARIES, FeatureStore
     store = FeatureStore(args.features, args.features_data)
-    if not store.names():
+    found = len(store.all_names())
+    if not found:
         raise UsageError(f"--features {args.features}: no dictionary there (a directory "
                          f"holding cfg.json, or sub-directories that do)")
+    if found > MAX_DICTIONARIES:
+        print(f"glassllm serve: warning: --features {args.features} holds {found} "
+              f"dictionaries; the Features view lists the first {MAX_DICTIONARIES} by name",
+              flush=True)
     return store

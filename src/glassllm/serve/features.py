@@ -47,17 +47,19 @@ class FeatureStore:
                     os.path.basename(self.data.rstrip(os.sep)))
 
     def names(self) -> list[str]:
-        """The dictionaries the page may open: "" (root itself) or its sub-directories'
-        names, each holding a cfg.json (names that are not UTF-8 left out: no request can
-        name them); sorted, at most MAX_DICTIONARIES."""
+        """The dictionaries the page may open: the first MAX_DICTIONARIES of `all_names()`."""
+        return self.all_names()[:MAX_DICTIONARIES]
+
+    def all_names(self) -> list[str]:
+        """"" (root itself) or its sub-directories' names, each holding a cfg.json (names
+        that are not UTF-8 left out: no request can name them); sorted."""
         if _is_dictionary(self.root):
             return [""]
         if not os.path.isdir(self.root):
             return []
-        found = [e.name for e in os.scandir(self.root)
-                 if e.is_dir(follow_symlinks=False) and not e.name.startswith(".") and
-                 _is_text(e.name) and _is_dictionary(os.path.join(self.root, e.name))]
-        return sorted(found)[:MAX_DICTIONARIES]
+        return sorted(e.name for e in os.scandir(self.root)
+                      if e.is_dir(follow_symlinks=False) and not e.name.startswith(".") and
+                      _is_text(e.name) and _is_dictionary(os.path.join(self.root, e.name)))
 
     def path(self, name) -> str:
         """The directory of the dictionary `name`. Raises RequestError (404) for a name not
