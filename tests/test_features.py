@@ -370,7 +370,7 @@ def test_cli_features_train_writes_a_saelens_directory_and_errors_in_one_line(st
     assert (tmp_path / "d" / "evaluation.json").exists()
     assert main(base + ["--name", "blocks.9.residual_out", "--out", str(tmp_path / "e")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("glassllm features: error:") and "blocks.9.residual_out" in err
+    assert err.startswith("glassllm features train: error:") and "blocks.9.residual_out" in err
 
 
 @pytest.mark.parametrize("options, message", [
@@ -480,8 +480,8 @@ def test_cli_features_train_error_before_the_first_step_is_the_only_line(tmp_pat
                  "byte", "--data", str(tmp_path / "one.txt"), "--name", "blocks.0.residual_out",
                  "--d-sae", "16", "--k", "2", "--steps", "2", "--out", str(tmp_path / "d")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == ["glassllm features: error: the corpus holds 1 token(s); windows "
-                                 "need at least 2"]
+    assert code == 2 and err == ["glassllm features train: error: the corpus holds 1 token(s); "
+                                 "windows need at least 2"]
 
 
 @pytest.mark.parametrize("damage, says", [

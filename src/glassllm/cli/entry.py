@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.func(args) or 0)
     except (KeyboardInterrupt, BrokenPipeError, MemoryError, UsageError, OSError,
             ValueError, BlasError, AttributionError) as e:
-        code, line = _error_report(args.command, e)
+        # "glassllm features train: error: ...", as argparse's own errors of a sub-command
+        command = " ".join(filter(None, (args.command, getattr(args, "features_command", None))))
+        code, line = _error_report(command, e)
         # Under mpiexec every rank meets the same errors (glassllm.training.distributed.agreement):
         # rank 0 alone says so.
         if line is not None and getattr(getattr(args, "comm", None), "rank", 0) == 0:
