@@ -17,25 +17,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
-import time
+from functools import partial
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
+from headless import chromium
+from headless import wait as wait_briefly
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync")
+wait = partial(wait_briefly, timeout=300)  # a dictionary's first scan reads the whole corpus
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play outside."
-
-
-def wait(driver, script: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not driver.execute_script("return " + script):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {script}")
-        time.sleep(0.2)
 
 
 def open_feature(driver, feature: int) -> None:
@@ -80,16 +70,8 @@ def main():
     p.add_argument("--prompt", default=PROMPT)
     p.add_argument("--size", default="1300,900")
     args = p.parse_args()
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    with tempfile.TemporaryDirectory() as profile:
-        for flag in FLAGS + (f"--window-size={args.size}", f"--user-data-dir={profile}"):
-            options.add_argument(flag)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-        try:
-            shoot(driver, args)
-        finally:
-            driver.quit()
+    with chromium(args.size) as driver:
+        shoot(driver, args)
 
 
 if __name__ == "__main__":

@@ -19,20 +19,16 @@ PREFIX-attention-N.png:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import tempfile
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
+from headless import chromium
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in "
          "the park with her big red ball. One day, a small dog took the ball and ran away. "
          "Lily was sad, but her mom helped her find it under a tree.")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync")
 
 
 def main():
@@ -72,20 +68,6 @@ def main():
             path = os.path.join(args.out_dir, f"{args.prefix}-{view}.png")
             driver.save_screenshot(path)
             print(path)
-
-
-@contextlib.contextmanager
-def chromium(size: str):
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    with tempfile.TemporaryDirectory() as profile:
-        for flag in FLAGS + (f"--window-size={size}", f"--user-data-dir={profile}"):
-            options.add_argument(flag)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-        try:
-            yield driver
-        finally:
-            driver.quit()
 
 
 def attention_at_lengths(args) -> None:

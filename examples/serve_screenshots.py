@@ -12,26 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
+from headless import chromium, wait
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync")
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play outside."
 CORRUPTED = "Once upon a time, there was a little boy named Tim. He loved to play outside."
-
-
-def wait(driver, script: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not driver.execute_script("return " + script):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {script}")
-        time.sleep(0.2)
 
 
 def type_into(driver, element_id: str, text: str) -> None:
@@ -55,16 +43,8 @@ def main():
     p.add_argument("--head", type=int, default=3)
     p.add_argument("--size", default="1300,860")
     args = p.parse_args()
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    with tempfile.TemporaryDirectory() as profile:
-        for flag in FLAGS + (f"--window-size={args.size}", f"--user-data-dir={profile}"):
-            options.add_argument(flag)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-        try:
-            run(driver, args)
-        finally:
-            driver.quit()
+    with chromium(args.size) as driver:
+        run(driver, args)
 
 
 def run(driver, args) -> None:
