@@ -35,30 +35,9 @@ from glassllm.generate import Sampling, generate
 from glassllm.model import Config
 from glassllm.tensor import no_grad
 
-from train_speed import glassllm_stepper, make_batches
+from train_speed import glassllm_stepper, make_batches, torch_stepper
 
 DEFAULT_STEPS = {"S": 10, "M": 10, "L": 5}
-
-
-def torch_device_stepper(model, device: str):
-    """train_speed's torch step with the batch moved to `device` first."""
-    import torch
-    import torch.nn.functional as F
-    from torch_reference import torch_adamw
-    opt = torch_adamw(model, 1e-3)
-    params = list(model.parameters())
-
-    def step(x, y) -> float:
-        tx, ty = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-        logits = model(tx)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ty.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        return loss.item()
-
-    return step
 
 
 def _timed(fn, *args) -> float:
@@ -86,7 +65,7 @@ def training_row(name: str, device: str, torch_device: str, steps: int, warmup: 
     relative = check_on_device(model, device)
     twin = twin.to(torch_device)
     batches = make_batches(cfg, spec["batch"], spec["seq"], warmup + steps)
-    ours, theirs = glassllm_stepper(model), torch_device_stepper(twin, torch_device)
+    ours, theirs = glassllm_stepper(model), torch_stepper(twin, device=torch_device)
     times = {"glassllm": [], "torch": []}
     for i, (x, y) in enumerate(batches):
         t_ours, t_theirs = _timed(ours, x, y), _timed(theirs, x, y)

@@ -63,7 +63,9 @@ def glassllm_stepper(model: GlassLM, lr: float = 1e-3):
     return step
 
 
-def torch_stepper(model, lr: float = 1e-3):
+def torch_stepper(model, lr: float = 1e-3, device: str = "cpu"):
+    """The same step on the torch twin (on `device`: the batch is moved there first; bench/
+    gpu_speed.py's CUDA side)."""
     import torch
     import torch.nn.functional as F
     from torch_reference import torch_adamw
@@ -71,9 +73,9 @@ def torch_stepper(model, lr: float = 1e-3):
     params = list(model.parameters())
 
     def step(x, y) -> float:
-        logits = model(torch.from_numpy(x))
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                               torch.from_numpy(y).reshape(-1))
+        tx, ty = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)  # cpu: itself
+        logits = model(tx)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ty.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
