@@ -502,3 +502,39 @@ def test_an_absurd_context_length_is_refused_before_any_table_is_built(tmp_path)
     message = str(info.value)
     assert path in message and "max_len" in message and "1048576" in message, message
     assert "\n" not in message
+
+
+def _gguf_with_array(count: int, item_type: int = 5) -> bytes:
+    """A GGUF v3 header of no tensor and one key, an array of `count` int32 (type 5) whose
+    elements are not there: GGUFReader would loop over `count` empty reads."""
+    key = b"tokenizer.ggml.token_type"
+    return (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key +
+            struct.pack("<IIQ", 9, item_type, count) + struct.pack("<i", 1))
+
+
+@pytest.mark.parametrize("item_type", [5, 8])  # int32, string
+def test_an_absurd_array_count_is_refused_before_the_reader_loops_over_it(tmp_path,
+                                                                          item_type):
+    # One flipped bit in a count (or in a string length, which shifts every later field onto
+    # other bytes) used to grow the process until the machine ran out of memory.
+    path = tmp_path / "count.gguf"
+    path.write_bytes(_gguf_with_array(1 << 56, item_type))
+    with pytest.raises(ValueError) as info:
+        glassllm.load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not a readable GGUF file (truncated or damaged): the "
+                              f"value of key 'tokenizer.ggml.token_type': an array of "
+                              f"{1 << 56} elements at byte ") and "\n" not in message
+
+
+def test_a_string_length_grown_by_one_bit_is_refused_in_one_line(small_file, tmp_path):
+    key = b"general.architecture"
+    at = small_file.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4 + 1
+    data = bytearray(small_file)
+    data[at] ^= 1  # the architecture string's length + 256: every later field shifted
+    path = tmp_path / "shifted.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as info:
+        glassllm.load(path)
+    assert str(info.value).startswith(f"{path}: not a readable GGUF file (truncated or "
+                                      f"damaged): ") and "\n" not in str(info.value)

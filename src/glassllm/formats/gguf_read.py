@@ -33,6 +33,7 @@ import numpy as np
 from ..config import PRESETS, Config
 from ..model import GlassLM
 from . import gguf_names as names
+from .gguf_header import check_header
 from .gguf_quants import SUPPORTED, dequantize
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
@@ -64,6 +65,7 @@ class GGUFFile:
             raise ValueError(f"{self.path}: not a GGUF file: it starts with {head!r}, not "
                              f"b'GGUF' (wrong magic)")
         try:
+            check_header(np.memmap(self.path, mode="r"))  # before GGUFReader trusts a count
             reader = gguf.GGUFReader(self.path)
             self.fields = {k: f.contents() for k, f in reader.fields.items()}
             self.tensors = {t.name: t for t in reader.tensors}
