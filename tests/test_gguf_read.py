@@ -522,9 +522,8 @@ def test_an_absurd_array_count_is_refused_before_the_reader_loops_over_it(tmp_pa
     with pytest.raises(ValueError) as info:
         glassllm.load(path)
     message = str(info.value)
-    assert message.startswith(f"{path}: not a readable GGUF file (truncated or damaged): the "
-                              f"value of key 'tokenizer.ggml.token_type': an array of "
-                              f"{1 << 56} elements at byte ") and "\n" not in message
+    assert message.startswith(f"{path}: not a readable GGUF file (truncated or damaged): ")
+    assert "run past the end of the file" in message and "\n" not in message
 
 
 def test_a_string_length_grown_by_one_bit_is_refused_in_one_line(small_file, tmp_path):

@@ -33,7 +33,6 @@ import numpy as np
 from ..config import PRESETS, Config
 from ..model import GlassLM
 from . import gguf_names as names
-from .gguf_header import check_header
 from .gguf_quants import SUPPORTED, dequantize
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
@@ -65,8 +64,7 @@ class GGUFFile:
             raise ValueError(f"{self.path}: not a GGUF file: it starts with {head!r}, not "
                              f"b'GGUF' (wrong magic)")
         try:
-            check_header(np.memmap(self.path, mode="r"))  # before GGUFReader trusts a count
-            reader = gguf.GGUFReader(self.path)
+            reader = _bounded_reader()(self.path)
             self.fields = {k: f.contents() for k, f in reader.fields.items()}
             self.tensors = {t.name: t for t in reader.tensors}
         except (ValueError, KeyError, IndexError, TypeError, OverflowError,
@@ -109,6 +107,24 @@ class GGUFFile:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(int(x) for x in reversed(self.tensors[name].shape))
+
+
+def _bounded_reader():
+    """`gguf.GGUFReader` whose every read must lie inside the file. GGUFReader trusts each
+    count and length it reads, and a slice past the end comes back short, not as an error: one
+    flipped bit in an array's count (2^56 elements) looped over empty reads, each kept, until
+    memory ran out. Its one read primitive, `_get`, now refuses a short read."""
+    import gguf
+
+    class BoundedReader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            if int(offset) + np.dtype(dtype).itemsize * int(count) > len(self.data):
+                raise ValueError(f"{int(count)} values of {np.dtype(dtype).name} at byte "
+                                 f"{int(offset)} run past the end of the file "
+                                 f"({len(self.data)} bytes)")
+            return super()._get(offset, dtype, count, override_order)
+
+    return BoundedReader
 
 
 def _why(e: Exception) -> str:
