@@ -480,8 +480,8 @@ def test_cli_features_train_error_before_the_first_step_is_the_only_line(tmp_pat
                  "byte", "--data", str(tmp_path / "one.txt"), "--name", "blocks.0.residual_out",
                  "--d-sae", "16", "--k", "2", "--steps", "2", "--out", str(tmp_path / "d")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == ["glassllm features train: error: the corpus holds 1 token(s); "
-                                 "windows need at least 2"]
+    assert code == 2 and err == [f"glassllm features train: error: {tmp_path / 'one.txt'}: the "
+                                 f"corpus holds 1 token(s); windows need at least 2"]
 
 
 @pytest.mark.parametrize("damage, says", [
@@ -696,3 +696,31 @@ def test_an_empty_path_is_one_line_naming_its_flag(argv, flag, capsys):
         main(argv)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert info.value.code == 2 and f"argument {flag}: must be a path, got an empty string" in err
+
+
+def test_integer_weights_in_a_dictionary_file_are_refused_naming_the_tensor(tmp_path):
+    # an int32 W_enc loaded as numbers it never was: features show gave garbage activations
+    from safetensors.numpy import load_file, save_file
+    save_saelens(SAE(8, 4, kind="topk", k=2, hook_name="blocks.0.residual_out", seed=0), tmp_path)
+    weights = tmp_path / "sae_weights.safetensors"
+    tensors = load_file(str(weights))
+    tensors["W_enc"] = np.ones((8, 4), np.int32)
+    save_file(tensors, str(weights))
+    with pytest.raises(ValueError) as info:
+        load_saelens(tmp_path)
+    assert str(info.value) == f"{weights}: tensor 'W_enc' holds int32, not floating point"
+
+
+def test_a_bfloat16_dictionary_loads_as_its_float32_values(tmp_path):
+    # SAELens saves dictionaries in bfloat16 too: load_saelens was "data type 'bfloat16' not
+    # understood" (a TypeError traceback)
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+    sae = SAE(8, 4, kind="topk", k=2, hook_name="blocks.0.residual_out", seed=0)
+    save_saelens(sae, tmp_path)
+    weights = str(tmp_path / "sae_weights.safetensors")
+    save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in load_file(weights).items()}, weights)
+    loaded = load_saelens(tmp_path)
+    expected = sae.W_enc.data.astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(loaded.W_enc.data, expected)
+    assert loaded.W_enc.data.dtype == np.float32

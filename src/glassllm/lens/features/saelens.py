@@ -210,13 +210,14 @@ def _check_config(cfg: dict, where: str):
 
 
 def _read_weights(where: str) -> dict:
+    import ml_dtypes  # noqa: F401  -- registers bfloat16 with NumPy: SAELens saves bf16 too
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
     if not os.path.isfile(where):
         raise FileNotFoundError(f"{where}: not found")
     try:
         return load_file(where)
-    except (SafetensorError, OSError) as e:
+    except (SafetensorError, OSError, TypeError) as e:  # TypeError: a dtype NumPy lacks
         raise ValueError(f"{where}: not a readable safetensors file ({e})") from None
 
 
@@ -233,6 +234,8 @@ def _load_weights(sae: SAE, tensors: dict, where: str) -> None:
         if value.shape != p.shape:
             raise ValueError(f"{where}: tensor {name!r} has shape {value.shape}; cfg.json's "
                              f"sizes give {p.shape}")
+        if value.dtype.kind != "f" and value.dtype.name != "bfloat16":  # ints: not weights
+            raise ValueError(f"{where}: tensor {name!r} holds {value.dtype}, not floating point")
         value = value.astype(np.float32)
         if not np.isfinite(value).all():
             raise ValueError(f"{where}: tensor {name!r} holds inf or NaN")

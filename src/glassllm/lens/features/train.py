@@ -100,6 +100,7 @@ def corpus_ids(data, tokenizer=None, split: str = "train") -> np.ndarray:
         FileNotFoundError: no such file, or a directory without `{split}.bin`.
         ValueError: a text file without a tokenizer, or a corpus of fewer than 2 tokens.
     """
+    where = ""  # the file, for the message of a corpus too small
     if isinstance(data, TokenFile):
         ids = data.tokens
     elif isinstance(data, np.ndarray):
@@ -121,8 +122,9 @@ def corpus_ids(data, tokenizer=None, split: str = "train") -> np.ndarray:
         else:
             with open(path, encoding="utf-8", errors="replace") as f:
                 ids = np.asarray(tokenizer.encode(f.read()))
+        where = f"{path}: "
     if len(ids) < 2:
-        raise ValueError(f"the corpus holds {len(ids)} token(s); windows need at least 2")
+        raise ValueError(f"{where}the corpus holds {len(ids)} token(s); windows need at least 2")
     return ids
 
 
