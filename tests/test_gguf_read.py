@@ -537,3 +537,15 @@ def test_a_string_length_grown_by_one_bit_is_refused_in_one_line(small_file, tmp
         glassllm.load(path)
     assert str(info.value).startswith(f"{path}: not a readable GGUF file (truncated or "
                                       f"damaged): ") and "\n" not in str(info.value)
+
+
+def test_glassllms_own_file_readers_say_a_gguf_is_one(small_file, tmp_path):
+    # files.load / load_tokenizer said "not a readable safetensors file ... header too large"
+    from glassllm.formats import files
+    path = tmp_path / "m.gguf"
+    path.write_bytes(small_file)
+    for read in (files.load, files.load_tokenizer):
+        with pytest.raises(ValueError) as info:
+            read(path)
+        assert str(info.value) == (f"{path}: a GGUF file, not safetensors: open it with "
+                                   f"glassllm.load (or `glassllm convert --from-gguf`)")

@@ -100,6 +100,9 @@ class SafetensorsFile:
             self._file = safe_open(self.path, framework="numpy")  # parses the header
             self.metadata = self._file.metadata() or {}
         except (SafetensorError, UnicodeDecodeError, ValueError) as e:
+            if _starts_with(self.path, b"GGUF"):  # llama.cpp's format, read by glassllm.load
+                raise ValueError(f"{self.where}: a GGUF file, not safetensors: open it with "
+                                 f"glassllm.load (or `glassllm convert --from-gguf`)") from None
             raise ValueError(f"{self.where}: not a readable safetensors file "
                              f"({_size(self.path)} bytes; truncated, corrupt or another "
                              f"format): {_one_line(e)}") from None
@@ -182,6 +185,14 @@ def _naming(error: OSError, doing: str, path: str) -> OSError:
     if error.errno is None:
         return type(error)(f"{path}: {doing}: {_one_line(error)}")
     return type(error)(error.errno, f"{doing}: {error.strerror}", path)
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 def _size(path: str) -> int:
