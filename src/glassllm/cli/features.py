@@ -31,17 +31,18 @@ def positive_int(text: str) -> int:
 def add_features_train(sub) -> None:
     p = sub.add_parser("train", help="train a sparse dictionary (SAE or transcoder) on a "
                                      "named value")
-    p.add_argument("--model", required=True, type=path_arg, help="model file, HF directory or llama2.c .bin")
-    p.add_argument("--data", required=True, type=path_arg, help="token file or directory of `glassllm "
-                                                 "prepare` (trained on train.bin, evaluated on "
-                                                 "val.bin), or a text file (encoded with the "
-                                                 "model's tokenizer); of one file, the last "
-                                                 "10%% is held out for the evaluation")
-    p.add_argument("--eval-data", default=None, type=path_arg, help="evaluate on this corpus instead (a "
-                                                     "directory: its val.bin); --data is then "
-                                                     "trained on whole")
-    p.add_argument("--tokenizer", default=None, type=path_arg, help="tokenizer for a text --data, if the "
-                                                     "model has none (e.g. llama2.c's .bin)")
+    p.add_argument("--model", required=True, type=path_arg,
+                   help="model file, HF directory or llama2.c .bin")
+    p.add_argument("--data", required=True, type=path_arg,
+                   help="token file or directory of `glassllm prepare` (trained on train.bin, "
+                        "evaluated on val.bin), or a text file (encoded with the model's "
+                        "tokenizer); of one file, the last 10%% is held out for the evaluation")
+    p.add_argument("--eval-data", default=None, type=path_arg,
+                   help="evaluate on this corpus instead (a directory: its val.bin); --data "
+                        "is then trained on whole")
+    p.add_argument("--tokenizer", default=None, type=path_arg,
+                   help="tokenizer for a text --data, if the model has none (e.g. llama2.c's "
+                        ".bin)")
     p.add_argument("--name", required=True, help="the value read, e.g. blocks.2.residual_out")
     p.add_argument("--out-name", default=None, help="a transcoder's target value, e.g. "
                                                     "blocks.2.mlp.output")
@@ -52,8 +53,9 @@ def add_features_train(sub) -> None:
     p.add_argument("--batch-size", type=positive_int, default=4096, help="tokens per step")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument("--out", required=True, type=path_arg, help="output directory (SAELens' format); resumed "
-                                                "when it holds a checkpoint")
+    p.add_argument("--out", required=True, type=path_arg,
+                   help="output directory (SAELens' format); resumed when it holds a "
+                        "checkpoint")
     p.set_defaults(func=run_features_train)
 
 

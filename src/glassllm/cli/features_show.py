@@ -21,7 +21,8 @@ def add_show(sub) -> None:
                     "after it) and the tokens its decoder direction promotes and suppresses "
                     "through the unembedding (docs/features.md).")
     p.add_argument("dictionary", metavar="F", type=path_arg, help="the dictionary's directory")
-    p.add_argument("--model", required=True, type=path_arg, metavar="PATH", help="the model it reads")
+    p.add_argument("--model", required=True, type=path_arg, metavar="PATH",
+                   help="the model it reads")
     p.add_argument("--data", required=True, type=path_arg, metavar="D",
                    help="corpus: a UTF-8 text file (encoded with the model's tokenizer), or a "
                         "token file / directory of `glassllm prepare`")
