@@ -157,8 +157,8 @@ class Config:
         ValueError (one line, naming the field): sizes that are not integers >= 1 (bools
             refused), max_len past MAX_LEN_LIMIT, reals not finite positive numbers, a switch
             outside its values, d_model not divisible by n_heads (head_dim None), n_heads not
-            divisible by n_kv_heads, an odd rotated width with RoPE, layer_types of another length than
-            n_layers or a sliding layer without sliding_window, impossible combinations
+            divisible by n_kv_heads, an odd rotated width with RoPE, layer_types of another
+            length than n_layers or a sliding layer without sliding_window, impossible combinations
             (norm_bias or a LayerNorm with norm_offset, shared_norm without parallel_block, a
             parallel block with sandwich/post norms, lm_head_bias on a tied head), unknown
             family, gpt2 untied or with n_kv_heads != n_heads (not writable as a
