@@ -555,16 +555,17 @@ def test_one_corpus_is_split_so_the_evaluation_reads_text_never_trained_on(tmp_p
     # features train evaluated the dictionary on the very text it was trained on
     from glassllm.lens.features.train import train_and_evaluation_corpora
     ids = np.arange(1000) % 250
-    train_ids, eval_ids, words = train_and_evaluation_corpora(ids)
+    train_ids, eval_ids, words = train_and_evaluation_corpora(GlassLM_tiny(), ids)
     np.testing.assert_array_equal(train_ids, ids[:900])
     np.testing.assert_array_equal(eval_ids, ids[900:])
     assert words.startswith("the last 10% of the corpus (100 tokens")
     other = np.arange(50) % 7
-    train_ids, eval_ids, words = train_and_evaluation_corpora(ids, eval_data=other)
+    train_ids, eval_ids, words = train_and_evaluation_corpora(GlassLM_tiny(), ids,
+                                                              eval_data=other)
     np.testing.assert_array_equal(train_ids, ids)  # a separate evaluation: trained on whole
     np.testing.assert_array_equal(eval_ids, other)
     with pytest.raises(ValueError, match="19 tokens are too few to hold out a tenth"):
-        train_and_evaluation_corpora(np.arange(19))
+        train_and_evaluation_corpora(GlassLM_tiny(), np.arange(19))
 
 
 def test_cli_features_train_takes_an_evaluation_corpus(tmp_path, capsys):
@@ -618,6 +619,9 @@ def test_a_corpus_of_another_tokenizer_is_refused_naming_it(tmp_path):
                                          r"vocabulary \[0, 260\)"):
         train_dictionary(GlassLM_tiny(), tmp_path / "prep", "blocks.0.residual_out",
                          d_sae=16, k=2, steps=2, batch_size=32)
+    from glassllm.lens.features.train import train_and_evaluation_corpora
+    with pytest.raises(ValueError, match="prep: token id 897 is outside the model's"):
+        train_and_evaluation_corpora(GlassLM_tiny(), tmp_path / "prep")  # features train's
     sae = SAE(16, 16, kind="topk", k=2, hook_name="blocks.0.residual_out")
     with pytest.raises(ValueError, match="prep: token id 897 is outside the model's"):
         evaluate_dictionary(GlassLM_tiny(), sae, tmp_path / "prep")

@@ -99,17 +99,15 @@ def _locked(out: str):
 
 def _train_and_evaluate(args, model, tokenizer) -> int:
     from ..lens.features import evaluate_dictionary, train_dictionary
-    from ..lens.features.train import check_vocabulary, train_and_evaluation_corpora
+    from ..lens.features.train import train_and_evaluation_corpora
     bar = _ProgressBar(args.steps)
     try:
         train_ids, eval_ids, evaluated_on = train_and_evaluation_corpora(
-            args.data, tokenizer, args.eval_data)
-        check_vocabulary(train_ids, model, args.data)  # named here: the library sees arrays
-        check_vocabulary(eval_ids, model, args.eval_data or args.data)
+            model, args.data, tokenizer, args.eval_data)
         sae = train_dictionary(model, train_ids, args.name, kind=args.kind, d_sae=args.d_sae,
                                k=args.k, steps=args.steps, out=args.out, out_name=args.out_name,
-                               tokenizer=tokenizer, batch_size=args.batch_size, lr=args.lr,
-                               seed=args.seed, on_event=bar)
+                               batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                               on_event=bar)
     except KeyboardInterrupt:
         bar.close()
         if bar.checkpoint:  # none yet when stopped while the first activations were read

@@ -131,30 +131,38 @@ def corpus_ids(data, tokenizer=None, split: str = "train") -> np.ndarray:
 HELD_OUT = 0.1  # the tail of a one-file corpus kept for evaluation (nanoGPT's prepare: 90/10)
 
 
-def train_and_evaluation_corpora(data, tokenizer=None, eval_data=None):
-    """(train_ids, eval_ids, words): what a dictionary trains on and is evaluated on, so its
-    measurements are of text it never saw. A `glassllm prepare` directory: its train.bin and
-    val.bin; `eval_data` given: `data` whole and `eval_data` (its val.bin if a directory);
-    otherwise one corpus, its last tenth (HELD_OUT) held out, as nanoGPT's prepare.py splits
-    a corpus 90/10. `words` says which, for a reader ("the last 10% of X (N tokens)").
+def train_and_evaluation_corpora(model: GlassLM, data, tokenizer=None, eval_data=None):
+    """(train_ids, eval_ids, words): what a dictionary of `model` trains on and is evaluated
+    on, so its measurements are of text it never saw. A `glassllm prepare` directory: its
+    train.bin and val.bin; `eval_data` given: `data` whole and `eval_data` (its val.bin if a
+    directory); otherwise one corpus, its last tenth (HELD_OUT) held out, as nanoGPT's
+    prepare.py splits a corpus 90/10. `words` says which, for a reader ("the last 10% of X
+    (N tokens)"). Ids are checked against the model's vocabulary here, where the files'
+    names are known (`check_vocabulary`).
 
     Raises:
-        FileNotFoundError / ValueError: as `corpus_ids`; a one-file corpus whose tenth is under
-            2 tokens (one line naming it: give an evaluation corpus).
+        FileNotFoundError / ValueError: as `corpus_ids` and `check_vocabulary`; a one-file
+            corpus whose tenth is under 2 tokens (one line naming it: give an evaluation
+            corpus).
     """
     if eval_data is not None or (not isinstance(data, (np.ndarray, TokenFile)) and
                                  os.path.isdir(os.fspath(data))):
         other = data if eval_data is None else eval_data
-        train_ids = corpus_ids(data, tokenizer)
-        return train_ids, corpus_ids(other, tokenizer, split="val"), f"{_name(other)} (held out)"
-    ids = corpus_ids(data, tokenizer)
-    n_eval = int(len(ids) * HELD_OUT)
-    if n_eval < 2:
-        raise ValueError(f"{_name(data)}: {len(ids)} tokens are too few to hold out a tenth "
-                         f"for the evaluation; give a larger corpus or a separate one to "
-                         f"evaluate on")
-    return (ids[:len(ids) - n_eval], ids[len(ids) - n_eval:],
-            f"the last {HELD_OUT:.0%} of {_name(data)} ({n_eval} tokens, held out from training)")
+        train_ids, eval_ids = corpus_ids(data, tokenizer), corpus_ids(other, tokenizer, "val")
+        words = f"{_name(other)} (held out)"
+    else:
+        ids = corpus_ids(data, tokenizer)
+        n_eval, other = int(len(ids) * HELD_OUT), data
+        if n_eval < 2:
+            raise ValueError(f"{_name(data)}: {len(ids)} tokens are too few to hold out a "
+                             f"tenth for the evaluation; give a larger corpus or a separate "
+                             f"one to evaluate on")
+        train_ids, eval_ids = ids[:len(ids) - n_eval], ids[len(ids) - n_eval:]
+        words = f"the last {HELD_OUT:.0%} of {_name(data)} ({n_eval} tokens, held out from " \
+                f"training)"
+    check_vocabulary(train_ids, model, data)
+    check_vocabulary(eval_ids, model, other)
+    return train_ids, eval_ids, words
 
 
 def _name(data) -> str:
