@@ -27,7 +27,7 @@ import numpy as np
 from ..checks import check_int
 from ..generate import Generator, Sampling
 from ..model import GlassLM
-from . import files, hf, llama2c
+from . import files, hf, llama2c, safetensors_io
 from ..tokenizers import ByteTokenizer, StreamDecoder, load_tokenizer, start_id
 
 # `glassllm generate`'s defaults, so that the call and the command give the same text
@@ -112,13 +112,7 @@ def is_gguf(path) -> bool:
     starts with GGUF's magic (Ollama keeps its models as GGUF blobs named by their digest,
     without the suffix)."""
     where = os.fspath(path)
-    if where.lower().endswith(".gguf"):
-        return True
-    try:
-        with open(where, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:  # a directory, no such file, unreadable: the other readers say which
-        return False
+    return where.lower().endswith(".gguf") or safetensors_io.starts_with_gguf_magic(where)
 
 
 def read_tokenizer(path):

@@ -100,7 +100,7 @@ class SafetensorsFile:
             self._file = safe_open(self.path, framework="numpy")  # parses the header
             self.metadata = self._file.metadata() or {}
         except (SafetensorError, UnicodeDecodeError, ValueError) as e:
-            if _starts_with(self.path, b"GGUF"):  # llama.cpp's format, read by glassllm.load
+            if starts_with_gguf_magic(self.path):  # llama.cpp's format, read by glassllm.load
                 raise ValueError(f"{self.where}: a GGUF file, not safetensors: open it with "
                                  f"glassllm.load (or `glassllm convert --from-gguf`)") from None
             raise ValueError(f"{self.where}: not a readable safetensors file "
@@ -187,10 +187,16 @@ def _naming(error: OSError, doing: str, path: str) -> OSError:
     return type(error)(error.errno, f"{doing}: {error.strerror}", path)
 
 
-def _starts_with(path: str, magic: bytes) -> bool:
+GGUF_MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file (gguf.GGUF_MAGIC, as bytes)
+
+
+def starts_with_gguf_magic(path) -> bool:
+    """Whether the file `path` begins with GGUF's magic; False when it cannot be read (a
+    directory, no such file: the readers say which). Beside the safetensors readers, which
+    name a GGUF given to them, as lm.is_gguf routes one to the GGUF reader."""
     try:
         with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
+            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
     except OSError:
         return False
 
