@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from functools import partial
 
-from headless import chromium
-from headless import wait as wait_briefly
+from headless import chromium, wait
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-wait = partial(wait_briefly, timeout=300)  # a dictionary's first scan reads the whole corpus
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play outside."
 
 

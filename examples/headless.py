@@ -31,9 +31,9 @@ def chromium(size: str):
             driver.quit()
 
 
-def wait(driver, script: str, timeout: float = 120) -> None:
+def wait(driver, script: str, timeout: float = 300) -> None:
     """Until the JavaScript expression `script` is truthy in the page; SystemExit naming it
-    after `timeout` seconds."""
+    after `timeout` seconds (long enough for a dictionary's first scan of a corpus)."""
     deadline = time.monotonic() + timeout
     while not driver.execute_script("return " + script):
         if time.monotonic() > deadline:
